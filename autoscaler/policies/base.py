@@ -1,0 +1,92 @@
+"""The policy contract: a policy is a function of one context returning (desired replicas, state, reason).
+
+As in Ray Serve's ``autoscaling_policy.py`` a policy sees one :class:`PolicyContext` and returns a
+:class:`PolicyResult`; its state is passed in and out explicitly (a typed dataclass, never a dict),
+so the same policy runs in the simulator, the benchmarks and the live controller. The rails every
+policy needs (hold on stale metrics, min/max bounds) are composed once, in :func:`apply_rails`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from autoscaler.capacity import ServiceProfile
+from autoscaler.plan import Reason
+from autoscaler.snapshot import ModelMetrics
+from autoscaler.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Quantiles of the request rate (req/s) over the next ``horizon_s``: ``values[i]`` is the
+    ``quantiles[i]`` quantile of the peak step rate in the horizon."""
+
+    quantiles: tuple[float, ...]
+    values: np.ndarray
+    horizon_s: float
+
+    def at(self, q: float) -> float:
+        return float(np.interp(q, self.quantiles, self.values))
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    now: float
+    spec: ModelSpec
+    current_replicas: int  # desired count now in force (placed, incl. starting; excl. draining)
+    ready_replicas: int
+    metrics: ModelMetrics
+    metrics_step_s: float
+    forecast: Forecast | None
+    capacity: ServiceProfile  # how one replica serves (prior from spec, or measured)
+    state: Any  # the policy's own state dataclass, from initial_state() or its previous result
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    desired: int
+    state: Any
+    reason: Reason
+    detail: str = ""
+
+
+class Policy(Protocol):
+    """A scaling policy. ``tick_s`` is how often it decides (HPA 15 s, KPA 2 s, …);
+    ``instant_start`` asks the simulator for zero cold start (only the oracle lower bound)."""
+
+    name: str
+    tick_s: float
+    instant_start: bool
+
+    def initial_state(self, spec: ModelSpec, replicas: int) -> Any: ...
+
+    def decide(self, ctx: PolicyContext) -> PolicyResult: ...
+
+
+def replicas_for_load(rate: float, spec: ModelSpec, utilization: float) -> int:
+    """Replicas that carry ``rate`` req/s at ``utilization`` of each replica's capacity
+    (``concurrency / service_time`` req/s per replica)."""
+    if rate <= 0 or not math.isfinite(rate):
+        return 0
+    per_replica = spec.concurrency / spec.service_time_s
+    return math.ceil(rate / (per_replica * utilization) - 1e-9)
+
+
+def apply_rails(policy: Policy, ctx: PolicyContext) -> PolicyResult:
+    """Run ``policy`` with the rails every policy needs.
+
+    - Metrics stale or missing: hold the current replicas (never scale down on missing data).
+    - Clamp to the spec's min/max replicas.
+    """
+    if ctx.metrics.stale:
+        held = max(ctx.current_replicas, ctx.spec.min_replicas)
+        return PolicyResult(min(held, ctx.spec.max_replicas), ctx.state, Reason.METRICS_STALE, "holding replicas")
+    result = policy.decide(ctx)
+    clamped = min(max(result.desired, ctx.spec.min_replicas), ctx.spec.max_replicas)
+    if clamped != result.desired:
+        return PolicyResult(clamped, result.state, Reason.BOUNDS, f"wanted {result.desired}")
+    return result

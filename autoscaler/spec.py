@@ -1,0 +1,243 @@
+"""The per-model spec, parsed from ``slotwise.io/*`` annotations in ONE place.
+
+Every other part of slotwise receives a :class:`ModelSpec`; nothing else reads annotations.
+An invalid value never raises past this module for other models: :func:`parse_annotations`
+raises :class:`SpecError` listing every problem of *that* model, and the caller turns it into an
+Event plus a status condition on that model only (see ``docs/annotations.md``).
+
+The simulator's model files use the same keys without the ``slotwise.io/`` prefix and go through
+:func:`parse_mapping`, so there is one parser for both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+PREFIX = "slotwise.io/"
+
+SLO_METRICS = ("e2e", "ttft")
+SLOT_KINDS = ("whole", "mig", "share")
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    key: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value!r}: {self.reason}"
+
+
+class SpecError(ValueError):
+    """All problems found in one model's annotations."""
+
+    def __init__(self, model: str, problems: list[SpecProblem]) -> None:
+        self.model = model
+        self.problems = problems
+        super().__init__(f"model {model}: " + "; ".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the platform user declared for one model (a Deployment).
+
+    Latency is end-to-end (``e2e``) or time to first token (``ttft``); ``slo_percentile`` of requests
+    must finish within ``slo_latency_ms``. ``gpu_memory_gib`` None means the replica takes whole GPUs.
+    Service-time fields are priors for the capacity model (and drive the simulator): a request's
+    service time is ``service_time_ms`` or, with token counts, ``prefill_ms_per_1k_tokens * in/1000 +
+    decode_ms_per_token * out``; ``concurrency`` requests share one replica at a time.
+    """
+
+    name: str
+    namespace: str = "default"
+    slo_latency_ms: float = 1000.0
+    slo_percentile: float = 95.0
+    slo_metric: str = "e2e"
+    min_replicas: int = 1
+    max_replicas: int = 100
+    gpu_memory_gib: float | None = None
+    gpu_compute_share: float = 1.0
+    gpus_per_replica: int = 1
+    slot_kinds: tuple[str, ...] = SLOT_KINDS
+    team: str = "default"
+    priority: int = 0
+    cold_start_s: float = 60.0
+    service_time_ms: float = 100.0
+    prefill_ms_per_1k_tokens: float | None = None
+    decode_ms_per_token: float | None = None
+    concurrency: int = 1
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def slo_latency_s(self) -> float:
+        return self.slo_latency_ms / 1000.0
+
+    @property
+    def service_time_s(self) -> float:
+        return self.service_time_ms / 1000.0
+
+    def with_(self, **changes: Any) -> ModelSpec:
+        return replace(self, **changes)
+
+
+def _positive_float(v: str) -> float:
+    x = float(v)
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError("must be a positive number")
+    return x
+
+
+def _nonneg_float(v: str) -> float:
+    x = float(v)
+    if not math.isfinite(x) or x < 0:
+        raise ValueError("must be a number >= 0")
+    return x
+
+
+def _percentile(v: str) -> float:
+    x = float(v)
+    if not (0 < x < 100):
+        raise ValueError("must be strictly between 0 and 100, e.g. 95 or 99.9")
+    return x
+
+
+def _nonneg_int(v: str) -> int:
+    try:
+        x = int(v)
+    except ValueError:
+        raise ValueError("must be a whole number >= 0") from None
+    if x < 0:
+        raise ValueError("must be a whole number >= 0")
+    return x
+
+
+def _positive_int(v: str) -> int:
+    x = _nonneg_int(v)
+    if x < 1:
+        raise ValueError("must be a whole number >= 1")
+    return x
+
+
+def _int(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError("must be a whole number") from None
+
+
+def _share(v: str) -> float:
+    x = float(v)
+    if not (0 < x <= 1):
+        raise ValueError("must be a fraction of one GPU in (0, 1]")
+    return x
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return v
+
+    return parse
+
+
+def _kinds(v: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in v.split(",") if k.strip())
+    bad = [k for k in kinds if k not in SLOT_KINDS]
+    if not kinds or bad:
+        raise ValueError(f"must be a comma-separated subset of {', '.join(SLOT_KINDS)}")
+    return kinds
+
+
+def _name(v: str) -> str:
+    v = v.strip()
+    if not v or len(v) > 63:
+        raise ValueError("must be a non-empty name of at most 63 characters")
+    return v
+
+
+# annotation key (without prefix) -> (ModelSpec field, parser). The documented schema:
+# docs/annotations.md lists exactly these keys.
+SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "slo-latency-ms": ("slo_latency_ms", _positive_float),
+    "slo-percentile": ("slo_percentile", _percentile),
+    "slo-metric": ("slo_metric", _choice(SLO_METRICS)),
+    "min-replicas": ("min_replicas", _nonneg_int),
+    "max-replicas": ("max_replicas", _positive_int),
+    "gpu-memory-gib": ("gpu_memory_gib", _positive_float),
+    "gpu-compute-share": ("gpu_compute_share", _share),
+    "gpus-per-replica": ("gpus_per_replica", _positive_int),
+    "slot-kinds": ("slot_kinds", _kinds),
+    "team": ("team", _name),
+    "priority": ("priority", _int),
+    "cold-start-seconds": ("cold_start_s", _nonneg_float),
+    "service-time-ms": ("service_time_ms", _positive_float),
+    "prefill-ms-per-1k-tokens": ("prefill_ms_per_1k_tokens", _nonneg_float),
+    "decode-ms-per-token": ("decode_ms_per_token", _nonneg_float),
+    "concurrency": ("concurrency", _positive_int),
+}
+REQUIRED = ("slo-latency-ms",)
+# Keys slotwise itself writes (status) and must not complain about when it reads them back.
+OWN_KEYS = ("status",)
+
+
+def parse_mapping(
+    name: str,
+    values: Mapping[str, Any],
+    namespace: str = "default",
+    defaults: ModelSpec | None = None,
+    required: tuple[str, ...] = REQUIRED,
+    key_prefix: str = "",
+) -> ModelSpec:
+    """Parse un-prefixed keys (``slo-latency-ms`` …) into a spec; raise SpecError listing every problem."""
+    problems: list[SpecProblem] = []
+    changes: dict[str, Any] = {}
+    for key in required:
+        if key not in values:
+            problems.append(SpecProblem(key_prefix + key, "", "is required"))
+    for key, raw in values.items():
+        if key in OWN_KEYS:
+            continue
+        if key not in SCHEMA:
+            problems.append(
+                SpecProblem(key_prefix + key, str(raw), "unknown key (see docs/annotations.md for the schema)")
+            )
+            continue
+        field_name, parse = SCHEMA[key]
+        text = str(raw).strip()
+        try:
+            changes[field_name] = parse(text)
+        except ValueError as e:
+            problems.append(SpecProblem(key_prefix + key, text, str(e) or "invalid value"))
+    base = defaults or ModelSpec(name=name, namespace=namespace)
+    if not problems:
+        lo = changes.get("min_replicas", base.min_replicas)
+        hi = changes.get("max_replicas", base.max_replicas)
+        if lo > hi:
+            problems.append(
+                SpecProblem(key_prefix + "min-replicas", str(lo), f"is greater than max-replicas ({hi})")
+            )
+    if problems:
+        raise SpecError(f"{namespace}/{name}", problems)
+    return replace(base, name=name, namespace=namespace, **changes)
+
+
+def parse_annotations(
+    name: str, annotations: Mapping[str, str], namespace: str = "default", defaults: ModelSpec | None = None
+) -> ModelSpec:
+    """Parse a Deployment's ``slotwise.io/*`` annotations (others are ignored)."""
+    ours = {k[len(PREFIX) :]: v for k, v in annotations.items() if k.startswith(PREFIX)}
+    return parse_mapping(name, ours, namespace=namespace, defaults=defaults, key_prefix=PREFIX)
+
+
+def is_managed(annotations: Mapping[str, str]) -> bool:
+    """A Deployment is managed by slotwise when it declares a latency SLO."""
+    return PREFIX + "slo-latency-ms" in annotations
