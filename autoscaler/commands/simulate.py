@@ -1,0 +1,173 @@
+"""``slotwise simulate``: run the controller on a simulated cluster under a trace and print a scorecard."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from autoscaler.policies import POLICIES, make_policy
+from autoscaler.sim.defaults import model_specs
+from autoscaler.sim.run import SimConfig, SimResult, simulate
+from autoscaler.sim.scorecard import COLUMNS, scorecard
+from autoscaler.sim.workload import SimWorkload, build_workload, peak_replicas
+from autoscaler.spec import SpecError
+from forecasting.traces import resolve_trace
+from forecasting.traces.ops import head
+from sharing.cluster import nodes_from_spec
+from sharing.slots import NodeSpec
+
+DEFAULT_TRACE = "azure-llm-2023"
+POLICY_ORDER = ("slotwise", "hpa", "kpa", "static", "oracle")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="run the control loop on a simulated cluster driven by a trace")
+    p.add_argument("--trace", default=DEFAULT_TRACE, help="bundled trace name or a trace file/folder")
+    p.add_argument("--from", dest="fmt", default=None, help="trace format (default: detected)")
+    p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_ORDER)}, a comma list, or all")
+    p.add_argument("--cluster", default=None, help="cluster: a spec such as '16xH100-80GB:mig,8xL4' (GPU counts) or a YAML file (default: sized from the trace)")
+    p.add_argument("--models", default=None, help="models file (YAML/JSON) overriding the trace's default specs")
+    p.add_argument("--mode", choices=("fluid", "des"), default="fluid", help="simulator fidelity")
+    p.add_argument("--tick", type=float, default=10.0, help="simulator tick in seconds (a policy with a shorter tick gets its own)")
+    p.add_argument("--hours", type=float, default=None, help="simulate only the first HOURS of the trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG of load, replicas and latency vs SLO here")
+    p.add_argument("--out", default=None, help="report folder: writes scorecard.json and simulation.png there")
+    p.set_defaults(func=run)
+
+
+def _policies(arg: str) -> list[str]:
+    names = list(POLICY_ORDER) if arg == "all" else [x.strip() for x in arg.split(",") if x.strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad:
+        raise ValueError(f"unknown policy {', '.join(bad)} (known: {', '.join(sorted(POLICIES))})")
+    return names
+
+
+def default_cluster(workload: SimWorkload, tick_s: float) -> list[NodeSpec]:
+    """A cluster with room for every model at its peak, plus headroom: MIG-enabled H100 nodes for
+    models that declare memory (sliceable), whole-GPU A100 nodes for the rest."""
+    from sharing.catalog import load_catalog
+
+    h100 = load_catalog().get("H100-80GB")
+    peaks = peak_replicas(workload, tick_s)
+    gpus = 0.0
+    for name, n in peaks.items():
+        spec = workload.specs[name]
+        mem = getattr(spec, "gpu_memory_gib", None)
+        share = 1.0 if mem is None else max(min(1.0, (mem + 1.0) / h100.memory_gib), 1.0 / 7.0)
+        gpus += n * share * getattr(spec, "gpus_per_replica", 1)
+    nodes = max(2, math.ceil(1.5 * gpus / 8.0))
+    return nodes_from_spec(f"{nodes * 8}xH100-80GB:mig")
+
+
+def load_cluster(arg: str) -> list[NodeSpec]:
+    """A cluster spec given inline or as a YAML file (see sharing/cluster.py for both grammars)."""
+    if os.path.exists(arg):
+        import yaml
+
+        with open(arg) as f:
+            return nodes_from_spec(yaml.safe_load(f))
+    return nodes_from_spec(arg)
+
+
+def _progress(label: str):  # type: ignore[no-untyped-def]
+    if not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                   TimeElapsedColumn(), transient=True)
+    task = bar.add_task(label, total=1.0)
+    bar.start()
+    return bar, (lambda f: bar.update(task, completed=f))
+
+
+def run_policies(
+    workload: SimWorkload, nodes: list[NodeSpec], names: list[str], cfg: SimConfig, quiet: bool = False
+) -> tuple[list[SimResult], list[dict[str, Any]]]:
+    """Run each policy on the same workload and cluster; the oracle always runs (for gpu_hours_vs_oracle)."""
+    peaks = peak_replicas(workload, cfg.tick_s)
+    order = ["oracle"] + [n for n in names if n != "oracle"]
+    results: dict[str, SimResult] = {}
+    for name in order:
+        knobs: dict[str, Any] = {"replicas_by_model": peaks} if name == "static" else {}
+        policy = make_policy(name, **knobs)
+        tick = min(cfg.tick_s, policy.tick_s)
+        bar, cb = (None, None) if quiet else _progress(f"simulating {name}")
+        try:
+            results[name] = simulate(workload, nodes, policy, SimConfig(**{**cfg.__dict__, "tick_s": tick}), cb)
+        finally:
+            if bar is not None:
+                bar.stop()
+    oracle_h = results["oracle"].gpu_hours
+    kept = [results[n] for n in names]
+    return kept, [scorecard(r, oracle_h) for r in kept]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v != 0 and abs(v) < 0.01:
+            return f"{v:.2e}"
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:,.1f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def print_table(cards: list[dict[str, Any]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    for c in cards:
+        table.add_column(c["policy"], justify="right")
+    for key in COLUMNS:
+        table.add_row(key, *[_fmt(c[key]) for c in cards])
+    Console(width=max(100, 22 + 16 * len(cards))).print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = _policies(args.policy)
+    trace = resolve_trace(args.trace, args.fmt)
+    if args.hours is not None:
+        trace = head(trace, args.hours * 3600.0)
+    specs = model_specs(trace, args.models)
+    for name, s in specs.items():
+        if isinstance(s, SpecError):
+            print(f"slotwise: model {name} left unmanaged: {s}", file=sys.stderr)
+    workload = build_workload(trace, specs)
+    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed)
+    nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, cfg.tick_s)
+    results, cards = run_policies(workload, nodes, names, cfg)
+    gpus = sum(n.gpu_count for n in nodes)
+    print_table(cards, f"slotwise simulate — {args.trace} ({len(workload.models)} models, "
+                       f"{workload.duration_s / 3600:.1f} h, {gpus} GPUs, {args.mode})")
+    json_path, plot_path = args.json, args.plot
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        json_path = json_path or os.path.join(args.out, "scorecard.json")
+        plot_path = plot_path or os.path.join(args.out, "simulation.png")
+    doc = {
+        "trace": args.trace,
+        "mode": args.mode,
+        "tick_s": args.tick,
+        "cluster": [n.__dict__ | {"labels": dict(n.labels)} for n in nodes],
+        "results": cards if len(cards) > 1 else cards[0],
+    }
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=2, default=str)
+        print(f"wrote {json_path}")
+    if plot_path:
+        from autoscaler.sim.plot import plot_results
+
+        plot_results(results, plot_path)
+        print(f"wrote {plot_path}")
+    return 0

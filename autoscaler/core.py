@@ -1,0 +1,216 @@
+"""The decision core: a pure function (snapshot, metrics window, controller state) -> (plan, state).
+
+One code path for the simulator, the benchmarks and the live controller. No I/O, no clock
+(time is ``snapshot.now``), no Kubernetes. Per model and tick it runs the stages
+
+    forecast -> size (the policy, inside its rails) -> pack -> (lend: later issue)
+
+and emits typed actions (:mod:`autoscaler.plan`). Packing works on a copy of the snapshot's inventory,
+so only replicas that can actually be placed are counted as capacity; the rest is a :class:`Shortfall`
+with a reason, never a silent Pending pod.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from autoscaler.capacity import ServiceProfile, profile_from_spec
+from autoscaler.plan import (
+    Plan,
+    PlaceReplica,
+    Reason,
+    RemoveReplica,
+    ScaleModel,
+    Shortfall,
+    UpdateStatus,
+)
+from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails
+from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
+from autoscaler.spec import ModelSpec
+from forecasting.base import Forecaster
+from forecasting.naive import LastValue
+from sharing.packer import FirstFitPacker, Packer
+from sharing.slots import Inventory, SlotRequest
+
+_EMPTY = np.zeros(0)
+STALE_METRICS = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
+
+
+@dataclass
+class CoreConfig:
+    """Settings of the decision core. ``upper_quantile`` is the forecast quantile sizing provisions for."""
+
+    policy: Policy
+    packer: Packer = field(default_factory=FirstFitPacker)
+    forecaster_factory: Callable[[], Forecaster] = LastValue
+    quantiles: tuple[float, ...] = (0.5, 0.9)
+    upper_quantile: float = 0.9
+    drain_timeout_s: float = 30.0
+    metric_lag_s: float = 0.0
+
+
+@dataclass
+class ModelState:
+    """What the controller remembers about one model between ticks."""
+
+    policy_state: Any
+    forecaster: Forecaster
+    capacity: ServiceProfile
+    next_decision_at: float = -math.inf
+    fed_until: float = -math.inf  # metrics samples up to this time are in the forecaster
+    last_reason: Reason | None = None
+    last_desired: int = -1
+
+
+@dataclass
+class ControllerState:
+    models: dict[str, ModelState] = field(default_factory=dict)
+    replica_seq: int = 0
+    # Measured service profiles to use instead of the spec prior (a warm start: offline profiling in
+    # the simulator, learned online by the sizing issue).
+    profiles: dict[str, ServiceProfile] = field(default_factory=dict)
+
+
+@dataclass
+class Decision:
+    plan: Plan
+    state: ControllerState
+
+
+def slot_request(spec: ModelSpec) -> SlotRequest:
+    return SlotRequest(
+        model=spec.name,
+        memory_gib=spec.gpu_memory_gib,
+        compute_fraction=spec.gpu_compute_share,
+        gpus=spec.gpus_per_replica,
+        kinds=spec.slot_kinds,
+    )
+
+
+def _feed_forecaster(ms: ModelState, metrics: ModelMetrics, now: float, step_s: float) -> None:
+    """Give the forecaster the samples it has not seen yet (the window overlaps between ticks)."""
+    n = len(metrics.rate)
+    if n == 0 or metrics.stale:
+        return
+    if math.isinf(ms.fed_until):
+        ms.forecaster.fit(metrics.rate)
+    else:
+        new = int(round((now - ms.fed_until) / step_s))
+        if new > 0:
+            ms.forecaster.update(metrics.rate[-min(new, n) :])
+    ms.fed_until = now
+
+
+def _forecast(ms: ModelState, spec: ModelSpec, config: CoreConfig, step_s: float) -> Forecast:
+    # Lead time: a replica asked for now serves only after its cold start, and the next chance to
+    # correct comes one tick later; metrics arrive late by the metric lag.
+    horizon_s = spec.cold_start_s + config.policy.tick_s + config.metric_lag_s
+    h = max(1, math.ceil(horizon_s / step_s))
+    q = ms.forecaster.predict_quantiles(h, config.quantiles)
+    return Forecast(quantiles=config.quantiles, values=np.max(q, axis=1), horizon_s=horizon_s)
+
+
+def _choose_removals(obs: ModelObservation, count: int) -> list[str]:
+    """Remove replicas that serve nothing yet first (still starting), newest first, then the newest ready."""
+    live = [r for r in obs.replicas if not r.draining]
+    live.sort(key=lambda r: (r.ready, -r.started_at))
+    return [r.replica_id for r in live[:count]]
+
+
+def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
+    now = snapshot.now
+    plan = Plan(now=now)
+    policy = config.policy
+    inventory: Inventory | None = None  # copied lazily: most ticks change nothing
+    for name, obs in snapshot.models.items():
+        if obs.spec is None:
+            # Invalid annotations affect this model only: say so, touch nothing.
+            prev = state.models.get(name)
+            if prev is None or prev.last_reason is not Reason.INVALID_SPEC:
+                plan.actions.append(
+                    UpdateStatus(name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
+                                 message=str(obs.spec_error), condition_ok=False)
+                )
+            if prev is not None:
+                prev.last_reason = Reason.INVALID_SPEC
+            continue
+        spec = obs.spec
+        ms = state.models.get(name)
+        if ms is None:
+            ms = ModelState(
+                policy_state=policy.initial_state(spec, obs.active_replicas),
+                forecaster=config.forecaster_factory(),
+                capacity=state.profiles.get(name) or profile_from_spec(spec),
+            )
+            state.models[name] = ms
+        if now < ms.next_decision_at:
+            continue
+        ms.next_decision_at = now + policy.tick_s - 1e-9
+        m = metrics.models.get(name, STALE_METRICS)
+        _feed_forecaster(ms, m, now, metrics.step_s)
+        current = obs.active_replicas
+        ctx = PolicyContext(
+            now=now,
+            spec=spec,
+            current_replicas=current,
+            ready_replicas=obs.ready_replicas,
+            metrics=m,
+            metrics_step_s=metrics.step_s,
+            forecast=None if m.stale else _forecast(ms, spec, config, metrics.step_s),
+            capacity=ms.capacity,
+            state=ms.policy_state,
+        )
+        result = apply_rails(policy, ctx)
+        ms.policy_state = result.state
+        target, reason, detail = result.desired, result.reason, result.detail
+
+        if target > current:
+            if inventory is None:
+                inventory = snapshot.inventory.copy()
+            request = slot_request(spec)
+            placed = 0
+            for _ in range(target - current):
+                slot = config.packer.place(inventory, request)
+                if slot is None:
+                    break
+                state.replica_seq += 1
+                rid = f"{name}-{state.replica_seq}"
+                inventory.allocate(slot, rid)
+                plan.actions.append(PlaceReplica(name, rid, slot))
+                placed += 1
+            if placed < target - current:
+                missing = target - current - placed
+                plan.actions.append(Shortfall(name, missing, "no free GPU slot fits the replica"))
+                reason, detail = Reason.UNPLACEABLE, f"{missing} replica(s) unplaceable; {detail}".strip("; ")
+                target = current + placed
+        elif target < current:
+            for rid in _choose_removals(obs, current - target):
+                plan.actions.append(RemoveReplica(name, rid, config.drain_timeout_s))
+
+        if target != current:
+            plan.actions.append(ScaleModel(name, target, current, reason, detail))
+        if target != ms.last_desired or reason is not ms.last_reason:
+            plan.actions.append(
+                UpdateStatus(
+                    name,
+                    desired=target,
+                    current=obs.ready_replicas,
+                    reason=reason,
+                    forecast_rps=None if ctx.forecast is None else ctx.forecast.at(config.upper_quantile),
+                    message=detail,
+                )
+            )
+        ms.last_desired, ms.last_reason = target, reason
+    return Decision(plan=plan, state=state)
+
+
+def fresh_state(profiles: dict[str, ServiceProfile] | None = None) -> ControllerState:
+    return ControllerState(profiles=dict(profiles or {}))
+
+
+__all__ = ["ControllerState", "CoreConfig", "Decision", "ModelState", "decide", "fresh_state", "replace"]

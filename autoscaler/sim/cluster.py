@@ -1,0 +1,166 @@
+"""The simulated cluster: GPU nodes, replicas on slots, cold start and drain.
+
+It is both the simulated Cluster port (``snapshot``) and the simulated Actuator (``apply``), so the
+decision core drives it exactly as it drives Kubernetes. A placed replica becomes Ready after its
+model's load time (``cold_start_s``; zero for a policy that asks for ``instant_start``); a removed
+replica stops receiving traffic at once and frees its slot when its in-flight work is done
+(bounded by the drain timeout).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscaler.plan import PlaceReplica, Plan, RemoveReplica, ScaleModel, Shortfall
+from autoscaler.snapshot import ClusterSnapshot, ModelObservation, Replica
+from autoscaler.spec import ModelSpec, SpecError
+from sharing.slots import Inventory, NodeSpec, Slot
+
+
+_READY, _RELEASE = 0, 1
+
+
+@dataclass
+class SimReplica:
+    replica_id: str
+    slot: Slot
+    started_at: float
+    ready_at: float
+    release_at: float | None = None  # set when draining
+
+
+class SimCluster:
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        models: Sequence[str],
+        specs: dict[str, ModelSpec | SpecError],
+        drain_s: np.ndarray,
+        instant_start: bool = False,
+    ) -> None:
+        self.inventory = Inventory.from_nodes(nodes)
+        self.models = list(models)
+        self.index = {m: i for i, m in enumerate(self.models)}
+        self.specs = specs
+        self.drain_s = drain_s  # per model: how long a removed replica keeps its slot
+        self.instant_start = instant_start
+        self.replicas: list[dict[str, SimReplica]] = [{} for _ in self.models]
+        self.desired = np.zeros(len(self.models), dtype=int)
+        self.shortfall = np.zeros(len(self.models), dtype=int)
+        self.scale_events = 0
+        self.reasons: dict[str, int] = {}
+        self._obs: list[ModelObservation | None] = [None] * len(self.models)
+        self.routable = np.zeros(len(self.models), dtype=int)
+        self._gpus_held = 0.0  # sum of gpu_fraction over held slots, kept incrementally
+        self._events: list[tuple[float, int, int, str]] = []  # (time, kind, model, replica) heap
+
+    # -- ClusterPort ---------------------------------------------------------------------------
+    def snapshot(self, now: float) -> ClusterSnapshot:
+        models = {}
+        for i, name in enumerate(self.models):
+            obs = self._obs[i]
+            if obs is None:
+                obs = self._observe(i, now)
+                self._obs[i] = obs
+            models[name] = obs
+        return ClusterSnapshot(now=now, models=models, inventory=self.inventory)
+
+    def _observe(self, i: int, now: float) -> ModelObservation:
+        name = self.models[i]
+        spec = self.specs[name]
+        reps = tuple(
+            Replica(r.replica_id, r.slot, ready=r.ready_at <= now, started_at=r.started_at,
+                    draining=r.release_at is not None)
+            for r in self.replicas[i].values()
+        )
+        if isinstance(spec, SpecError):
+            return ModelObservation(name, None, int(self.desired[i]), reps, spec_error=spec)
+        return ModelObservation(name, spec, int(self.desired[i]), reps)
+
+    # -- Actuator ------------------------------------------------------------------------------
+    def apply(self, plan: Plan) -> None:
+        now = plan.now
+        touched = set()
+        for a in plan.actions:
+            match a:
+                case PlaceReplica():
+                    i = self.index[a.model]
+                    spec = self.specs[a.model]
+                    assert isinstance(spec, ModelSpec)
+                    self.inventory.allocate(a.slot, a.replica_id)
+                    self._gpus_held += a.slot.gpu_fraction
+                    ready_at = now if self.instant_start else now + spec.cold_start_s
+                    self.replicas[i][a.replica_id] = SimReplica(a.replica_id, a.slot, now, ready_at)
+                    heapq.heappush(self._events, (ready_at, _READY, i, a.replica_id))
+                    touched.add(i)
+                case RemoveReplica():
+                    i = self.index[a.model]
+                    r = self.replicas[i].get(a.replica_id)
+                    if r is None or r.release_at is not None:
+                        continue
+                    if r.ready_at > now:  # never served: free at once
+                        self._release(i, r)
+                    else:
+                        # Stop routing now; keep the slot until in-flight requests are done.
+                        self.routable[i] -= 1
+                        r.release_at = now + (0.0 if self.instant_start else min(a.drain_s, self.drain_s[i]))
+                        heapq.heappush(self._events, (r.release_at, _RELEASE, i, r.replica_id))
+                    touched.add(i)
+                case ScaleModel():
+                    i = self.index[a.model]
+                    self.desired[i] = a.replicas
+                    self.scale_events += 1
+                    self.reasons[str(a.reason)] = self.reasons.get(str(a.reason), 0) + 1
+                    touched.add(i)
+                case Shortfall():
+                    self.shortfall[self.index[a.model]] = a.missing
+        for a in plan.of_type(ScaleModel):
+            i = self.index[a.model]
+            if not any(isinstance(s, Shortfall) and s.model == a.model for s in plan.actions):
+                self.shortfall[i] = 0
+        for i in touched:
+            self._obs[i] = None
+
+    def _release(self, i: int, r: SimReplica) -> None:
+        self.inventory.release(r.slot, r.replica_id)
+        self._gpus_held -= r.slot.gpu_fraction
+        del self.replicas[i][r.replica_id]
+
+    # -- time ----------------------------------------------------------------------------------
+    def advance(self, now: float) -> np.ndarray:
+        """Apply readiness and drain completions due by ``now``; return routable replicas per model.
+
+        Event-driven (a heap of readiness/release times), so a tick costs nothing when nothing changes.
+        """
+        events = self._events
+        while events and events[0][0] <= now:
+            _, kind, i, rid = heapq.heappop(events)
+            r = self.replicas[i].get(rid)
+            if r is None:
+                continue
+            if kind == _READY and r.release_at is None:
+                self.routable[i] += 1
+            elif kind == _RELEASE:
+                self._release(i, r)
+            self._obs[i] = None
+        return self.routable
+
+    def gpus_allocated(self) -> float:
+        """GPU-equivalents held by replicas (starting, serving or draining): what the fleet pays for."""
+        return self._gpus_held
+
+    def preplace(self, model: str, slots: Sequence[Slot], now: float = 0.0) -> None:
+        """Start the run with a warm cluster: replicas already Ready on ``slots`` (not scale events)."""
+        i = self.index[model]
+        for n, slot in enumerate(slots):
+            rid = f"{model}-init{n}"
+            self.inventory.allocate(slot, rid)
+            self._gpus_held += slot.gpu_fraction
+            self.replicas[i][rid] = SimReplica(rid, slot, now, now)
+            self.routable[i] += 1
+        self.desired[i] = len(self.replicas[i])
+        self._obs[i] = None

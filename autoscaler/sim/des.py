@@ -1,0 +1,185 @@
+"""Request-level discrete-event queueing engine: the exact reference for the fluid engine.
+
+Each routable replica has ``concurrency`` servers and a FIFO queue; each arriving request picks a
+routable replica uniformly at random (kube-proxy's default) and takes the first free server. Because a
+replica's queue is FIFO and requests never move between replicas, a request's start time is fixed the
+moment it arrives: ``start = max(arrival, earliest server free time)`` with the server free times of its
+replica in a heap (the Kiefer–Wolfowitz workload recursion). So no event calendar is needed, the
+latency of every request is exact, and the cost is O(log c) per request.
+
+Replica count changes take effect at tick boundaries: a new replica starts empty at ``t0``; a removed
+replica (the most recently added one first, like a Deployment scale-down of its newest Pod) gets no new
+requests but keeps serving its queue. With no routable replica, arrivals wait in a model-level backlog
+and are dispatched in arrival order, at the start of the first tick that has a routable replica, as if
+they had arrived then (their latency still counts from their real arrival).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from autoscaler.sim.queueing import TickStats, Workload
+
+
+class DesEngine:
+    """Exact per-request simulation of :class:`Workload` (request logs; rate series get Poisson arrivals)."""
+
+    def __init__(self, workload: Workload, seed: int = 0) -> None:
+        self.workload = workload
+        self._m = workload.n_models
+        self._rng = np.random.default_rng(seed)
+        self._servers: list[list[list[float]]] = [[] for _ in range(self._m)]  # per model, per replica heap
+        self._waiting: list[list[int]] = [[] for _ in range(self._m)]  # request ids with no replica yet
+        self._slo = workload.slo_s
+        self._pct = workload.percentile
+        # Per-request records grow as requests are generated (rate series) or are preallocated (logs).
+        if workload.is_request_log:
+            assert workload.t is not None and workload.model_index is not None
+            assert workload.occupancy_s is not None and workload.latency_part_s is not None
+            self._t = workload.t
+            self._mi = workload.model_index
+            self._occ = workload.occupancy_s
+            self._lat = workload.latency_part_s
+            n = len(self._t)
+        else:
+            self._t = np.empty(0)
+            self._mi = np.empty(0, dtype=np.int64)
+            self._occ = np.empty(0)
+            self._lat = np.empty(0)
+            n = 0
+        self._start = np.full(n, np.inf)
+        self._latency = np.full(n, np.inf)
+        # Requests still in the system (not finished before the current tick): ids.
+        self._active = np.empty(0, dtype=np.int64)
+        self._next = 0  # first request id not yet arrived
+
+    # -- request source ---------------------------------------------------------------------------------
+
+    def _generate(self, t0: float, t1: float) -> None:
+        """Rate series: append Poisson arrivals in [t0, t1), service drawn from the K profile points."""
+        w = self.workload
+        lam = w.expected_arrivals(t0, t1)
+        counts = self._rng.poisson(lam)
+        total = int(counts.sum())
+        if total == 0:
+            return
+        mi = np.repeat(np.arange(self._m), counts)
+        t = t0 + self._rng.random(total) * (t1 - t0)
+        k = self._rng.integers(0, w.occupancy_pts.shape[1], total)
+        order = np.argsort(t, kind="stable")
+        self._t = np.concatenate([self._t, t[order]])
+        self._mi = np.concatenate([self._mi, mi[order]])
+        # Occupancy and latency part share the quantile rank, so latency part <= occupancy holds.
+        self._occ = np.concatenate([self._occ, w.occupancy_pts[mi, k][order]])
+        self._lat = np.concatenate([self._lat, w.latency_pts[mi, k][order]])
+        self._start = np.concatenate([self._start, np.full(total, np.inf)])
+        self._latency = np.concatenate([self._latency, np.full(total, np.inf)])
+
+    # -- engine interface ------------------------------------------------------------------------------
+
+    def step(self, t0: float, dt: float, routable: np.ndarray) -> TickStats:
+        t1 = t0 + dt
+        if not self.workload.is_request_log:
+            self._generate(t0, t1)
+        n_new = np.asarray(routable, dtype=np.int64)
+        settled: list[int] = []
+        for m in range(self._m):
+            reps = self._servers[m]
+            want = int(n_new[m])
+            c = int(self.workload.concurrency[m])
+            while len(reps) < want:
+                reps.append([t0] * c)  # a new replica starts empty
+            del reps[want:]  # removed replicas keep serving their queue, outside our view
+            if want and self._waiting[m]:
+                for i in self._waiting[m]:
+                    self._dispatch(i, m, t0)
+                    settled.append(i)
+                self._waiting[m].clear()
+
+        i0 = self._next
+        i1 = int(np.searchsorted(self._t, t1, side="left"))
+        self._next = i1
+        if i1 > i0:
+            u = self._rng.random(i1 - i0)
+            t_arr = self._t
+            mis = self._mi[i0:i1].tolist()
+            servers = self._servers
+            for j, (i, m) in enumerate(zip(range(i0, i1), mis, strict=True)):
+                reps = servers[m]
+                if not reps:
+                    self._waiting[m].append(i)
+                    continue
+                self._dispatch(i, m, float(t_arr[i]), reps[int(u[j] * len(reps))])
+                settled.append(i)
+        return self._stats(t0, t1, i0, i1, np.asarray(settled, dtype=np.int64))
+
+    def _dispatch(self, i: int, m: int, now: float, heap: list[float] | None = None) -> None:
+        if heap is None:
+            reps = self._servers[m]
+            heap = reps[int(self._rng.random() * len(reps))]
+        free = heapq.heappop(heap)
+        start = now if now > free else free
+        heapq.heappush(heap, start + float(self._occ[i]))
+        self._start[i] = start
+        self._latency[i] = start - float(self._t[i]) + float(self._lat[i])
+
+    def _stats(self, t0: float, t1: float, i0: int, i1: int, settled: np.ndarray) -> TickStats:
+        m_count = self._m
+        new = np.arange(i0, i1, dtype=np.int64)
+        arrivals = np.bincount(self._mi[new], minlength=m_count).astype(np.float64)
+        lat_s = self._latency[settled]
+        mi_s = self._mi[settled]
+        ok = lat_s <= self._slo[mi_s] + 1e-9
+        within = np.bincount(mi_s[ok], minlength=m_count).astype(np.float64)
+
+        active = np.concatenate([self._active, new])
+        a_t = self._t[active]
+        a_m = self._mi[active]
+        fin = self._start[active] + self._occ[active]  # inf while undispatched
+        overlap = np.clip(np.minimum(fin, t1) - np.maximum(a_t, t0), 0.0, None)
+        in_flight = np.bincount(a_m, weights=overlap, minlength=m_count) / (t1 - t0)
+        done = fin < t1
+        completed = np.bincount(a_m[done], minlength=m_count).astype(np.float64)
+        waiting = self._start[active] >= t1
+        backlog = np.bincount(a_m[waiting], minlength=m_count).astype(np.float64)
+        self._active = active[~done]
+
+        lat_pct = np.full(m_count, np.nan)
+        if len(settled):
+            order = np.lexsort((lat_s, mi_s))
+            ms = mi_s[order]
+            ls = lat_s[order]
+            bounds = np.searchsorted(ms, np.arange(m_count + 1))
+            for m in np.flatnonzero(np.diff(bounds)):
+                seg = ls[bounds[m] : bounds[m + 1]]
+                lat_pct[m] = float(np.percentile(seg, self._pct[m]))
+        return TickStats(
+            arrivals=arrivals,
+            within_slo=within,
+            completed=completed,
+            backlog=backlog,
+            in_flight=in_flight,
+            latency_at_slo_pct=lat_pct,
+        )
+
+    def latency_quantile(self, q: float) -> np.ndarray:
+        """Per model, exact q-quantile of latency over requests arrived so far (undispatched: infinite)."""
+        out = np.full(self._m, np.nan)
+        lat = self._latency[: self._next]
+        mi = self._mi[: self._next]
+        for m in range(self._m):
+            sel = lat[mi == m]
+            if len(sel):
+                out[m] = float(np.quantile(sel, q))
+        return out
+
+    def attainment(self) -> np.ndarray:
+        """Per model, fraction of arrived requests within SLO so far (undispatched count as late)."""
+        lat = self._latency[: self._next]
+        mi = self._mi[: self._next]
+        ok = lat <= self._slo[mi] + 1e-9
+        n = np.bincount(mi, minlength=self._m)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.bincount(mi[ok], minlength=self._m) / n

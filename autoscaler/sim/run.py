@@ -1,0 +1,190 @@
+"""The simulated control loop: the same decision core as the live controller, on a simulated cluster.
+
+Time advances in ticks of ``tick_s`` without sleeping. Each tick:
+
+    advance cluster (readiness, drains) -> snapshot + metrics window -> decide (pure core) -> apply plan
+    -> queue engine serves the tick's traffic -> metrics recorded
+
+and the scorecard accumulates (see :mod:`autoscaler.sim.scorecard`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoscaler.core import CoreConfig, decide, fresh_state
+from autoscaler.policies.base import Policy
+from autoscaler.sim.cluster import SimCluster
+from autoscaler.sim.engines import make_engine
+from autoscaler.sim.metrics import SimMetrics
+from autoscaler.sim.workload import SimWorkload, served_as
+from autoscaler.spec import ModelSpec
+from sharing.slots import NodeSpec
+
+Progress = Callable[[float], None]  # called with the fraction done
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    tick_s: float = 10.0
+    mode: str = "fluid"  # or "des" (request logs)
+    seed: int = 0
+    drain_timeout_s: float = 30.0
+    metrics_window_s: float = 600.0
+    fragmentation_every_s: float = 300.0
+
+
+@dataclass
+class SimResult:
+    """Raw per-minute series and totals; :func:`autoscaler.sim.scorecard.scorecard` turns it into numbers."""
+
+    policy: str
+    mode: str
+    models: tuple[str, ...]
+    minute_arrivals: np.ndarray  # (M, n_minutes)
+    minute_within: np.ndarray
+    minute_replicas: np.ndarray  # mean routable replicas
+    minute_desired: np.ndarray
+    minute_latency: np.ndarray  # max over the minute's ticks of the latency at the SLO percentile
+    slo_latency_s: np.ndarray  # (M,)
+    slo_percentile: np.ndarray  # (M,)
+    gpu_hours: float
+    unplaced_replica_minutes: float
+    scale_events: int
+    reasons: dict[str, int]
+    fragmentation: float
+    latency_p95_s: np.ndarray
+    gpus_total: int
+    sim_wall_s: float
+    invalid_models: dict[str, str] = field(default_factory=dict)
+
+
+def _warm_start(cluster: SimCluster, workload: SimWorkload, specs: dict[str, ModelSpec], dt: float) -> None:
+    """Begin as a running cluster would be: each model with the replicas its first minutes of load need
+    (the same for every policy), so the run measures steady control, not a cold boot."""
+    from autoscaler.capacity import min_replicas_for_slo
+    from autoscaler.core import slot_request
+    from sharing.packer import FirstFitPacker
+
+    packer = FirstFitPacker()
+    window = max(dt, 300.0)
+    first = workload.arrivals_per_tick(window)[:, 0] / window
+    profiles = workload.profiles
+    for i, name in enumerate(workload.models):
+        spec = specs[name]
+        if name not in cluster.specs or not isinstance(cluster.specs[name], ModelSpec):
+            continue
+        n = min(max(min_replicas_for_slo(float(first[i]), profiles[name]), spec.min_replicas),
+                spec.max_replicas)
+        slots = []
+        req = slot_request(spec)
+        scratch = cluster.inventory.copy()
+        for r in range(n):
+            slot = packer.place(scratch, req)
+            if slot is None:
+                break
+            scratch.allocate(slot, f"scratch-{r}")
+            slots.append(slot)
+        cluster.preplace(name, slots)
+
+
+def simulate(
+    workload: SimWorkload,
+    nodes: Sequence[NodeSpec],
+    policy: Policy,
+    config: SimConfig | None = None,
+    progress: Progress | None = None,
+) -> SimResult:
+    cfg = config or SimConfig()
+    wall0 = time.perf_counter()
+    models = workload.models
+    m = len(models)
+    specs = workload.specs
+    good = served_as(specs)
+    dt = cfg.tick_s
+    n_ticks = int(math.ceil(workload.duration_s / dt))
+    n_min = int(math.ceil(n_ticks * dt / 60.0))
+
+    profiles = workload.profiles
+    drain = np.array([min(cfg.drain_timeout_s, float(profiles[x].occupancy_s.max())) for x in models])
+    cluster = SimCluster(nodes, models, specs, drain_s=drain, instant_start=policy.instant_start)
+    _warm_start(cluster, workload, good, dt)
+    metrics = SimMetrics(models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))))
+    engine = make_engine(cfg.mode, workload, dt, seed=cfg.seed)
+    core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0)
+    state = fresh_state(profiles=profiles)
+    future = workload.arrivals_per_tick(dt) / dt if getattr(policy, "instant_start", False) else None
+
+    shape = (m, n_min)
+    arrivals = np.zeros(shape)
+    within = np.zeros(shape)
+    replicas = np.zeros(shape)
+    desired = np.zeros(shape)
+    latency = np.full(shape, np.nan)
+    ticks_in_min = np.zeros(n_min)
+    gpu_seconds = 0.0
+    unplaced_s = 0.0
+    frag_sum, frag_n = 0.0, 0
+    next_frag = 0.0
+    report_every = max(1, n_ticks // 200)
+
+    for k in range(n_ticks):
+        now = k * dt
+        cluster.advance(now)
+        if future is not None:
+            # The oracle knows the load of the tick it is about to serve.
+            metrics.future_rate = future[:, k]
+        decision = decide(cluster.snapshot(now), metrics.window(now), state, core)
+        state = decision.state
+        if decision.plan.actions:
+            cluster.apply(decision.plan)
+            routable = cluster.advance(now)  # instant-start replicas serve this tick
+        else:
+            routable = cluster.routable
+        stats = engine.step(now, dt, routable)
+        metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct)
+
+        j = min(int(now // 60.0), n_min - 1)
+        arrivals[:, j] += stats.arrivals
+        within[:, j] += stats.within_slo
+        replicas[:, j] += routable
+        desired[:, j] += cluster.desired
+        latency[:, j] = np.fmax(latency[:, j], stats.latency_at_slo_pct)
+        ticks_in_min[j] += 1
+        gpu_seconds += cluster.gpus_allocated() * dt
+        unplaced_s += float(cluster.shortfall.sum()) * dt
+        if now >= next_frag:
+            frag_sum += cluster.inventory.fragmentation()
+            frag_n += 1
+            next_frag = now + cfg.fragmentation_every_s
+        if progress is not None and k % report_every == 0:
+            progress(k / n_ticks)
+    if progress is not None:
+        progress(1.0)
+    ticks_in_min[ticks_in_min == 0] = 1
+    return SimResult(
+        policy=getattr(policy, "name", type(policy).__name__),
+        mode=cfg.mode,
+        models=models,
+        minute_arrivals=arrivals,
+        minute_within=within,
+        minute_replicas=replicas / ticks_in_min,
+        minute_desired=desired / ticks_in_min,
+        minute_latency=latency,
+        slo_latency_s=np.array([good[x].slo_latency_s for x in models]),
+        slo_percentile=np.array([good[x].slo_percentile for x in models]),
+        gpu_hours=gpu_seconds / 3600.0,
+        unplaced_replica_minutes=unplaced_s / 60.0,
+        scale_events=cluster.scale_events,
+        reasons=dict(cluster.reasons),
+        fragmentation=frag_sum / max(frag_n, 1),
+        latency_p95_s=engine.latency_quantile(0.95),
+        gpus_total=cluster.inventory.gpus_total,
+        sim_wall_s=time.perf_counter() - wall0,
+        invalid_models={x: str(s) for x, s in specs.items() if not isinstance(s, ModelSpec)},
+    )

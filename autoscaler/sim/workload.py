@@ -1,0 +1,93 @@
+"""What the simulator serves: a trace, each model's spec, and the queueing engines' view of both.
+
+The per-request service times (occupancy, and the part that counts toward SLO latency) are derived
+once, in :meth:`autoscaler.sim.queueing.Workload.from_request_log`. Per model, the resulting
+:class:`ServiceProfile` is what a controller would know from offline profiling: it warm-starts the
+capacity model and sizes the static and oracle baselines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscaler.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
+from autoscaler.sim.queueing import Workload
+from autoscaler.spec import ModelSpec, SpecError
+from forecasting.traces.model import RequestLog, Trace
+
+Specs = dict[str, ModelSpec | SpecError]
+
+
+@dataclass(frozen=True)
+class SimWorkload:
+    trace: Trace
+    specs: Specs
+    queue: Workload  # the engines' arrays
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return self.queue.models
+
+    @property
+    def duration_s(self) -> float:
+        if isinstance(self.trace, RequestLog):
+            return float(math.ceil(self.trace.duration_s + 1e-9))
+        return self.trace.duration_s
+
+    @property
+    def profiles(self) -> dict[str, ServiceProfile]:
+        return {m: self.queue.profile(i) for i, m in enumerate(self.models)}
+
+    def arrivals_per_tick(self, dt: float) -> np.ndarray:
+        """Requests arriving in each tick ``[k*dt, (k+1)*dt)`` per model, shape (M, n_ticks)."""
+        n = max(1, int(math.ceil(self.duration_s / dt)))
+        if isinstance(self.trace, RequestLog):
+            k = np.minimum((self.trace.t / dt).astype(np.int64), n - 1)
+            out = np.zeros((len(self.models), n))
+            np.add.at(out, (self.trace.model_index, k), 1.0)
+            return out
+        # Piecewise-constant rates integrated over each tick (ticks may straddle trace steps).
+        trace = self.trace
+        rates = np.nan_to_num(trace.rates, nan=0.0)
+        cum = np.concatenate([np.zeros((rates.shape[0], 1)), np.cumsum(rates * trace.step_s, axis=1)], axis=1)
+        grid = trace.start_s + np.arange(cum.shape[1]) * trace.step_s
+        edges = np.arange(n + 1) * dt
+        at_edges = np.stack([np.interp(edges, grid, row) for row in cum])
+        return np.diff(at_edges, axis=1)
+
+
+def served_as(specs: Specs) -> dict[str, ModelSpec]:
+    """The spec each model is *served* with. A model with invalid annotations still receives its real
+    traffic; it is served as a default model while the controller leaves it alone."""
+    return {m: s if isinstance(s, ModelSpec) else ModelSpec(name=m) for m, s in specs.items()}
+
+
+def build_workload(trace: Trace, specs: Specs, seed: int = 0) -> SimWorkload:
+    served = served_as(specs)
+    ordered = [served[m] for m in trace.models]
+    if isinstance(trace, RequestLog):
+        queue = Workload.from_request_log(trace, ordered, seed=seed)
+    else:
+        queue = Workload.from_rates(
+            trace.models, trace.rates, trace.step_s, [profile_from_spec(s) for s in ordered], trace.start_s
+        )
+    return SimWorkload(trace, specs, queue)
+
+
+def peak_replicas(workload: SimWorkload, dt: float, floor_s: float = 60.0) -> dict[str, int]:
+    """Replicas each model needs at its peak load (the peak over windows of ``max(dt, floor_s)``):
+    the 'sized for the peak' static baseline."""
+    window = max(dt, floor_s)
+    arr = workload.arrivals_per_tick(window) / window
+    profiles = workload.profiles
+    out: dict[str, int] = {}
+    for i, m in enumerate(workload.models):
+        spec = workload.specs[m]
+        n = min_replicas_for_slo(float(arr[i].max()) if arr.shape[1] else 0.0, profiles[m])
+        if isinstance(spec, ModelSpec):
+            n = min(max(n, spec.min_replicas), spec.max_replicas)
+        out[m] = n
+    return out

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One command sets up everything and runs either the demo or the whole test suite.
+#   ./quickstart.sh demo   -> venv + install + `slotwise simulate` on the bundled Azure LLM trace
+#   ./quickstart.sh test   -> venv + install (with test extras) + ruff + the whole pytest suite
+# Works on a fresh Debian 12 with Python 3.11: installs python3-venv with apt when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+VENV=${SLOTWISE_VENV:-.venv}
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+ensure_python() {
+  if ! command -v "$PY" >/dev/null; then
+    as_root apt-get update -qq && as_root apt-get install -y -qq python3 python3-venv python3-pip
+  fi
+  if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
+    as_root apt-get update -qq && as_root apt-get install -y -qq python3-venv
+  fi
+  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    echo "slotwise needs Python >= 3.11 (found $("$PY" --version))" >&2; exit 1; }
+}
+
+ensure_venv() {
+  ensure_python
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q -e ".$1"
+}
+
+case "${1:-demo}" in
+  demo)
+    ensure_venv ""
+    shift || true
+    exec "$VENV/bin/slotwise" simulate --out slotwise-report "$@"
+    ;;
+  test)
+    ensure_venv "[test]"
+    shift || true
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/python" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: $0 demo|test [args...]" >&2; exit 2 ;;
+esac

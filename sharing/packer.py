@@ -1,0 +1,121 @@
+"""Packers: choose a slot for a request. The first version is plain first-fit.
+
+The seam: a packer is anything with a ``name`` and a *pure* ``place(inv, req)`` that returns a
+legal slot (``inv.fits(slot)``) or None and never changes ``inv``; callers allocate. So packers can
+be compared on copies of one inventory, and a smarter one (fragmentation-aware, re-layout with few
+moves) drops in without touching callers. :func:`place_batch` is the common loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from sharing.catalog import GpuModel
+from sharing.slots import DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
+
+
+class Packer(Protocol):
+    name: str
+
+    def place(self, inv: Inventory, req: SlotRequest) -> Slot | None: ...
+
+
+def place_batch(
+    packer: Packer, inv: Inventory, reqs: Sequence[SlotRequest], owners: Sequence[str] | None = None
+) -> list[Slot | None]:
+    """Place and allocate ``reqs`` on ``inv`` in order; None where a request did not fit.
+
+    ``owners`` names each allocation (default ``"<model>/<i>"``, i the request's position).
+    """
+    if owners is not None and len(owners) != len(reqs):
+        raise ValueError(f"{len(owners)} owners for {len(reqs)} requests")
+    out: list[Slot | None] = []
+    for i, req in enumerate(reqs):
+        slot = packer.place(inv, req)
+        if slot is not None:
+            inv.allocate(slot, owners[i] if owners is not None else f"{req.model}/{i}")
+        out.append(slot)
+    return out
+
+
+def eligible_nodes(inv: Inventory, req: SlotRequest) -> Iterator[tuple[NodeSpec, GpuModel]]:
+    """Nodes (in inventory order) whose GPU kind the request accepts."""
+    allowed = {inv.catalog.resolve(m) for m in req.gpu_models} if req.gpu_models else None
+    for node in inv.nodes.values():
+        if node.gpu_count and (allowed is None or node.gpu_model in allowed):
+            yield node, inv.catalog.get(node.gpu_model)
+
+
+class FirstFitPacker:
+    """Scan nodes and devices in inventory order; take the first slot that fits.
+
+    - Whole-GPU requests (no memory figure, several GPUs, or only "whole" allowed): the first node
+      with enough idle devices (no allocation, no MIG instance), lowest indices.
+    - Memory requests, per device in order:
+      * MIG mode: join a shared instance with room (if "share" allowed); else the smallest profile
+        (by memory, then compute; ``+me`` profiles are kept for media work) with enough memory and
+        compute, at its first free legal placement (instances are created on demand); if only
+        "share" is allowed, a new shared instance of the smallest profile that fits.
+      * no MIG: a time-slice share if memory + reserve and compute fit.
+    - If no device gave a partial slot and "whole" is allowed, a whole GPU with enough memory.
+    """
+
+    name = "first-fit"
+
+    def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
+        if req.whole_only:
+            return self._whole(inv, req) if "whole" in req.kinds else None
+        for node, gpu in eligible_nodes(inv, req):
+            for idx in range(node.gpu_count):
+                slot = self._partial(inv, gpu, inv.device(node.name, idx), req)
+                if slot is not None:
+                    return slot
+        return self._whole(inv, req) if "whole" in req.kinds else None
+
+    def _partial(self, inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotRequest) -> Slot | None:
+        assert req.memory_gib is not None
+        if d.whole_owner is not None:
+            return None
+        share_ok = "share" in req.kinds
+        if not d.mig_enabled:
+            if not share_ok:
+                return None
+            slot = Slot.share(d.node, d.index, gpu, req.memory_gib, req.compute_fraction)
+            return slot if inv.fits(slot) else None
+        if share_ok:
+            for key, start in d.instances():
+                occ = d.occupants((key, start))
+                if occ and all(s.kind is SlotKind.SHARE for _, s in occ):
+                    slot = Slot.share(d.node, d.index, gpu, req.memory_gib, req.compute_fraction, key, start)
+                    if inv.fits(slot):
+                        return slot
+        if "mig" in req.kinds:
+            for p in gpu.profiles_by_size():
+                if p.memory_gib < req.memory_gib or gpu.compute_fraction(p) < req.compute_fraction:
+                    continue
+                for start in p.placements:
+                    slot = Slot.mig(d.node, d.index, gpu, p.key, start)
+                    if inv.fits(slot):
+                        return slot
+        elif share_ok:
+            need = req.memory_gib + inv.share_reserve_gib
+            for p in gpu.profiles_by_size():
+                if p.memory_gib < need:
+                    continue
+                for start in p.placements:
+                    slot = Slot.share(
+                        d.node, d.index, gpu, req.memory_gib, req.compute_fraction, p.key, start
+                    )
+                    if inv.fits(slot):
+                        return slot
+        return None
+
+    def _whole(self, inv: Inventory, req: SlotRequest) -> Slot | None:
+        for node, gpu in eligible_nodes(inv, req):
+            if req.memory_gib is not None and gpu.memory_gib * req.gpus < req.memory_gib:
+                continue
+            idle = [i for i in range(node.gpu_count) if inv.device(node.name, i).idle]
+            if len(idle) >= req.gpus:
+                return Slot.whole(node.name, idle[: req.gpus], gpu)
+        return None

@@ -1,0 +1,667 @@
+"""Slots (what one replica gets on a GPU) and the Inventory that accounts for them, hard.
+
+Three kinds of slot:
+
+- **whole**: one or more entire GPUs of one node.
+- **mig**: one MIG GPU instance ``(profile, start)``, owned exclusively. Instances are created on
+  demand on free memory-slice ranges and disappear when released, unless pinned (pre-existing
+  layout, :meth:`Inventory.create_mig_instance`).
+- **share**: a time-sliced share of a non-MIG GPU, or of a MIG instance (``profile``/``start``
+  set). Time-slicing has no memory isolation, so memory is accounted hard here: the shares' memory
+  plus ``share_reserve_gib`` (CUDA contexts, allocator slack) never exceeds the device's, or the
+  instance's, memory. Compute is soft in reality; here it is capped at
+  ``max_compute_oversubscription`` times the GPU (or instance) compute.
+
+``compute_fraction`` is always a fraction of one whole GPU's compute (a 3g on a 7-slice GPU is
+3/7; a share inside it at most 3/7 times the oversubscription); a whole slot of n GPUs has n.
+
+The Inventory's state is one frozen :class:`DeviceState` per GPU in a dict, so :meth:`copy` is a
+shallow dict copy (copy-on-write per device): cheap enough for every controller tick at thousands
+of GPUs, and copies never see each other's changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+
+from sharing.catalog import Catalog, GpuModel, MigProfile, load_catalog
+
+_EPS = 1e-9
+
+
+class SlotKind(StrEnum):
+    WHOLE = "whole"
+    MIG = "mig"
+    SHARE = "share"
+
+
+class AllocationError(ValueError):
+    """An allocation that would break the inventory's rules (the message says which)."""
+
+
+def _fmt_gib(x: float) -> str:
+    return f"{x:g}GiB"
+
+
+@dataclass(frozen=True)
+class Slot:
+    node: str
+    devices: tuple[int, ...]  # GPU indices on the node; more than one only for multi-GPU whole slots
+    kind: SlotKind
+    gpu_model: str  # canonical catalog name
+    profile: str | None  # MIG profile key ("3g") for MIG slots and for shares inside a MIG instance
+    start: int | None  # MIG placement start (memory-slice index)
+    memory_gib: float  # memory this slot gives the replica
+    compute_fraction: float  # fraction of one GPU's compute (n for a whole slot of n GPUs)
+
+    def __post_init__(self) -> None:
+        # Malformed slots fail here; slots that are well-formed but illegal for a cluster state
+        # fail in Inventory.allocate, which knows the state.
+        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
+        object.__setattr__(self, "kind", SlotKind(self.kind))
+        if not self.devices:
+            raise ValueError("a slot needs at least one device")
+        if len(self.devices) > 1 and self.kind is not SlotKind.WHOLE:
+            raise ValueError(f"only whole slots span several GPUs, not {self.kind}")
+        if (self.profile is None) != (self.start is None):
+            raise ValueError("profile and start are set together (a MIG instance) or not at all")
+        if self.kind is SlotKind.MIG and self.profile is None:
+            raise ValueError("a mig slot needs a profile and start")
+        if self.kind is SlotKind.WHOLE and self.profile is not None:
+            raise ValueError("a whole slot has no MIG profile")
+        if not (math.isfinite(self.memory_gib) and self.memory_gib > 0):
+            raise ValueError(f"memory_gib must be positive, got {self.memory_gib!r}")
+        if not (math.isfinite(self.compute_fraction) and self.compute_fraction > 0):
+            raise ValueError(f"compute_fraction must be positive, got {self.compute_fraction!r}")
+
+    # -- constructors that get the derived numbers right ------------------------------------
+    @classmethod
+    def whole(cls, node: str, devices: Sequence[int] | int, gpu: GpuModel) -> Slot:
+        devs = (devices,) if isinstance(devices, int) else tuple(devices)
+        return cls(
+            node, devs, SlotKind.WHOLE, gpu.name, None, None, gpu.memory_gib * len(devs), float(len(devs))
+        )
+
+    @classmethod
+    def mig(cls, node: str, device: int, gpu: GpuModel, profile: str, start: int) -> Slot:
+        p = gpu.profile(profile)
+        return cls(
+            node, (device,), SlotKind.MIG, gpu.name, p.key, start, p.memory_gib, gpu.compute_fraction(p)
+        )
+
+    @classmethod
+    def share(
+        cls,
+        node: str,
+        device: int,
+        gpu: GpuModel,
+        memory_gib: float,
+        compute_fraction: float,
+        profile: str | None = None,
+        start: int | None = None,
+    ) -> Slot:
+        key = gpu.profile(profile).key if profile is not None else None
+        return cls(node, (device,), SlotKind.SHARE, gpu.name, key, start, memory_gib, compute_fraction)
+
+    # -- views ----------------------------------------------------------------------------
+    @property
+    def gpu_fraction(self) -> float:
+        """The share of GPUs this slot costs: n for whole, the compute fraction otherwise."""
+        if self.kind is SlotKind.WHOLE:
+            return float(len(self.devices))
+        return self.compute_fraction
+
+    @property
+    def instance(self) -> tuple[str, int] | None:
+        """The MIG instance ``(profile, start)`` this slot lives in, if any."""
+        return (self.profile, self.start) if self.profile is not None and self.start is not None else None
+
+    def profile_name(self) -> str | None:
+        """NVIDIA's name for the profile on this GPU ("3g.40gb"), from the default catalog."""
+        if self.profile is None:
+            return None
+        try:
+            return load_catalog().get(self.gpu_model).profile(self.profile).name
+        except KeyError:
+            return self.profile
+
+    def describe(self) -> str:
+        """One line for plans and logs, e.g. ``node-3/gpu1 mig 3g.40gb@4``."""
+        where = f"{self.node}/gpu{','.join(str(d) for d in self.devices)}"
+        match self.kind:
+            case SlotKind.WHOLE:
+                n = len(self.devices)
+                return f"{where} whole {f'{n}x' if n > 1 else ''}{self.gpu_model}"
+            case SlotKind.MIG:
+                return f"{where} mig {self.profile_name()}@{self.start}"
+            case _:
+                inside = f" in {self.profile_name()}@{self.start}" if self.profile is not None else ""
+                return (
+                    f"{where} share {_fmt_gib(self.memory_gib)} "
+                    f"compute {self.compute_fraction:.3g}{inside} ({self.gpu_model})"
+                )
+
+    def sort_key(self) -> tuple:
+        return (
+            self.node,
+            self.devices,
+            self.kind.value,
+            self.profile or "",
+            -1 if self.start is None else self.start,
+            self.memory_gib,
+            self.compute_fraction,
+        )
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    gpu_model: str
+    gpu_count: int
+    mig_enabled: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.labels, MappingProxyType):
+            object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+
+_KIND_VALUES = frozenset(k.value for k in SlotKind)
+
+
+@dataclass(frozen=True)
+class SlotRequest:
+    """What one replica needs.
+
+    ``memory_gib`` None asks for ``gpus`` whole GPUs. With a memory figure and ``gpus`` > 1 it is the
+    replica's total, spread over ``gpus`` whole GPUs. ``compute_fraction`` is of one GPU: a MIG
+    profile is only chosen if its compute share is at least that, so the default 1.0 admits only
+    full-GPU instances; callers wanting small slices say how little compute they need.
+    ``gpu_models`` optionally restricts GPU kinds (any accepted name); empty means any.
+    """
+
+    model: str
+    memory_gib: float | None
+    compute_fraction: float = 1.0
+    gpus: int = 1
+    kinds: tuple[str, ...] = ("whole", "mig", "share")
+    gpu_models: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", tuple(str(k) for k in self.kinds))
+        bad = [k for k in self.kinds if k not in _KIND_VALUES]
+        if bad:
+            raise ValueError(f"unknown slot kind(s) {bad}; use {sorted(_KIND_VALUES)}")
+        if self.memory_gib is not None and not (math.isfinite(self.memory_gib) and self.memory_gib > 0):
+            raise ValueError(f"memory_gib must be positive or None, got {self.memory_gib!r}")
+        if not (math.isfinite(self.compute_fraction) and self.compute_fraction > 0):
+            raise ValueError(f"compute_fraction must be positive, got {self.compute_fraction!r}")
+        if self.gpus < 1:
+            raise ValueError(f"gpus must be >= 1, got {self.gpus}")
+
+    @property
+    def whole_only(self) -> bool:
+        """True when only whole GPUs can serve it (no memory figure, several GPUs, or kinds say so)."""
+        return self.memory_gib is None or self.gpus > 1 or set(self.kinds) <= {"whole"}
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """One GPU's allocation state. Frozen: the Inventory replaces it on change (copy-on-write)."""
+
+    node: str
+    index: int
+    gpu_model: str
+    memory_gib: float
+    mig_enabled: bool
+    entries: tuple[tuple[str, Slot], ...] = ()  # (owner, slot), kept sorted so equal states compare equal
+    pinned: tuple[tuple[str, int], ...] = ()  # MIG instances that exist with or without occupants
+
+    @property
+    def in_use(self) -> bool:
+        return bool(self.entries)
+
+    @property
+    def idle(self) -> bool:
+        """No allocation and no MIG instance: a whole-GPU slot can take it."""
+        return not self.entries and not self.pinned
+
+    @property
+    def whole_owner(self) -> str | None:
+        for owner, s in self.entries:
+            if s.kind is SlotKind.WHOLE:
+                return owner
+        return None
+
+    def instances(self) -> tuple[tuple[str, int], ...]:
+        """MIG instances present: pinned ones plus those created on demand for occupants."""
+        live = {s.instance for _, s in self.entries if s.instance is not None}
+        return tuple(sorted(live.union(self.pinned), key=lambda ps: (ps[1], ps[0])))
+
+    def occupants(self, instance: tuple[str, int]) -> list[tuple[str, Slot]]:
+        return [(o, s) for o, s in self.entries if s.instance == instance]
+
+
+def _entry_key(e: tuple[str, Slot]) -> tuple:
+    return (e[0], e[1].sort_key())
+
+
+def _mask(start: int, size: int) -> int:
+    return ((1 << size) - 1) << start
+
+
+class Inventory:
+    """GPU devices of a cluster and what is allocated on them, with hard legality checks.
+
+    Mutating methods (allocate, release, create/destroy MIG instance, set MIG mode) check first and
+    change nothing when they raise.
+    """
+
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeSpec],
+        devices: dict[tuple[str, int], DeviceState],
+        catalog: Catalog,
+        share_reserve_gib: float,
+        max_compute_oversubscription: float,
+    ) -> None:
+        # Use from_nodes or copy; this constructor trusts its arguments.
+        self._nodes = nodes
+        self._devices = devices
+        self._catalog = catalog
+        self._reserve = share_reserve_gib
+        self._oversub = max_compute_oversubscription
+
+    @classmethod
+    def from_nodes(
+        cls,
+        nodes: Sequence[NodeSpec],
+        catalog: Catalog | None = None,
+        share_reserve_gib: float = 1.0,
+        max_compute_oversubscription: float = 1.0,
+    ) -> Inventory:
+        cat = catalog if catalog is not None else load_catalog()
+        if share_reserve_gib < 0 or not math.isfinite(share_reserve_gib):
+            raise ValueError(f"share_reserve_gib must be >= 0, got {share_reserve_gib!r}")
+        if not (max_compute_oversubscription > 0 and math.isfinite(max_compute_oversubscription)):
+            raise ValueError(
+                f"max_compute_oversubscription must be > 0, got {max_compute_oversubscription!r}"
+            )
+        by_name: dict[str, NodeSpec] = {}
+        devices: dict[tuple[str, int], DeviceState] = {}
+        for n in nodes:
+            if n.name in by_name:
+                raise ValueError(f"duplicate node name {n.name!r}")
+            if n.gpu_count < 0:
+                raise ValueError(f"node {n.name!r}: gpu_count must be >= 0, got {n.gpu_count}")
+            gpu = cat.get(n.gpu_model)
+            if n.mig_enabled and not gpu.mig_capable:
+                raise ValueError(f"node {n.name!r}: {gpu.name} does not support MIG")
+            spec = replace(n, gpu_model=gpu.name)  # canonical name, so slots compare by one spelling
+            by_name[n.name] = spec
+            for i in range(n.gpu_count):
+                devices[(n.name, i)] = DeviceState(n.name, i, gpu.name, gpu.memory_gib, n.mig_enabled)
+        return cls(MappingProxyType(by_name), devices, cat, share_reserve_gib, max_compute_oversubscription)
+
+    def copy(self) -> Inventory:
+        # Node specs and device states are immutable, so sharing them is safe; only the dict of
+        # device states is per-copy (O(devices) pointer copies, ~0.1 ms at 2,000 GPUs).
+        return Inventory(self._nodes, dict(self._devices), self._catalog, self._reserve, self._oversub)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Inventory):
+            return NotImplemented
+        return (
+            self._nodes == other._nodes
+            and self._reserve == other._reserve
+            and self._oversub == other._oversub
+            and self._devices == other._devices
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return (
+            f"Inventory({len(self._nodes)} nodes, {self.gpus_total} GPUs, "
+            f"{self.gpus_in_use()} in use, {sum(1 for _ in self.allocations())} allocations)"
+        )
+
+    # -- read-only views ----------------------------------------------------------------
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    @property
+    def share_reserve_gib(self) -> float:
+        return self._reserve
+
+    @property
+    def max_compute_oversubscription(self) -> float:
+        return self._oversub
+
+    @property
+    def nodes(self) -> Mapping[str, NodeSpec]:
+        return self._nodes
+
+    @property
+    def devices(self) -> Mapping[tuple[str, int], DeviceState]:
+        return MappingProxyType(self._devices)
+
+    def device(self, node: str, index: int) -> DeviceState:
+        try:
+            return self._devices[(node, index)]
+        except KeyError:
+            raise KeyError(f"no GPU {index} on node {node!r}") from None
+
+    def gpu_of(self, node: str) -> GpuModel:
+        return self._catalog.get(self._nodes[node].gpu_model)
+
+    @property
+    def gpus_total(self) -> int:
+        return len(self._devices)
+
+    def gpus_in_use(self) -> int:
+        """Devices with at least one allocation (an empty pinned MIG instance does not count)."""
+        return sum(1 for d in self._devices.values() if d.entries)
+
+    def allocations(self) -> Iterator[tuple[str, Slot]]:
+        """Every (owner, slot), once each (a multi-GPU slot is reported from its first device)."""
+        for (_, idx), d in self._devices.items():
+            for owner, s in d.entries:
+                if s.devices[0] == idx:
+                    yield owner, s
+
+    def slots_of(self, owner: str) -> list[Slot]:
+        return [s for o, s in self.allocations() if o == owner]
+
+    def allocated_gpu_fraction(self) -> float:
+        """Sum of allocated slots' ``gpu_fraction`` over ``gpus_total`` (0 for an empty cluster)."""
+        if not self._devices:
+            return 0.0
+        return sum(s.gpu_fraction for _, s in self.allocations()) / len(self._devices)
+
+    def mig_layout(self, node: str, device: int) -> tuple[tuple[str, int], ...]:
+        """Current MIG instances on a device as ``(profile key, start)``, by start."""
+        return self.device(node, device).instances()
+
+    # -- memory accounting ----------------------------------------------------------------
+    def _share_used(self, d: DeviceState, instance: tuple[str, int] | None) -> tuple[float, float]:
+        mem = comp = 0.0
+        for _, s in d.entries:
+            if s.kind is SlotKind.SHARE and s.instance == instance:
+                mem += s.memory_gib
+                comp += s.compute_fraction
+        return mem, comp
+
+    def device_free_memory_gib(self, node: str, index: int) -> float:
+        """Memory a device could still give out.
+
+        Non-MIG: device memory, less the shares and (once shared) the reserve; 0 under a whole slot.
+        MIG: uncovered memory slices (device memory split evenly), plus empty instances, plus the
+        room left in shared instances.
+        """
+        d = self.device(node, index)
+        return self._free_memory(d, self._catalog.get(d.gpu_model))
+
+    def _free_memory(self, d: DeviceState, gpu: GpuModel) -> float:
+        if not d.entries and not d.pinned:
+            return d.memory_gib
+        if d.whole_owner is not None:
+            return 0.0
+        if not d.mig_enabled:
+            used, _ = self._share_used(d, None)
+            return max(0.0, d.memory_gib - used - self._reserve)
+        covered = 0
+        free = 0.0
+        for inst in d.instances():
+            p = gpu.profiles[inst[0]]
+            covered += p.mem_slices
+            occ = d.occupants(inst)
+            if not occ:
+                free += p.memory_gib
+            elif all(s.kind is SlotKind.SHARE for _, s in occ):
+                used, _ = self._share_used(d, inst)
+                free += max(0.0, p.memory_gib - used - self._reserve)
+        return free + (gpu.mem_slices_total - covered) * gpu.mem_slice_gib
+
+    def free_memory_gib(self) -> float:
+        return sum(self._free_memory(d, self._catalog.get(d.gpu_model)) for d in self._devices.values())
+
+    def largest_free_gib(self, node: str, index: int) -> float:
+        """The largest memory one new slot could get on this device now."""
+        d = self.device(node, index)
+        return self._largest_free(d, self._catalog.get(d.gpu_model))
+
+    def _largest_free(self, d: DeviceState, gpu: GpuModel) -> float:
+        if not d.entries and not d.pinned:
+            return d.memory_gib
+        if d.whole_owner is not None:
+            return 0.0
+        if not d.mig_enabled:
+            used, _ = self._share_used(d, None)
+            return max(0.0, d.memory_gib - used - self._reserve)
+        best = 0.0
+        for inst in d.instances():
+            p = gpu.profiles[inst[0]]
+            occ = d.occupants(inst)
+            if not occ:
+                best = max(best, p.memory_gib)
+            elif all(s.kind is SlotKind.SHARE for _, s in occ):
+                used, _ = self._share_used(d, inst)
+                best = max(best, p.memory_gib - used - self._reserve)
+        for p in gpu.profiles_by_size():
+            if p.memory_gib > best and any(
+                self._new_instance_reason(d, gpu, p, st) is None for st in p.placements
+            ):
+                best = p.memory_gib
+        return best
+
+    def fragmentation(self, reference_gib: float | None = None) -> float:
+        """Share of free GPU memory that is stranded, in [0, 1].
+
+        Stranded = free memory on *partially used* devices (holding an allocation or a MIG
+        instance) whose largest obtainable slot is smaller than the reference request:
+        ``reference_gib`` GiB, or by default a whole GPU (so all free memory on partially used
+        devices counts). Free memory on untouched devices is never stranded. 0 when nothing is
+        free. A simple, cheap stand-in; the FGD definition (expected fragment over a workload
+        mix) belongs to a later packer.
+        """
+        total = stranded = 0.0
+        for d in self._devices.values():
+            gpu = self._catalog.get(d.gpu_model)
+            free = self._free_memory(d, gpu)
+            total += free
+            if free <= 0 or d.idle:
+                continue
+            if reference_gib is None or self._largest_free(d, gpu) < reference_gib - _EPS:
+                stranded += free
+        return stranded / total if total > 0 else 0.0
+
+    # -- legality ---------------------------------------------------------------------------
+    def _new_instance_reason(self, d: DeviceState, gpu: GpuModel, p: MigProfile, start: int) -> str | None:
+        """Why instance (p, start) could not be created on d now, or None if it could."""
+        if start not in p.placements:
+            return f"start {start} is not a legal placement of {p.name} on {gpu.name} (legal: {p.placements})"
+        if start + p.mem_slices > gpu.mem_slices_total:
+            return f"{p.name}@{start} runs past the {gpu.mem_slices_total} memory slices"
+        occupied = 0
+        count = 0
+        compute = 0
+        for key, st in d.instances():
+            q = gpu.profiles[key]
+            occupied |= _mask(st, q.mem_slices)
+            compute += q.compute_slices
+            count += key == p.key
+        new = _mask(start, p.mem_slices)
+        if occupied & new:
+            return f"{p.name}@{start} overlaps existing MIG instances {list(d.instances())}"
+        if count >= p.max_count:
+            return f"{gpu.name} allows at most {p.max_count} {p.name} instance(s)"
+        if compute + p.compute_slices > gpu.compute_slices_total:
+            return f"{p.name}@{start} would exceed {gpu.compute_slices_total} compute slices"
+        return None
+
+    def why_not(self, slot: Slot) -> str | None:
+        """Why ``slot`` cannot be allocated now, or None if it can."""
+        node = self._nodes.get(slot.node)
+        if node is None:
+            return f"unknown node {slot.node!r}"
+        if slot.gpu_model not in self._catalog:
+            return f"unknown GPU kind {slot.gpu_model!r}"
+        gpu = self._catalog.get(slot.gpu_model)
+        if gpu.name != node.gpu_model:
+            return f"node {node.name!r} has {node.gpu_model} GPUs, not {gpu.name}"
+        for i in slot.devices:
+            if not 0 <= i < node.gpu_count:
+                return f"node {node.name!r} has no GPU {i} (it has {node.gpu_count})"
+        if len(set(slot.devices)) != len(slot.devices):
+            return f"repeated device in {slot.devices}"
+        states = [self._devices[(slot.node, i)] for i in slot.devices]
+        if slot.kind is SlotKind.WHOLE:
+            return self._whole_reason(slot, gpu, states)
+        d = states[0]
+        if d.whole_owner is not None:
+            return f"GPU {d.index} is held whole by {d.whole_owner!r}"
+        if slot.instance is None:  # a time-slice share of a plain GPU
+            if d.mig_enabled:
+                return f"GPU {d.index} is in MIG mode: a share must sit inside a MIG instance"
+            return self._share_reason(d, slot, d.memory_gib, 1.0, None)
+        if not d.mig_enabled:
+            return f"GPU {d.index} on {node.name!r} is not in MIG mode"
+        assert slot.profile is not None and slot.start is not None
+        if slot.profile not in gpu.profiles:
+            return f"{gpu.name} has no MIG profile {slot.profile!r}"
+        p = gpu.profiles[slot.profile]
+        inst = (p.key, slot.start)
+        if inst not in d.instances():  # existing instances are legal; a new one is checked in full
+            reason = self._new_instance_reason(d, gpu, p, slot.start)
+            if reason is not None:
+                return reason
+        occ = d.occupants(inst)
+        if slot.kind is SlotKind.MIG:
+            if not math.isclose(slot.memory_gib, p.memory_gib, abs_tol=_EPS):
+                return f"a {p.name} slot gives {p.memory_gib} GiB, not {slot.memory_gib}"
+            if not math.isclose(slot.compute_fraction, gpu.compute_fraction(p), abs_tol=_EPS):
+                return (
+                    f"a {p.name} slot has compute {gpu.compute_fraction(p):.4f}, not {slot.compute_fraction}"
+                )
+            if occ:
+                return f"MIG instance {p.name}@{slot.start} is already used by {occ[0][0]!r}"
+            return None
+        if any(s.kind is SlotKind.MIG for _, s in occ):
+            return f"MIG instance {p.name}@{slot.start} is held exclusively by {occ[0][0]!r}"
+        return self._share_reason(d, slot, p.memory_gib, gpu.compute_fraction(p), inst)
+
+    def _whole_reason(self, slot: Slot, gpu: GpuModel, states: list[DeviceState]) -> str | None:
+        n = len(slot.devices)
+        if not math.isclose(slot.memory_gib, gpu.memory_gib * n, abs_tol=_EPS):
+            return f"a whole slot of {n} {gpu.name} gives {gpu.memory_gib * n} GiB, not {slot.memory_gib}"
+        if not math.isclose(slot.compute_fraction, float(n), abs_tol=_EPS):
+            return f"a whole slot of {n} GPU(s) has compute {n}, not {slot.compute_fraction}"
+        for d in states:
+            if d.entries:
+                return f"GPU {d.index} on {d.node!r} is not free (used by {d.entries[0][0]!r})"
+            if d.pinned:
+                return f"GPU {d.index} on {d.node!r} has MIG instances {list(d.pinned)}"
+        return None
+
+    def _share_reason(
+        self,
+        d: DeviceState,
+        slot: Slot,
+        capacity_gib: float,
+        compute_cap: float,
+        inst: tuple[str, int] | None,
+    ) -> str | None:
+        used_mem, used_comp = self._share_used(d, inst)
+        where = f"GPU {d.index} on {d.node!r}" + (f" instance {inst[0]}@{inst[1]}" if inst else "")
+        if used_mem + slot.memory_gib + self._reserve > capacity_gib + _EPS:
+            return (
+                f"memory over-commit on {where}: {used_mem:g} used + {slot.memory_gib:g} asked + "
+                f"{self._reserve:g} reserve > {capacity_gib:g} GiB"
+            )
+        limit = compute_cap * self._oversub
+        if used_comp + slot.compute_fraction > limit + _EPS:
+            return (
+                f"compute oversubscription on {where}: {used_comp + slot.compute_fraction:.3g} > {limit:.3g}"
+            )
+        return None
+
+    def fits(self, slot: Slot) -> bool:
+        return self.why_not(slot) is None
+
+    # -- mutation -----------------------------------------------------------------------------
+    def _put(self, d: DeviceState, **changes: object) -> None:
+        self._devices[(d.node, d.index)] = replace(d, **changes)  # type: ignore[arg-type]
+
+    def allocate(self, slot: Slot, owner: str) -> None:
+        """Give ``slot`` to ``owner``; raises :class:`AllocationError` (a ValueError) if illegal."""
+        if not owner:
+            raise AllocationError("owner must be a non-empty string")
+        reason = self.why_not(slot)
+        if reason is None and (owner, slot) in self._devices[(slot.node, slot.devices[0])].entries:
+            reason = "already allocated to this owner"
+        if reason is not None:
+            raise AllocationError(f"cannot allocate {slot.describe()} to {owner!r}: {reason}")
+        for i in slot.devices:
+            d = self._devices[(slot.node, i)]
+            self._put(d, entries=tuple(sorted((*d.entries, (owner, slot)), key=_entry_key)))
+
+    def release(self, slot: Slot, owner: str) -> None:
+        """Take ``slot`` back from ``owner``; raises KeyError if it is not allocated to them.
+
+        A MIG instance created for the slot disappears with it unless it was pinned.
+        """
+        keys = [(slot.node, i) for i in slot.devices]
+        if not all(k in self._devices and (owner, slot) in self._devices[k].entries for k in keys):
+            raise KeyError(f"{slot.describe()} is not allocated to {owner!r}")
+        for k in keys:
+            d = self._devices[k]
+            entries = list(d.entries)
+            entries.remove((owner, slot))
+            self._put(d, entries=tuple(entries))
+
+    def create_mig_instance(self, node: str, device: int, profile: str, start: int) -> None:
+        """Pin an instance that exists without an occupant (a layout applied ahead of demand, or
+        observed on a live node). Pinned instances survive release; destroy them explicitly."""
+        d = self.device(node, device)
+        gpu = self._catalog.get(d.gpu_model)
+        if not d.mig_enabled:
+            raise AllocationError(f"GPU {device} on {node!r} is not in MIG mode")
+        if d.whole_owner is not None:
+            raise AllocationError(f"GPU {device} on {node!r} is held whole by {d.whole_owner!r}")
+        try:
+            p = gpu.profile(profile)
+        except KeyError as e:
+            raise AllocationError(str(e)) from None
+        inst = (p.key, start)
+        if inst in d.pinned:
+            raise AllocationError(f"{p.name}@{start} already exists on GPU {device} of {node!r}")
+        if inst not in d.instances():  # an occupied on-demand instance just becomes pinned
+            reason = self._new_instance_reason(d, gpu, p, start)
+            if reason is not None:
+                raise AllocationError(reason)
+        self._put(d, pinned=tuple(sorted((*d.pinned, inst))))
+
+    def destroy_mig_instance(self, node: str, device: int, profile: str, start: int) -> None:
+        d = self.device(node, device)
+        p = self._catalog.get(d.gpu_model).profile(profile)
+        inst = (p.key, start)
+        if inst not in d.pinned:
+            raise KeyError(f"no pinned MIG instance {p.name}@{start} on GPU {device} of {node!r}")
+        if d.occupants(inst):
+            raise AllocationError(f"MIG instance {p.name}@{start} is in use by {d.occupants(inst)[0][0]!r}")
+        self._put(d, pinned=tuple(x for x in d.pinned if x != inst))
+
+    def set_mig_mode(self, node: str, device: int, enabled: bool) -> None:
+        """Switch a GPU's MIG mode; only an idle GPU (no allocation, no instance) may switch."""
+        d = self.device(node, device)
+        if enabled and not self._catalog.get(d.gpu_model).mig_capable:
+            raise AllocationError(f"{d.gpu_model} does not support MIG")
+        if not d.idle and d.mig_enabled != enabled:
+            raise AllocationError(f"GPU {device} on {node!r} is not idle; drain it before switching MIG mode")
+        self._put(d, mig_enabled=enabled)
