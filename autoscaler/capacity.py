@@ -18,7 +18,8 @@ re-derives them):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from scipy import special
@@ -44,15 +45,23 @@ class ServiceProfile:
     slo_s: float
     percentile: float  # e.g. 95.0
 
-    @property
+    # Sizing asks the same question every tick while the load is steady: remember the answers.
+    _memo: dict[tuple[float, int], int] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
     def mean_s(self) -> float:
         return float(np.mean(self.occupancy_s))
 
-    @property
+    @cached_property
     def scv(self) -> float:
         """Squared coefficient of variation of the service time."""
         m = self.mean_s
         return float(np.var(self.occupancy_s) / (m * m)) if m > 0 else 0.0
+
+    @cached_property
+    def budget_s(self) -> np.ndarray:
+        """Per sample point, how long a request may wait and still meet the SLO."""
+        return self.slo_s - self.latency_part_s
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -211,8 +220,7 @@ def attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
     p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, profile.scv)
     if decay <= 0:
         return 0.0  # unstable: the queue grows without bound
-    budget = profile.slo_s - profile.latency_part_s
-    return float(np.mean(within_prob(budget, p_wait, decay)))
+    return float(np.mean(within_prob(profile.budget_s, p_wait, decay)))
 
 
 def min_replicas_for_slo(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> int:
@@ -224,6 +232,16 @@ def min_replicas_for_slo(rate: float, profile: ServiceProfile, max_replicas: int
     """
     if rate <= 0:
         return 0
+    memo = profile._memo
+    key = (rate, max_replicas)
+    if key not in memo:
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = _min_replicas_search(rate, profile, max_replicas)
+    return memo[key]
+
+
+def _min_replicas_search(rate: float, profile: ServiceProfile, max_replicas: int) -> int:
     target = profile.percentile / 100.0
     mean_s = profile.mean_s
     # Below this count the replicas are overloaded: attainment is 0 there, no need to evaluate.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -127,6 +127,9 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     plan = Plan(now=now)
     policy = config.policy
     inventory: Inventory | None = None  # copied lazily: most ticks change nothing
+    uses_forecast = getattr(policy, "uses_forecast", True)
+    # Within one tick free capacity only shrinks, so a request shape that failed once fails again.
+    unplaceable: set[tuple] = set()
     for name, obs in snapshot.models.items():
         if obs.spec is None:
             # Invalid annotations affect this model only: say so, touch nothing.
@@ -161,7 +164,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
             ready_replicas=obs.ready_replicas,
             metrics=m,
             metrics_step_s=metrics.step_s,
-            forecast=None if m.stale else _forecast(ms, spec, config, metrics.step_s),
+            forecast=None if m.stale or not uses_forecast else _forecast(ms, spec, config, metrics.step_s),
             capacity=ms.capacity,
             state=ms.policy_state,
         )
@@ -173,10 +176,12 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
             if inventory is None:
                 inventory = snapshot.inventory.copy()
             request = slot_request(spec)
+            shape = (request.memory_gib, request.compute_fraction, request.gpus, request.kinds)
             placed = 0
             for _ in range(target - current):
-                slot = config.packer.place(inventory, request)
+                slot = None if shape in unplaceable else config.packer.place(inventory, request)
                 if slot is None:
+                    unplaceable.add(shape)
                     break
                 state.replica_seq += 1
                 rid = f"{name}-{state.replica_seq}"
@@ -213,4 +218,3 @@ def fresh_state(profiles: dict[str, ServiceProfile] | None = None) -> Controller
     return ControllerState(profiles=dict(profiles or {}))
 
 
-__all__ = ["ControllerState", "CoreConfig", "Decision", "ModelState", "decide", "fresh_state", "replace"]

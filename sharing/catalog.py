@@ -172,6 +172,10 @@ class GpuModel:
         # Freeze the mapping so a GpuModel shared by many Inventory copies cannot be edited through one.
         if not isinstance(self.profiles, MappingProxyType):
             object.__setattr__(self, "profiles", MappingProxyType(dict(self.profiles)))
+        # Sorted once: packers ask for this order on every device they look at.
+        ordered = sorted(self.profiles.values(), key=lambda p: (p.memory_gib, p.compute_slices, p.key))
+        object.__setattr__(self, "_by_size_all", tuple(ordered))
+        object.__setattr__(self, "_by_size", tuple(p for p in ordered if not p.media_extensions))
 
     @property
     def mig_capable(self) -> bool:
@@ -199,8 +203,7 @@ class GpuModel:
 
     def profiles_by_size(self, include_media: bool = False) -> tuple[MigProfile, ...]:
         """Profiles smallest first (memory, then compute): the order a best-size search wants."""
-        ps = [p for p in self.profiles.values() if include_media or not p.media_extensions]
-        return tuple(sorted(ps, key=lambda p: (p.memory_gib, p.compute_slices, p.key)))
+        return self._by_size_all if include_media else self._by_size  # type: ignore[attr-defined]
 
 
 def _norm(name: str) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from sharing.catalog import GpuModel
-from sharing.slots import DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
+from sharing.catalog import GpuModel, MigProfile
+from sharing.slots import DeviceState, Inventory, NodeSpec, Slot, SlotRequest
 
 
 class Packer(Protocol):
@@ -74,42 +74,55 @@ class FirstFitPacker:
         return self._whole(inv, req) if "whole" in req.kinds else None
 
     def _partial(self, inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotRequest) -> Slot | None:
-        assert req.memory_gib is not None
-        if d.whole_owner is not None:
+        mem = req.memory_gib
+        assert mem is not None
+        # Any slot of ``mem`` GiB needs at least that much free memory: a cheap first cut that
+        # skips full devices without building candidate slots.
+        if d.whole_owner is not None or inv.free_memory_of(d) < mem:
             return None
         share_ok = "share" in req.kinds
         if not d.mig_enabled:
             if not share_ok:
                 return None
-            slot = Slot.share(d.node, d.index, gpu, req.memory_gib, req.compute_fraction)
-            return slot if inv.fits(slot) else None
+            return self._confirm(inv, Slot.share(d.node, d.index, gpu, mem, req.compute_fraction))
         if share_ok:
-            for key, start in d.instances():
-                occ = d.occupants((key, start))
-                if occ and all(s.kind is SlotKind.SHARE for _, s in occ):
-                    slot = Slot.share(d.node, d.index, gpu, req.memory_gib, req.compute_fraction, key, start)
+            for inst, u in d.usage.items():
+                if inst is not None and not u.exclusive and inv.share_room_gib(d, inst) >= mem:
+                    slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, *inst)
                     if inv.fits(slot):
                         return slot
         if "mig" in req.kinds:
             for p in gpu.profiles_by_size():
-                if p.memory_gib < req.memory_gib or gpu.compute_fraction(p) < req.compute_fraction:
+                if p.memory_gib < mem or gpu.compute_fraction(p) < req.compute_fraction:
                     continue
                 for start in p.placements:
-                    slot = Slot.mig(d.node, d.index, gpu, p.key, start)
-                    if inv.fits(slot):
-                        return slot
+                    if self._instance_free(d, p, start):
+                        return self._confirm(inv, Slot.mig(d.node, d.index, gpu, p.key, start))
         elif share_ok:
-            need = req.memory_gib + inv.share_reserve_gib
+            need = mem + inv.share_reserve_gib
             for p in gpu.profiles_by_size():
-                if p.memory_gib < need:
+                if p.memory_gib < need or gpu.compute_fraction(p) * inv.max_compute_oversubscription < (
+                    req.compute_fraction
+                ):
                     continue
                 for start in p.placements:
-                    slot = Slot.share(
-                        d.node, d.index, gpu, req.memory_gib, req.compute_fraction, p.key, start
-                    )
-                    if inv.fits(slot):
-                        return slot
+                    if self._instance_free(d, p, start):
+                        slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, p.key, start)
+                        return self._confirm(inv, slot)
         return None
+
+    @staticmethod
+    def _instance_free(d: DeviceState, p: MigProfile, start: int) -> bool:
+        """An empty instance exists at (p, start), or one can be created there."""
+        inst = (p.key, start)
+        if inst in d.instances():
+            return inst not in d.usage
+        return d.can_create(p, start)
+
+    @staticmethod
+    def _confirm(inv: Inventory, slot: Slot) -> Slot | None:
+        # The Inventory is the one authority on legality; the shortcuts above only pick candidates.
+        return slot if inv.fits(slot) else None
 
     def _whole(self, inv: Inventory, req: SlotRequest) -> Slot | None:
         for node, gpu in eligible_nodes(inv, req):

@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from types import MappingProxyType
 
 from sharing.catalog import Catalog, GpuModel, MigProfile, load_catalog
@@ -218,9 +219,14 @@ class DeviceState:
     gpu_model: str
     memory_gib: float
     mig_enabled: bool
+    # The model's geometry travels with the state so summaries need no catalog lookup; it is
+    # determined by gpu_model, hence left out of comparisons.
+    gpu: GpuModel = field(compare=False, repr=False)
     entries: tuple[tuple[str, Slot], ...] = ()  # (owner, slot), kept sorted so equal states compare equal
     pinned: tuple[tuple[str, int], ...] = ()  # MIG instances that exist with or without occupants
 
+    # Summaries are cached per state object: states are immutable and replaced on change, so a
+    # cache can never go stale, and the packer's scans over thousands of GPUs stay cheap.
     @property
     def in_use(self) -> bool:
         return bool(self.entries)
@@ -230,20 +236,73 @@ class DeviceState:
         """No allocation and no MIG instance: a whole-GPU slot can take it."""
         return not self.entries and not self.pinned
 
-    @property
+    @cached_property
     def whole_owner(self) -> str | None:
         for owner, s in self.entries:
             if s.kind is SlotKind.WHOLE:
                 return owner
         return None
 
-    def instances(self) -> tuple[tuple[str, int], ...]:
-        """MIG instances present: pinned ones plus those created on demand for occupants."""
+    @cached_property
+    def _layout(self) -> tuple[tuple[str, int], ...]:
         live = {s.instance for _, s in self.entries if s.instance is not None}
         return tuple(sorted(live.union(self.pinned), key=lambda ps: (ps[1], ps[0])))
 
+    def instances(self) -> tuple[tuple[str, int], ...]:
+        """MIG instances present: pinned ones plus those created on demand for occupants, by start."""
+        return self._layout
+
+    @cached_property
+    def usage(self) -> Mapping[tuple[str, int] | None, InstanceUsage]:
+        """Per MIG instance (None: the plain GPU) what its occupants use; absent = no occupant."""
+        acc: dict[tuple[str, int] | None, list[float]] = {}
+        for _, s in self.entries:
+            if s.kind is SlotKind.WHOLE:
+                continue
+            u = acc.setdefault(s.instance, [0.0, 0.0, 0, 0])
+            if s.kind is SlotKind.MIG:
+                u[2] += 1
+            else:
+                u[0] += s.memory_gib
+                u[1] += s.compute_fraction
+                u[3] += 1
+        return MappingProxyType({k: InstanceUsage(v[0], v[1], int(v[2]), int(v[3])) for k, v in acc.items()})
+
+    @cached_property
+    def occupied_mask(self) -> int:
+        """Bit i set = memory slice i belongs to some MIG instance."""
+        m = 0
+        for key, start in self._layout:
+            m |= _mask(start, self.gpu.profiles[key].mem_slices)
+        return m
+
+    @cached_property
+    def mig_compute_used(self) -> int:
+        return sum(self.gpu.profiles[k].compute_slices for k, _ in self._layout)
+
+    def profile_count(self, key: str) -> int:
+        return sum(1 for k, _ in self._layout if k == key)
+
     def occupants(self, instance: tuple[str, int]) -> list[tuple[str, Slot]]:
         return [(o, s) for o, s in self.entries if s.instance == instance]
+
+    def can_create(self, p: MigProfile, start: int) -> bool:
+        """Whether instance ``(p, start)`` could be created now (no overlap, counts, compute)."""
+        return (
+            start in p.placements
+            and start + p.mem_slices <= self.gpu.mem_slices_total
+            and not self.occupied_mask & _mask(start, p.mem_slices)
+            and self.profile_count(p.key) < p.max_count
+            and self.mig_compute_used + p.compute_slices <= self.gpu.compute_slices_total
+        )
+
+
+@dataclass(frozen=True)
+class InstanceUsage:
+    share_memory_gib: float
+    share_compute: float
+    exclusive: int  # MIG slots (0 or 1)
+    shares: int
 
 
 def _entry_key(e: tuple[str, Slot]) -> tuple:
@@ -304,7 +363,7 @@ class Inventory:
             spec = replace(n, gpu_model=gpu.name)  # canonical name, so slots compare by one spelling
             by_name[n.name] = spec
             for i in range(n.gpu_count):
-                devices[(n.name, i)] = DeviceState(n.name, i, gpu.name, gpu.memory_gib, n.mig_enabled)
+                devices[(n.name, i)] = DeviceState(n.name, i, gpu.name, gpu.memory_gib, n.mig_enabled, gpu)
         return cls(MappingProxyType(by_name), devices, cat, share_reserve_gib, max_compute_oversubscription)
 
     def copy(self) -> Inventory:
@@ -389,13 +448,15 @@ class Inventory:
         return self.device(node, device).instances()
 
     # -- memory accounting ----------------------------------------------------------------
-    def _share_used(self, d: DeviceState, instance: tuple[str, int] | None) -> tuple[float, float]:
-        mem = comp = 0.0
-        for _, s in d.entries:
-            if s.kind is SlotKind.SHARE and s.instance == instance:
-                mem += s.memory_gib
-                comp += s.compute_fraction
-        return mem, comp
+    def share_room_gib(self, d: DeviceState, inst: tuple[str, int] | None = None) -> float:
+        """Memory a new share could still get in a plain GPU (None) or a MIG instance."""
+        cap = d.memory_gib if inst is None else d.gpu.profiles[inst[0]].memory_gib
+        u = d.usage.get(inst)
+        if u is None:
+            return max(0.0, cap - self._reserve)
+        if u.exclusive:
+            return 0.0
+        return max(0.0, cap - u.share_memory_gib - self._reserve)
 
     def device_free_memory_gib(self, node: str, index: int) -> float:
         """Memory a device could still give out.
@@ -404,60 +465,53 @@ class Inventory:
         MIG: uncovered memory slices (device memory split evenly), plus empty instances, plus the
         room left in shared instances.
         """
-        d = self.device(node, index)
-        return self._free_memory(d, self._catalog.get(d.gpu_model))
+        return self._free_memory(self.device(node, index))
 
-    def _free_memory(self, d: DeviceState, gpu: GpuModel) -> float:
+    def free_memory_of(self, d: DeviceState) -> float:
+        """:meth:`device_free_memory_gib` for a state at hand (the packer's scans)."""
+        return self._free_memory(d)
+
+    def _free_memory(self, d: DeviceState) -> float:
         if not d.entries and not d.pinned:
             return d.memory_gib
         if d.whole_owner is not None:
             return 0.0
         if not d.mig_enabled:
-            used, _ = self._share_used(d, None)
-            return max(0.0, d.memory_gib - used - self._reserve)
-        covered = 0
-        free = 0.0
+            return self.share_room_gib(d, None)
+        gpu = d.gpu
+        free = (gpu.mem_slices_total - d.occupied_mask.bit_count()) * gpu.mem_slice_gib
         for inst in d.instances():
-            p = gpu.profiles[inst[0]]
-            covered += p.mem_slices
-            occ = d.occupants(inst)
-            if not occ:
-                free += p.memory_gib
-            elif all(s.kind is SlotKind.SHARE for _, s in occ):
-                used, _ = self._share_used(d, inst)
-                free += max(0.0, p.memory_gib - used - self._reserve)
-        return free + (gpu.mem_slices_total - covered) * gpu.mem_slice_gib
+            # An empty instance offers all of its memory; a shared one what the reserve leaves.
+            free += gpu.profiles[inst[0]].memory_gib if inst not in d.usage else self.share_room_gib(d, inst)
+        return free
 
     def free_memory_gib(self) -> float:
-        return sum(self._free_memory(d, self._catalog.get(d.gpu_model)) for d in self._devices.values())
+        return sum(self._free_memory(d) for d in self._devices.values())
 
     def largest_free_gib(self, node: str, index: int) -> float:
         """The largest memory one new slot could get on this device now."""
-        d = self.device(node, index)
-        return self._largest_free(d, self._catalog.get(d.gpu_model))
+        return self._largest_free(self.device(node, index))
 
-    def _largest_free(self, d: DeviceState, gpu: GpuModel) -> float:
+    def _largest_free(self, d: DeviceState) -> float:
         if not d.entries and not d.pinned:
             return d.memory_gib
         if d.whole_owner is not None:
             return 0.0
         if not d.mig_enabled:
-            used, _ = self._share_used(d, None)
-            return max(0.0, d.memory_gib - used - self._reserve)
+            return self.share_room_gib(d, None)
+        gpu = d.gpu
         best = 0.0
         for inst in d.instances():
-            p = gpu.profiles[inst[0]]
-            occ = d.occupants(inst)
-            if not occ:
-                best = max(best, p.memory_gib)
-            elif all(s.kind is SlotKind.SHARE for _, s in occ):
-                used, _ = self._share_used(d, inst)
-                best = max(best, p.memory_gib - used - self._reserve)
-        for p in gpu.profiles_by_size():
-            if p.memory_gib > best and any(
-                self._new_instance_reason(d, gpu, p, st) is None for st in p.placements
-            ):
+            best = max(
+                best,
+                gpu.profiles[inst[0]].memory_gib if inst not in d.usage else self.share_room_gib(d, inst),
+            )
+        for p in reversed(gpu.profiles_by_size()):
+            if p.memory_gib <= best:
+                break
+            if any(d.can_create(p, st) for st in p.placements):
                 best = p.memory_gib
+                break
         return best
 
     def fragmentation(self, reference_gib: float | None = None) -> float:
@@ -472,58 +526,48 @@ class Inventory:
         """
         total = stranded = 0.0
         for d in self._devices.values():
-            gpu = self._catalog.get(d.gpu_model)
-            free = self._free_memory(d, gpu)
+            free = self._free_memory(d)
             total += free
             if free <= 0 or d.idle:
                 continue
-            if reference_gib is None or self._largest_free(d, gpu) < reference_gib - _EPS:
+            if reference_gib is None or self._largest_free(d) < reference_gib - _EPS:
                 stranded += free
         return stranded / total if total > 0 else 0.0
 
     # -- legality ---------------------------------------------------------------------------
     def _new_instance_reason(self, d: DeviceState, gpu: GpuModel, p: MigProfile, start: int) -> str | None:
         """Why instance (p, start) could not be created on d now, or None if it could."""
+        if d.can_create(p, start):
+            return None
         if start not in p.placements:
             return f"start {start} is not a legal placement of {p.name} on {gpu.name} (legal: {p.placements})"
         if start + p.mem_slices > gpu.mem_slices_total:
             return f"{p.name}@{start} runs past the {gpu.mem_slices_total} memory slices"
-        occupied = 0
-        count = 0
-        compute = 0
-        for key, st in d.instances():
-            q = gpu.profiles[key]
-            occupied |= _mask(st, q.mem_slices)
-            compute += q.compute_slices
-            count += key == p.key
-        new = _mask(start, p.mem_slices)
-        if occupied & new:
+        if d.occupied_mask & _mask(start, p.mem_slices):
             return f"{p.name}@{start} overlaps existing MIG instances {list(d.instances())}"
-        if count >= p.max_count:
+        if d.profile_count(p.key) >= p.max_count:
             return f"{gpu.name} allows at most {p.max_count} {p.name} instance(s)"
-        if compute + p.compute_slices > gpu.compute_slices_total:
-            return f"{p.name}@{start} would exceed {gpu.compute_slices_total} compute slices"
-        return None
+        return f"{p.name}@{start} would exceed {gpu.compute_slices_total} compute slices"
 
     def why_not(self, slot: Slot) -> str | None:
         """Why ``slot`` cannot be allocated now, or None if it can."""
         node = self._nodes.get(slot.node)
         if node is None:
             return f"unknown node {slot.node!r}"
-        if slot.gpu_model not in self._catalog:
-            return f"unknown GPU kind {slot.gpu_model!r}"
-        gpu = self._catalog.get(slot.gpu_model)
-        if gpu.name != node.gpu_model:
-            return f"node {node.name!r} has {node.gpu_model} GPUs, not {gpu.name}"
+        if slot.gpu_model != node.gpu_model:  # slots normally carry the canonical name: skip lookup
+            if slot.gpu_model not in self._catalog:
+                return f"unknown GPU kind {slot.gpu_model!r}"
+            if self._catalog.resolve(slot.gpu_model) != node.gpu_model:
+                return f"node {node.name!r} has {node.gpu_model} GPUs, not {slot.gpu_model}"
         for i in slot.devices:
             if not 0 <= i < node.gpu_count:
                 return f"node {node.name!r} has no GPU {i} (it has {node.gpu_count})"
-        if len(set(slot.devices)) != len(slot.devices):
+        if len(slot.devices) > 1 and len(set(slot.devices)) != len(slot.devices):
             return f"repeated device in {slot.devices}"
-        states = [self._devices[(slot.node, i)] for i in slot.devices]
+        d = self._devices[(slot.node, slot.devices[0])]
+        gpu = d.gpu
         if slot.kind is SlotKind.WHOLE:
-            return self._whole_reason(slot, gpu, states)
-        d = states[0]
+            return self._whole_reason(slot, gpu, [self._devices[(slot.node, i)] for i in slot.devices])
         if d.whole_owner is not None:
             return f"GPU {d.index} is held whole by {d.whole_owner!r}"
         if slot.instance is None:  # a time-slice share of a plain GPU
@@ -533,15 +577,15 @@ class Inventory:
         if not d.mig_enabled:
             return f"GPU {d.index} on {node.name!r} is not in MIG mode"
         assert slot.profile is not None and slot.start is not None
-        if slot.profile not in gpu.profiles:
+        p = gpu.profiles.get(slot.profile)
+        if p is None:
             return f"{gpu.name} has no MIG profile {slot.profile!r}"
-        p = gpu.profiles[slot.profile]
         inst = (p.key, slot.start)
         if inst not in d.instances():  # existing instances are legal; a new one is checked in full
             reason = self._new_instance_reason(d, gpu, p, slot.start)
             if reason is not None:
                 return reason
-        occ = d.occupants(inst)
+        u = d.usage.get(inst)
         if slot.kind is SlotKind.MIG:
             if not math.isclose(slot.memory_gib, p.memory_gib, abs_tol=_EPS):
                 return f"a {p.name} slot gives {p.memory_gib} GiB, not {slot.memory_gib}"
@@ -549,11 +593,11 @@ class Inventory:
                 return (
                     f"a {p.name} slot has compute {gpu.compute_fraction(p):.4f}, not {slot.compute_fraction}"
                 )
-            if occ:
-                return f"MIG instance {p.name}@{slot.start} is already used by {occ[0][0]!r}"
+            if u is not None:
+                return f"MIG instance {p.name}@{slot.start} is already used by {d.occupants(inst)[0][0]!r}"
             return None
-        if any(s.kind is SlotKind.MIG for _, s in occ):
-            return f"MIG instance {p.name}@{slot.start} is held exclusively by {occ[0][0]!r}"
+        if u is not None and u.exclusive:
+            return f"MIG instance {p.name}@{slot.start} is held exclusively by {d.occupants(inst)[0][0]!r}"
         return self._share_reason(d, slot, p.memory_gib, gpu.compute_fraction(p), inst)
 
     def _whole_reason(self, slot: Slot, gpu: GpuModel, states: list[DeviceState]) -> str | None:
@@ -577,7 +621,8 @@ class Inventory:
         compute_cap: float,
         inst: tuple[str, int] | None,
     ) -> str | None:
-        used_mem, used_comp = self._share_used(d, inst)
+        u = d.usage.get(inst)
+        used_mem, used_comp = (u.share_memory_gib, u.share_compute) if u is not None else (0.0, 0.0)
         where = f"GPU {d.index} on {d.node!r}" + (f" instance {inst[0]}@{inst[1]}" if inst else "")
         if used_mem + slot.memory_gib + self._reserve > capacity_gib + _EPS:
             return (
@@ -586,9 +631,8 @@ class Inventory:
             )
         limit = compute_cap * self._oversub
         if used_comp + slot.compute_fraction > limit + _EPS:
-            return (
-                f"compute oversubscription on {where}: {used_comp + slot.compute_fraction:.3g} > {limit:.3g}"
-            )
+            total = used_comp + slot.compute_fraction
+            return f"compute oversubscription on {where}: {total:.3g} > {limit:.3g}"
         return None
 
     def fits(self, slot: Slot) -> bool:
@@ -629,7 +673,7 @@ class Inventory:
         """Pin an instance that exists without an occupant (a layout applied ahead of demand, or
         observed on a live node). Pinned instances survive release; destroy them explicitly."""
         d = self.device(node, device)
-        gpu = self._catalog.get(d.gpu_model)
+        gpu = d.gpu
         if not d.mig_enabled:
             raise AllocationError(f"GPU {device} on {node!r} is not in MIG mode")
         if d.whole_owner is not None:
@@ -649,7 +693,7 @@ class Inventory:
 
     def destroy_mig_instance(self, node: str, device: int, profile: str, start: int) -> None:
         d = self.device(node, device)
-        p = self._catalog.get(d.gpu_model).profile(profile)
+        p = d.gpu.profile(profile)
         inst = (p.key, start)
         if inst not in d.pinned:
             raise KeyError(f"no pinned MIG instance {p.name}@{start} on GPU {device} of {node!r}")
@@ -660,7 +704,7 @@ class Inventory:
     def set_mig_mode(self, node: str, device: int, enabled: bool) -> None:
         """Switch a GPU's MIG mode; only an idle GPU (no allocation, no instance) may switch."""
         d = self.device(node, device)
-        if enabled and not self._catalog.get(d.gpu_model).mig_capable:
+        if enabled and not d.gpu.mig_capable:
             raise AllocationError(f"{d.gpu_model} does not support MIG")
         if not d.idle and d.mig_enabled != enabled:
             raise AllocationError(f"GPU {device} on {node!r} is not idle; drain it before switching MIG mode")

@@ -60,7 +60,9 @@ def test_plain_gpu_gets_a_share_then_falls_back_to_whole():
 def test_kinds_and_gpu_models_are_respected():
     inv = inv_of(NodeSpec("m", "H100-80GB", 1, mig_enabled=True), NodeSpec("t", "T4", 1))
     assert FF.place(inv, SlotRequest("m", 4.0, 0.1, kinds=("share",))).node == "m"
-    assert FF.place(inv, SlotRequest("m", 4.0, 0.1, gpu_models=("Tesla-T4",))) == Slot.share("t", 0, T4, 4.0, 0.1)
+    assert FF.place(inv, SlotRequest("m", 4.0, 0.1, gpu_models=("Tesla-T4",))) == Slot.share(
+        "t", 0, T4, 4.0, 0.1
+    )
     slot = FF.place(inv, SlotRequest("m", 4.0, 0.1, kinds=("mig",)))
     assert slot is not None and slot.kind is SlotKind.MIG
 

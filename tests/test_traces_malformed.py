@@ -4,10 +4,13 @@ field -- never a bare numpy / csv / json traceback."""
 from __future__ import annotations
 
 import gzip
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from forecasting.traces import (
     TraceFormatError,
@@ -448,3 +451,46 @@ def test_unrecognised_and_unknown_format(tmp_path: Path) -> None:
     e.write_text("")
     with pytest.raises(TraceFormatError, match="empty"):
         load_trace(e)
+
+
+# ---------------------------------------------------------------- fuzz: never a bare traceback
+
+_SEEDS = {
+    "requests": ("r.csv", "t,model,input_tokens,output_tokens,service_s\n0,a,1,2,0.5\n1.5,b,3,4,\n"),
+    "rates": ("s.csv", "t,model,rate,cv\n0,a,1,0.5\n60,a,2,\n0,b,0,1\n"),
+    "azure-llm-2023": ("a.csv", AZ + "2023-11-16 18:17:03.9799600,4808,10\n2023-11-16 18:17:04.03,3180,8\n"),
+    "azure-functions-2019": ("invocations.csv", FN + f"o,a,{H64},http,1,0,3\n"),
+    "servegen": ("chunk-3-trace.csv", "0,0,0,,0,0\n600,1.5,1.2,Gamma,0.7,0.04\n"),
+    "mooncake": (
+        "m.jsonl",
+        MC + '{"timestamp": 5, "input_length": 2, "output_length": 3, "hash_ids": [1]}\n',
+    ),
+    "alibaba-gpu-nodes": ("n.csv", NODES + "n0,1000,1024,2,T4\n"),
+    "alibaba-gpu-pods": ("p.csv", PODS + "p,1,1,1,500,,LS,Running,0,1,\n"),
+}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from(sorted(_SEEDS)), data=st.data())
+def test_fuzzed_files_raise_only_trace_errors(tmp_path: Path, fmt: str, data: st.DataObject) -> None:
+    """Mutate a valid file (drop / duplicate / replace characters): the reader either succeeds or
+    raises TraceFormatError -- nothing else escapes."""
+    name, text = _SEEDS[fmt]
+    chars = list(text)
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, max(len(chars) - 1, 0)))
+        op = data.draw(st.sampled_from(["drop", "dup", "swap"]))
+        if not chars:
+            break
+        if op == "drop":
+            del chars[i]
+        elif op == "dup":
+            chars.insert(i, chars[i])
+        else:
+            chars[i] = data.draw(st.sampled_from(list(',-.\n"x0 9{}:e')))
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / name
+    path.write_text("".join(chars))
+    try:
+        load_trace(path, fmt)
+    except TraceFormatError as e:
+        assert e.path  # always names a file

@@ -14,7 +14,7 @@ from autoscaler.sim.defaults import model_specs
 from autoscaler.sim.run import SimConfig, SimResult, simulate
 from autoscaler.sim.scorecard import COLUMNS, scorecard
 from autoscaler.sim.workload import SimWorkload, build_workload, peak_replicas
-from autoscaler.spec import SpecError
+from autoscaler.spec import ModelSpec, SpecError
 from forecasting.traces import resolve_trace
 from forecasting.traces.ops import head
 from sharing.cluster import nodes_from_spec
@@ -49,20 +49,26 @@ def _policies(arg: str) -> list[str]:
     return names
 
 
-def default_cluster(workload: SimWorkload, tick_s: float) -> list[NodeSpec]:
-    """A cluster with room for every model at its peak, plus headroom: MIG-enabled H100 nodes for
-    models that declare memory (sliceable), whole-GPU A100 nodes for the rest."""
-    from sharing.catalog import load_catalog
+def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 1.5) -> list[NodeSpec]:
+    """A cluster of MIG-enabled H100-80GB nodes with room for every model at its peak plus headroom.
 
-    h100 = load_catalog().get("H100-80GB")
-    peaks = peak_replicas(workload, tick_s)
+    Each model's replica is placed once by the packer on an empty node to learn what one replica costs
+    (a MIG slice, a share or whole GPUs), so the estimate follows the packer's real choices.
+    """
+    from autoscaler.core import slot_request
+    from sharing.packer import FirstFitPacker
+    from sharing.slots import Inventory
+
+    probe = nodes_from_spec("8xH100-80GB:mig")
+    packer = FirstFitPacker()
     gpus = 0.0
-    for name, n in peaks.items():
+    for name, n in peak_replicas(workload, tick_s).items():
         spec = workload.specs[name]
-        mem = getattr(spec, "gpu_memory_gib", None)
-        share = 1.0 if mem is None else max(min(1.0, (mem + 1.0) / h100.memory_gib), 1.0 / 7.0)
-        gpus += n * share * getattr(spec, "gpus_per_replica", 1)
-    nodes = max(2, math.ceil(1.5 * gpus / 8.0))
+        if not isinstance(spec, ModelSpec) or n == 0:
+            continue
+        slot = packer.place(Inventory.from_nodes(probe), slot_request(spec))
+        gpus += n * (slot.gpu_fraction if slot is not None else spec.gpus_per_replica)
+    nodes = max(2, math.ceil(headroom * gpus / 8.0))
     return nodes_from_spec(f"{nodes * 8}xH100-80GB:mig")
 
 

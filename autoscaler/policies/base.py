@@ -56,11 +56,13 @@ class PolicyResult:
 
 class Policy(Protocol):
     """A scaling policy. ``tick_s`` is how often it decides (HPA 15 s, KPA 2 s, …);
-    ``instant_start`` asks the simulator for zero cold start (only the oracle lower bound)."""
+    ``instant_start`` asks the simulator for zero cold start (only the oracle lower bound);
+    ``uses_forecast`` tells the core whether to compute a forecast for it."""
 
     name: str
     tick_s: float
     instant_start: bool
+    uses_forecast: bool
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> Any: ...
 

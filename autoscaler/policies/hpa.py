@@ -71,6 +71,7 @@ class HPAPolicy:
 
     name = "hpa"
     instant_start = False
+    uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
 
     def __init__(
         self,

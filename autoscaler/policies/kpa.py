@@ -49,6 +49,7 @@ class KPAPolicy:
 
     name = "kpa"
     instant_start = False
+    uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
 
     def __init__(
         self,

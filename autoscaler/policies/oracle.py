@@ -25,6 +25,7 @@ class OracleState:
 class OraclePolicy:
     name = "oracle"
     instant_start = True
+    uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
 
     def __init__(self, tick_s: float = 10.0) -> None:
         if not tick_s > 0:

@@ -35,6 +35,7 @@ class SimplePolicy:
 
     name = "slotwise"
     instant_start = False
+    uses_forecast = True
 
     def __init__(
         self,

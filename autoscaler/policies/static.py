@@ -24,6 +24,7 @@ class StaticPolicy:
 
     name = "static"
     instant_start = False
+    uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
 
     def __init__(
         self,

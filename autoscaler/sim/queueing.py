@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from scipy.special import logsumexp
 
 from autoscaler.capacity import ServiceProfile, _bin_means, wait_params, within_prob
 
@@ -498,7 +497,10 @@ class FluidEngine:
             # Latency at the SLO percentile: the exponential tail of W + L solved in closed form (exact
             # once the quantile lies beyond every latency part), floored by the latency part's own
             # percentile. NaN-free: decay 0 (no replica / saturated) gives inf.
-            log_mgf = logsumexp(decay[:, None] * w.latency_pts, axis=1) - np.log(w.latency_pts.shape[1])
+            # log E[exp(decay * L)] over the K points, shifted by the max (scipy's logsumexp costs ~60 µs).
+            z = decay[:, None] * w.latency_pts
+            z_max = z.max(axis=1)
+            log_mgf = np.log(np.mean(np.exp(z - z_max[:, None]), axis=1)) + z_max
             x_tail = (np.log(p_wait) + log_mgf - np.log(self._q_frac)) / decay
             lat_pct = np.maximum(np.where(np.isnan(x_tail), np.inf, x_tail), self._lat_q)
         lat_pct = np.where(arrivals > 0, lat_pct, np.nan)
