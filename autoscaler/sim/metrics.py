@@ -16,7 +16,7 @@ class SimMetrics:
     it keeps: forecasters fold samples in, they do not hold the arrays).
     """
 
-    def __init__(self, models: Sequence[str], step_s: float, size: int) -> None:
+    def __init__(self, models: Sequence[str], step_s: float, size: int, warmup: int = 1) -> None:
         self.models = list(models)
         self.step_s = step_s
         self.size = size
@@ -25,6 +25,7 @@ class SimMetrics:
         self._in_flight = np.zeros((m, size))
         self._latency = np.full(m, np.nan)
         self._filled = 0
+        self.warmup = warmup  # samples needed before the data counts (a fresh scrape is not a window)
         self.stale = np.zeros(m, dtype=bool)  # fault injection: a lost metric source
         self.future_rate: np.ndarray | None = None  # set only when the policy is the clairvoyant oracle
 
@@ -45,7 +46,8 @@ class SimMetrics:
                 rate=self._rate[i, lo:],
                 in_flight=self._in_flight[i, lo:],
                 latency_s=float(self._latency[i]),
-                stale=bool(self.stale[i]),
+                # Too little data is "no data", not "zero load": policies hold until it arrives.
+                stale=bool(self.stale[i]) or n < self.warmup,
                 future_rate=None if fut is None else float(fut[i]),
             )
             for i, name in enumerate(self.models)

@@ -37,6 +37,7 @@ class SimConfig:
     drain_timeout_s: float = 30.0
     metrics_window_s: float = 600.0
     fragmentation_every_s: float = 300.0
+    warmup_s: float = 60.0  # the controller holds replicas until it has this much metric history
 
 
 @dataclass
@@ -114,7 +115,9 @@ def simulate(
     drain = np.array([min(cfg.drain_timeout_s, float(profiles[x].occupancy_s.max())) for x in models])
     cluster = SimCluster(nodes, models, specs, drain_s=drain, instant_start=policy.instant_start)
     _warm_start(cluster, workload, good, dt)
-    metrics = SimMetrics(models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))))
+    metrics = SimMetrics(
+        models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
+    )
     engine = make_engine(cfg.mode, workload, dt, seed=cfg.seed)
     core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0)
     state = fresh_state(profiles=profiles)
