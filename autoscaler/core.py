@@ -21,8 +21,8 @@ import numpy as np
 
 from autoscaler.capacity import ServiceProfile, profile_from_spec
 from autoscaler.plan import (
-    Plan,
     PlaceReplica,
+    Plan,
     Reason,
     RemoveReplica,
     ScaleModel,

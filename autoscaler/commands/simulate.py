@@ -29,10 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default=DEFAULT_TRACE, help="bundled trace name or a trace file/folder")
     p.add_argument("--from", dest="fmt", default=None, help="trace format (default: detected)")
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_ORDER)}, a comma list, or all")
-    p.add_argument("--cluster", default=None, help="cluster: a spec such as '16xH100-80GB:mig,8xL4' (GPU counts) or a YAML file (default: sized from the trace)")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="cluster: a spec such as '16xH100-80GB:mig,8xL4' (GPU counts) or a YAML file (default: from the trace)",
+    )
     p.add_argument("--models", default=None, help="models file (YAML/JSON) overriding the trace's default specs")
     p.add_argument("--mode", choices=("fluid", "des"), default="fluid", help="simulator fidelity")
-    p.add_argument("--tick", type=float, default=10.0, help="simulator tick in seconds (a policy with a shorter tick gets its own)")
+    p.add_argument("--tick", type=float, default=10.0,
+                   help="simulator tick in seconds (a policy with a shorter tick gets its own)")
     p.add_argument("--hours", type=float, default=None, help="simulate only the first HOURS of the trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")

@@ -20,7 +20,6 @@ from autoscaler.snapshot import ClusterSnapshot, ModelObservation, Replica
 from autoscaler.spec import ModelSpec, SpecError
 from sharing.slots import Inventory, NodeSpec, Slot
 
-
 _READY, _RELEASE = 0, 1
 
 
