@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except TraceFormatError as e:
         print(f"slotwise: bad trace: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:
         print(f"slotwise: {e}", file=sys.stderr)
         return 2
 

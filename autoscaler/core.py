@@ -74,6 +74,7 @@ class ControllerState:
     # Measured service profiles to use instead of the spec prior (a warm start: offline profiling in
     # the simulator, learned online by the sizing issue).
     profiles: dict[str, ServiceProfile] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)  # model -> spec problem last reported
 
 
 @dataclass
@@ -133,15 +134,16 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     for name, obs in snapshot.models.items():
         if obs.spec is None:
             # Invalid annotations affect this model only: say so, touch nothing.
-            prev = state.models.get(name)
-            if prev is None or prev.last_reason is not Reason.INVALID_SPEC:
+            # Report each distinct problem once (an Event per tick would be noise).
+            message = str(obs.spec_error)
+            if state.invalid.get(name) != message:
                 plan.actions.append(
                     UpdateStatus(name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
-                                 message=str(obs.spec_error), condition_ok=False)
+                                 message=message, condition_ok=False)
                 )
-            if prev is not None:
-                prev.last_reason = Reason.INVALID_SPEC
+                state.invalid[name] = message
             continue
+        state.invalid.pop(name, None)
         spec = obs.spec
         ms = state.models.get(name)
         if ms is None:

@@ -88,22 +88,29 @@ class ModelSpec:
         return replace(self, **changes)
 
 
+def _float(v: str, rule: str) -> float:
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(rule) from None
+
+
 def _positive_float(v: str) -> float:
-    x = float(v)
+    x = _float(v, "must be a positive number")
     if not math.isfinite(x) or x <= 0:
         raise ValueError("must be a positive number")
     return x
 
 
 def _nonneg_float(v: str) -> float:
-    x = float(v)
+    x = _float(v, "must be a number >= 0")
     if not math.isfinite(x) or x < 0:
         raise ValueError("must be a number >= 0")
     return x
 
 
 def _percentile(v: str) -> float:
-    x = float(v)
+    x = _float(v, "must be strictly between 0 and 100, e.g. 95 or 99.9")
     if not (0 < x < 100):
         raise ValueError("must be strictly between 0 and 100, e.g. 95 or 99.9")
     return x
@@ -134,7 +141,7 @@ def _int(v: str) -> int:
 
 
 def _share(v: str) -> float:
-    x = float(v)
+    x = _float(v, "must be a fraction of one GPU in (0, 1]")
     if not (0 < x <= 1):
         raise ValueError("must be a fraction of one GPU in (0, 1]")
     return x

@@ -82,9 +82,7 @@ class _Builder:
         for size in sizes:
             i = self.counters.get(pre, 0)
             self.counters[pre] = i + 1
-            self.nodes.append(
-                NodeSpec(f"{pre}-{i}", gpu.name, size, mig, _labels(gpu, size, mig, labels or {}))
-            )
+            self.nodes.append(NodeSpec(f"{pre}-{i}", gpu.name, size, mig, _labels(gpu, size, mig, labels or {})))
 
 
 def _split(total: int, per_node: int) -> list[int]:
@@ -101,9 +99,7 @@ def _parse_text(text: str, b: _Builder) -> None:
             raise ClusterSpecError(f"empty item in cluster spec {text!r}")
         m = _ITEM.match(tok)
         if m is None:
-            raise ClusterSpecError(
-                f"cannot parse cluster spec item {tok!r} (expected e.g. '4xH100-80GB:mig')"
-            )
+            raise ClusterSpecError(f"cannot parse cluster spec item {tok!r} (expected e.g. '4xH100-80GB:mig')")
         count = int(m["count"]) if m["count"] else 1
         if count < 1:
             raise ClusterSpecError(f"{tok!r}: GPU count must be >= 1")

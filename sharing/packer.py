@@ -26,22 +26,38 @@ def place_batch(
 ) -> list[Slot | None]:
     """Place and allocate ``reqs`` on ``inv`` in order; None where a request did not fit.
 
-    ``owners`` names each allocation (default ``"<model>/<i>"``, i the request's position).
+    ``owners`` names each allocation; by default ``"<model>/<i>"`` (i the request's position),
+    suffixed ``.1``, ``.2``, ... when the inventory already has that owner, so repeated batches on
+    one inventory never collide.
     """
     if owners is not None and len(owners) != len(reqs):
         raise ValueError(f"{len(owners)} owners for {len(reqs)} requests")
+    used = {o for o, _ in inv.allocations()} if owners is None else set()
     out: list[Slot | None] = []
     for i, req in enumerate(reqs):
         slot = packer.place(inv, req)
         if slot is not None:
-            inv.allocate(slot, owners[i] if owners is not None else f"{req.model}/{i}")
+            if owners is not None:
+                owner = owners[i]
+            else:
+                owner = base = f"{req.model}/{i}"
+                n = 0
+                while owner in used:
+                    n += 1
+                    owner = f"{base}.{n}"
+                used.add(owner)
+            inv.allocate(slot, owner)
         out.append(slot)
     return out
 
 
 def eligible_nodes(inv: Inventory, req: SlotRequest) -> Iterator[tuple[NodeSpec, GpuModel]]:
-    """Nodes (in inventory order) whose GPU kind the request accepts."""
-    allowed = {inv.catalog.resolve(m) for m in req.gpu_models} if req.gpu_models else None
+    """Nodes (in inventory order) whose GPU kind the request accepts.
+
+    A kind name the catalog does not know matches no node (the request is then unplaceable and
+    reported as a shortfall) rather than raising inside a controller tick.
+    """
+    allowed = {inv.catalog.resolve(m) for m in req.gpu_models if m in inv.catalog} if req.gpu_models else None
     for node in inv.nodes.values():
         if node.gpu_count and (allowed is None or node.gpu_model in allowed):
             yield node, inv.catalog.get(node.gpu_model)

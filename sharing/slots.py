@@ -8,9 +8,9 @@ Three kinds of slot:
   layout, :meth:`Inventory.create_mig_instance`).
 - **share**: a time-sliced share of a non-MIG GPU, or of a MIG instance (``profile``/``start``
   set). Time-slicing has no memory isolation, so memory is accounted hard here: the shares' memory
-  plus ``share_reserve_gib`` (CUDA contexts, allocator slack) never exceeds the device's, or the
-  instance's, memory. Compute is soft in reality; here it is capped at
-  ``max_compute_oversubscription`` times the GPU (or instance) compute.
+  plus ``share_reserve_gib`` (once per shared GPU or instance: CUDA contexts, allocator slack)
+  never exceeds the device's, or the instance's, memory. Compute is soft in reality; here it is
+  capped at ``max_compute_oversubscription`` times the GPU (or instance) compute.
 
 ``compute_fraction`` is always a fraction of one whole GPU's compute (a 3g on a 7-slice GPU is
 3/7; a share inside it at most 3/7 times the oversubscription); a whole slot of n GPUs has n.
@@ -83,16 +83,12 @@ class Slot:
     @classmethod
     def whole(cls, node: str, devices: Sequence[int] | int, gpu: GpuModel) -> Slot:
         devs = (devices,) if isinstance(devices, int) else tuple(devices)
-        return cls(
-            node, devs, SlotKind.WHOLE, gpu.name, None, None, gpu.memory_gib * len(devs), float(len(devs))
-        )
+        return cls(node, devs, SlotKind.WHOLE, gpu.name, None, None, gpu.memory_gib * len(devs), float(len(devs)))
 
     @classmethod
     def mig(cls, node: str, device: int, gpu: GpuModel, profile: str, start: int) -> Slot:
         p = gpu.profile(profile)
-        return cls(
-            node, (device,), SlotKind.MIG, gpu.name, p.key, start, p.memory_gib, gpu.compute_fraction(p)
-        )
+        return cls(node, (device,), SlotKind.MIG, gpu.name, p.key, start, p.memory_gib, gpu.compute_fraction(p))
 
     @classmethod
     def share(
@@ -347,9 +343,7 @@ class Inventory:
         if share_reserve_gib < 0 or not math.isfinite(share_reserve_gib):
             raise ValueError(f"share_reserve_gib must be >= 0, got {share_reserve_gib!r}")
         if not (max_compute_oversubscription > 0 and math.isfinite(max_compute_oversubscription)):
-            raise ValueError(
-                f"max_compute_oversubscription must be > 0, got {max_compute_oversubscription!r}"
-            )
+            raise ValueError(f"max_compute_oversubscription must be > 0, got {max_compute_oversubscription!r}")
         by_name: dict[str, NodeSpec] = {}
         devices: dict[tuple[str, int], DeviceState] = {}
         for n in nodes:
@@ -590,9 +584,7 @@ class Inventory:
             if not math.isclose(slot.memory_gib, p.memory_gib, abs_tol=_EPS):
                 return f"a {p.name} slot gives {p.memory_gib} GiB, not {slot.memory_gib}"
             if not math.isclose(slot.compute_fraction, gpu.compute_fraction(p), abs_tol=_EPS):
-                return (
-                    f"a {p.name} slot has compute {gpu.compute_fraction(p):.4f}, not {slot.compute_fraction}"
-                )
+                return f"a {p.name} slot has compute {gpu.compute_fraction(p):.4f}, not {slot.compute_fraction}"
             if u is not None:
                 return f"MIG instance {p.name}@{slot.start} is already used by {d.occupants(inst)[0][0]!r}"
             return None

@@ -60,9 +60,7 @@ def test_plain_gpu_gets_a_share_then_falls_back_to_whole():
 def test_kinds_and_gpu_models_are_respected():
     inv = inv_of(NodeSpec("m", "H100-80GB", 1, mig_enabled=True), NodeSpec("t", "T4", 1))
     assert FF.place(inv, SlotRequest("m", 4.0, 0.1, kinds=("share",))).node == "m"
-    assert FF.place(inv, SlotRequest("m", 4.0, 0.1, gpu_models=("Tesla-T4",))) == Slot.share(
-        "t", 0, T4, 4.0, 0.1
-    )
+    assert FF.place(inv, SlotRequest("m", 4.0, 0.1, gpu_models=("Tesla-T4",))) == Slot.share("t", 0, T4, 4.0, 0.1)
     slot = FF.place(inv, SlotRequest("m", 4.0, 0.1, kinds=("mig",)))
     assert slot is not None and slot.kind is SlotKind.MIG
 
@@ -100,6 +98,8 @@ def test_place_is_pure_and_place_batch_allocates_in_order():
     assert out[1] is not None and out[1].node == "h"  # T4 full (10 + 10 + 1 > 16)
     assert out[2] is None and out[3] is None  # the H100 is no longer idle
     assert sorted(o for o, _ in inv.allocations()) == ["a/0", "b/1"]
+    place_batch(FF, inv, [SlotRequest("a", 2.0, 0.1)])  # a second batch: default owners do not collide
+    assert sorted(o for o, _ in inv.allocations()) == ["a/0", "a/0.1", "b/1"]
     inv2 = before.copy()
     place_batch(FF, inv2, reqs[:1], owners=["rep-1"])
     assert [o for o, _ in inv2.allocations()] == ["rep-1"]

@@ -31,9 +31,7 @@ FF = FirstFitPacker()
 
 
 # -- the oracle -------------------------------------------------------------------------------
-def device_violations(
-    d: DeviceState, gpu: GpuModel, reserve: float, oversub: float, extra: Slot | None = None
-):
+def device_violations(d: DeviceState, gpu: GpuModel, reserve: float, oversub: float, extra: Slot | None = None):
     entries = [s for _, s in d.entries] + ([extra] if extra is not None else [])
     out: list[str] = []
     if any(s.kind is SlotKind.WHOLE for s in entries) and (len(entries) > 1 or d.pinned):
@@ -104,10 +102,7 @@ def slot_violations(inv: Inventory, slot: Slot) -> list[str]:
         p = gpu.profiles.get(slot.profile or "")
         if p is None:
             return ["no such profile"]
-        if (
-            abs(slot.memory_gib - p.memory_gib) > EPS
-            or abs(slot.compute_fraction - gpu.compute_fraction(p)) > EPS
-        ):
+        if abs(slot.memory_gib - p.memory_gib) > EPS or abs(slot.compute_fraction - gpu.compute_fraction(p)) > EPS:
             return ["MIG slot numbers"]
     if slot.kind is SlotKind.SHARE and slot.profile is not None and slot.profile not in gpu.profiles:
         return ["no such profile"]
@@ -128,9 +123,7 @@ def legal(inv: Inventory, slot: Slot) -> bool:
 
 def assert_valid(inv: Inventory) -> None:
     for d in inv.devices.values():
-        v = device_violations(
-            d, CAT.get(d.gpu_model), inv.share_reserve_gib, inv.max_compute_oversubscription
-        )
+        v = device_violations(d, CAT.get(d.gpu_model), inv.share_reserve_gib, inv.max_compute_oversubscription)
         assert not v, (d, v)
     assert 0.0 <= inv.fragmentation() <= 1.0
     assert 0.0 <= inv.allocated_gpu_fraction() <= inv.max_compute_oversubscription + EPS
@@ -167,11 +160,7 @@ def raw_slot(data, inv: Inventory) -> Slot:
     names = [*inv.nodes, "ghost"]
     node = data.draw(st.sampled_from(names))
     spec = inv.nodes.get(node)
-    model = (
-        spec.gpu_model
-        if spec is not None and data.draw(st.integers(0, 9))
-        else data.draw(st.sampled_from(KINDS))
-    )
+    model = spec.gpu_model if spec is not None and data.draw(st.integers(0, 9)) else data.draw(st.sampled_from(KINDS))
     gpu = CAT.get(model)
     kind = data.draw(st.sampled_from(list(SlotKind)))
     dev = data.draw(st.integers(0, 3))
@@ -188,9 +177,7 @@ def raw_slot(data, inv: Inventory) -> Slot:
         p = gpu.profiles.get(profile)
         if right and p is not None:
             return Slot(node, (dev,), kind, model, profile, start, p.memory_gib, gpu.compute_fraction(p))
-        return Slot(
-            node, (dev,), kind, model, profile, start, data.draw(st.sampled_from([5.0, 10.0, 40.0])), 0.3
-        )
+        return Slot(node, (dev,), kind, model, profile, start, data.draw(st.sampled_from([5.0, 10.0, 40.0])), 0.3)
     mem = data.draw(st.sampled_from([0.5, 2.0, 4.0, 8.0, 15.0, 30.0, 80.0]))
     if spec is not None and dev < spec.gpu_count and data.draw(st.booleans()):
         # Aim at the boundary, where an off-by-the-reserve bug would show.
@@ -272,9 +259,7 @@ def test_place_batch_only_makes_legal_allocations(inv: Inventory, reqs) -> None:
     empty = inv.copy()
     slots = place_batch(FF, inv, reqs)
     assert_valid(inv)
-    placed = [
-        (f"{r.model}/{i}", s) for i, (r, s) in enumerate(zip(reqs, slots, strict=True)) if s is not None
-    ]
+    placed = [(f"{r.model}/{i}", s) for i, (r, s) in enumerate(zip(reqs, slots, strict=True)) if s is not None]
     assert sorted(placed, key=lambda x: x[0]) == sorted(inv.allocations(), key=lambda x: x[0])
     for owner, s in reversed(placed):
         inv.release(s, owner)

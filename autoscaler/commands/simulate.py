@@ -83,7 +83,11 @@ def load_cluster(arg: str) -> list[NodeSpec]:
         import yaml
 
         with open(arg) as f:
-            return nodes_from_spec(yaml.safe_load(f))
+            try:
+                doc = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ValueError(f"{arg}: not valid YAML: {e}") from None
+        return nodes_from_spec(doc)
     return nodes_from_spec(arg)
 
 
@@ -146,6 +150,10 @@ def print_table(cards: list[dict[str, Any]], title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     names = _policies(args.policy)
+    if not args.tick > 0:
+        raise ValueError(f"--tick must be a positive number of seconds, got {args.tick}")
+    if args.hours is not None and not args.hours > 0:
+        raise ValueError(f"--hours must be positive, got {args.hours}")
     trace = resolve_trace(args.trace, args.fmt)
     if args.hours is not None:
         trace = head(trace, args.hours * 3600.0)

@@ -30,6 +30,8 @@ class Forecast:
     horizon_s: float
 
     def at(self, q: float) -> float:
+        if q in self.quantiles:
+            return float(self.values[self.quantiles.index(q)])
         return float(np.interp(q, self.quantiles, self.values))
 
 

@@ -8,6 +8,7 @@ when the load comes back, while a replica kept too long only costs GPU time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,8 @@ from autoscaler.spec import ModelSpec
 @dataclass(frozen=True)
 class SimpleState:
     started_at: float | None = None  # first decision: before a full window has passed, hold on scale-down
-    recommendations: tuple[tuple[float, int], ...] = ()  # (time, unstabilized recommendation)
+    # (time, unstabilized recommendation) as a monotone queue: the window's maximum comes first
+    recommendations: tuple[tuple[float, int], ...] = ()
 
 
 class SimplePolicy:
@@ -71,35 +73,52 @@ class SimplePolicy:
     def decide(self, ctx: PolicyContext) -> PolicyResult:
         state: SimpleState = ctx.state if isinstance(ctx.state, SimpleState) else SimpleState()
         now, current = ctx.now, ctx.current_replicas
-        finite = ctx.metrics.rate[np.isfinite(ctx.metrics.rate)]
-        observed = float(finite[-1]) if finite.size else 0.0
+        observed = _last_finite(ctx.metrics.rate)
         forecast = ctx.forecast.at(self.quantile) if ctx.forecast is not None else None
-        if forecast is not None and np.isfinite(forecast):
+        if forecast is not None and math.isfinite(forecast):
             rate = max(observed, forecast)
-            detail = f"forecast q{self.quantile:g} {forecast:.2f}, observed {observed:.2f} req/s"
             sized_reason = Reason.FORECAST
         else:
             # Without a forecast this is a reactive policy; say so rather than claim a forecast.
+            forecast = None
             rate = observed
-            detail = f"no forecast, observed {observed:.2f} req/s"
             sized_reason = Reason.REACTIVE
         raw = self._size(max(rate, 0.0), ctx)
 
         started = state.started_at if state.started_at is not None else now
+        # The window's recommendations are kept as a monotone queue (times increasing, counts strictly
+        # decreasing), so its maximum is the first entry: O(1) per tick instead of a scan of the window.
         cutoff = now - self.scale_down_stabilization_s
-        recs = (*((t, r) for t, r in state.recommendations if t > cutoff), (now, raw))
+        recs = state.recommendations
+        while recs and recs[-1][1] <= raw:
+            recs = recs[:-1]
+        recs = (*recs, (now, raw))
+        while recs[0][0] <= cutoff:
+            recs = recs[1:]
         new_state = SimpleState(started_at=started, recommendations=recs)
 
         if raw >= current:
-            return PolicyResult(raw, new_state, sized_reason, f"{detail}: {raw}")
+            return PolicyResult(raw, new_state, sized_reason, _detail(self.quantile, forecast, observed, raw))
         # Scale down to the highest recommendation of the window; until a whole window of history exists,
         # the current count stands in for the recommendations we have not seen.
-        window_max = max(r for _, r in recs)
+        window_max = recs[0][1]
         if now - started < self.scale_down_stabilization_s:
             window_max = max(window_max, current)
         desired = min(current, window_max)
+        detail = _detail(self.quantile, forecast, observed, raw)
         if desired == current:
-            return PolicyResult(
-                current, new_state, Reason.STABLE, f"{detail}: {raw}, held by the scale-down window"
-            )
-        return PolicyResult(desired, new_state, sized_reason, f"{detail}: {raw}, window max {desired}")
+            return PolicyResult(current, new_state, Reason.STABLE, f"{detail}, held by the scale-down window")
+        return PolicyResult(desired, new_state, sized_reason, f"{detail}, window max {desired}")
+
+
+def _last_finite(rate: np.ndarray) -> float:
+    if rate.size and math.isfinite(last := float(rate[-1])):
+        return last
+    finite = rate[np.isfinite(rate)]
+    return float(finite[-1]) if finite.size else 0.0
+
+
+def _detail(quantile: float, forecast: float | None, observed: float, raw: int) -> str:
+    if forecast is None:
+        return f"no forecast, observed {observed:.2f} req/s: {raw}"
+    return f"forecast q{quantile:g} {forecast:.2f}, observed {observed:.2f} req/s: {raw}"

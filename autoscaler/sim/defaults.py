@@ -139,6 +139,13 @@ def model_specs(trace: Trace, models_file: str | None = None) -> dict[str, Model
     doc = load_models_file(models_file) if models_file else {}
     common = doc.get("defaults") or {}
     per_model = doc.get("models") or {}
+    if not isinstance(common, dict):
+        raise ValueError(f"{models_file}: 'defaults' must be a mapping of annotation keys to values")
+    if not isinstance(per_model, dict):
+        raise ValueError(f"{models_file}: 'models' must be a mapping of model name to its values")
+    for name, vals in per_model.items():
+        if vals is not None and not isinstance(vals, dict):
+            raise ValueError(f"{models_file}: models.{name} must be a mapping of annotation keys to values")
     unknown = set(per_model) - set(trace.models)
     if unknown:
         raise ValueError(f"{models_file}: models not in the trace: {', '.join(sorted(unknown))}")

@@ -289,6 +289,12 @@ def _stationary_in_system(rho: np.ndarray, c: float, mean_s: float, scv: float) 
     return c * rho + lq
 
 
+def _drain_area(v: np.ndarray, span: np.ndarray, mu: np.ndarray) -> np.ndarray:
+    """Integral over ``span`` of a level that starts at ``v`` and falls at rate ``mu`` down to 0."""
+    full = v <= mu * span
+    return np.where(full, v * v / (2.0 * mu), span * (v - 0.5 * mu * span))
+
+
 class FluidEngine:
     """Pointwise-stationary fluid flow (PSFFA) over M/G/c replicas plus a request-level burst backlog.
 
@@ -327,7 +333,13 @@ class FluidEngine:
         per_request_state: bool = True,
         rho_cap: float = 0.95,
         allow_k: float = 3.0,
+        slack_k: float = 0.0,
+        burst_in_flight: bool = False,
+        slack_if: float = 1.0,
     ) -> None:
+        self._slack_k = slack_k
+        self._burst_in_flight = burst_in_flight
+        self._slack_if = slack_if
         self._allow_k = allow_k
         self._rho_cap = rho_cap
         self._per_request = per_request_state
@@ -350,10 +362,15 @@ class FluidEngine:
             ok = np.isfinite(lx)
             self._rho_tab[m] = np.interp(_X_GRID, lx[ok], _RHO_GRID[ok], right=1.0)
         self._slope_tab = np.diff(self._rho_tab, axis=1) / np.diff(_X_GRID)[None, :]
-        self._rows = np.arange(self._m)
-        self._total_x = np.zeros(self._m)  # requests in system over routable replicas (or waiting for one)
-        self._prev_n = np.zeros(self._m)
-        self._excess = np.zeros(self._m)  # request-level fluid backlog per replica (see _burst_delay)
+        # Two cohorts per model, stacked as (2M,) arrays: A (entries 0..M-1) and B (M..2M-1), see above.
+        self._rows2 = np.tile(np.arange(self._m), 2)
+        self._c2 = np.tile(self._c, 2)
+        self._scv2 = np.tile(self._scv, 2)
+        self._n_a = np.zeros(self._m)  # replicas per cohort
+        self._n_b = np.zeros(self._m)
+        self._x = np.zeros(2 * self._m)  # per-replica mean number in system, per cohort
+        self._excess = np.zeros(2 * self._m)  # request-level fluid backlog per replica (see _burst_delay)
+        self._held = np.zeros(self._m)  # requests waiting for a replica (the model has none)
         self._lat_q = np.array([np.percentile(w.latency_pts[m], w.percentile[m]) for m in range(self._m)])
         if w.is_request_log:
             assert w.t is not None and w.model_index is not None and w.latency_part_s is not None
@@ -369,24 +386,26 @@ class FluidEngine:
         self._wcdf = np.zeros((self._m, len(_WAIT_GRID)))
         self._total = np.zeros(self._m)
 
-    def _rho(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """rho(x) and d rho / dx per model, by linear interpolation in the table (log-spaced x)."""
+    def _rho(self, x: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """rho(x) and d rho / dx per entry (``rows``: its model), by linear interpolation (log-spaced x)."""
         pos = (np.log(np.maximum(x, _X_GRID[0])) - _LOG_X0) / _DLOG_X
         i = np.minimum(pos.astype(np.int64), len(_X_GRID) - 2)
         lo = _X_GRID[i]
-        slope = self._slope_tab[self._rows, i]
-        rho = np.minimum(self._rho_tab[self._rows, i] + slope * (np.maximum(x, lo) - lo), 1.0)
+        slope = self._slope_tab[rows, i]
+        rho = np.minimum(self._rho_tab[rows, i] + slope * (np.maximum(x, lo) - lo), 1.0)
         # Below the grid (x < 1e-6) rho is ~ x / c; the table's first segment says the same.
         return rho, slope
 
     def _burst_delay(
-        self, mi: np.ndarray, tm: np.ndarray, n: np.ndarray, mu: np.ndarray, dt: float
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, mi: np.ndarray, tm: np.ndarray, n: np.ndarray, mu: np.ndarray, dt: float, e_start: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-request fluid delay from the request-level excess backlog (Lindley recursion).
 
         Per replica, each arrival adds 1/n request and the backlog drains at full capacity ``mu``
-        between arrivals: ``E_i = max(0, E_{i-1} + 1/n - mu*(t_i - t_{i-1}))``, evaluated for all models at
-        once with a segmented cumulative minimum. Returns (delay of each request, end-of-tick E per replica).
+        between arrivals: ``E_i = max(0, E_{i-1} + 1/n - mu*(t_i - t_{i-1}))``, evaluated for all groups
+        (``mi``: group of each request, sorted by time within a group) at once with a segmented cumulative
+        minimum. Returns (delay of each request, end-of-tick E and mean E over the tick per replica of each
+        group).
         """
         order = np.argsort(mi, kind="stable")
         ms = mi[order]
@@ -399,44 +418,86 @@ class FluidEngine:
         inc = 1.0 / n[ms] - mu[ms] * (ts - prev_t)
         cs = np.cumsum(inc)
         s_ = cs - (cs[gs] - inc[gs])
-        big = 2.0 * (float(np.abs(s_).max()) + float(self._excess.max()) + 1.0)
+        big = 2.0 * (float(np.abs(s_).max()) + float(e_start.max()) + 1.0)
         run_min = np.minimum.accumulate(s_ - big * ms) + big * ms
-        e0 = self._excess[ms]
+        e0 = e_start[ms]
         w = s_ - np.minimum(-e0, run_min)
         delay = np.empty_like(w)
         delay[order] = np.maximum(w - 1.0 / n[ms], 0.0) / mu[ms]
-        e_end = np.maximum(self._excess - mu * dt, 0.0)
+        e_end = np.maximum(e_start - mu * dt, 0.0)
         last = np.r_[ms[1:] != ms[:-1], True]
         e_end[ms[last]] = np.maximum(w[last] - mu[ms[last]] * (dt - ts[last]), 0.0)
-        return delay, e_end
+        # Time-average of E over the tick (it is in flight too): E falls at mu from each arrival's value
+        # until the next arrival (or the tick's end), and from e_start until the group's first arrival.
+        nxt = np.empty_like(ts)
+        nxt[:-1] = ts[1:]
+        nxt[last] = dt
+        area = _drain_area(w, nxt - ts, mu[ms])
+        first = gs == np.arange(len(ms))
+        e_area = _drain_area(e_start, np.full(len(e_start), dt), mu)
+        e_area[ms[first]] = _drain_area(e0[first], ts[first], mu[ms[first]])
+        e_mean = (e_area + np.bincount(ms, weights=area, minlength=len(e_start))) / dt
+        return delay, e_end, e_mean
+
+    def _rescale(self, n: np.ndarray) -> None:
+        """Apply a change of routable replicas to the two cohorts (see the class docstring)."""
+        m = self._m
+        n_a, n_b = self._n_a, self._n_b
+        prev = n_a + n_b
+        # Scale-down removes the newest replicas first (cohort B, then A), as the DES does; they leave
+        # with their own work (they drain it themselves), so the survivors' per-replica state is unchanged.
+        cut = np.maximum(prev - n, 0.0)
+        cut_b = np.minimum(cut, n_b)
+        n_b = n_b - cut_b
+        n_a = n_a - (cut - cut_b)
+        # Scale-up: the added replicas start empty and join cohort B, whose per-replica state is the
+        # count-weighted mean of its members. The old queues stay where they are (random routing never
+        # moves a queued request), which is what spreading them over everybody got wrong.
+        add = np.where(prev > 0, np.maximum(n - prev, 0.0), 0.0)
+        nb_new = n_b + add
+        keep = np.where(nb_new > 0, n_b / np.where(nb_new > 0, nb_new, 1.0), 0.0)
+        self._x[m:] *= keep
+        self._excess[m:] *= keep
+        # Coming back from zero replicas, the held requests are dispatched over the new ones as a burst,
+        # as in the DES.
+        wake = (prev == 0) & (n > 0)
+        share = self._held / np.where(wake, n, 1.0)
+        self._x[:m] = np.where(wake, share, self._x[:m])
+        self._excess[:m] = np.where(wake, share, self._excess[:m])
+        self._held = np.where(wake, 0.0, self._held)
+        self._n_a = np.where(wake, n, n_a)
+        self._n_b = np.where(wake, 0.0, nb_new)
+        live = np.concatenate([self._n_a, self._n_b]) > 0
+        self._x = np.where(live, self._x, 0.0)
+        self._excess = np.where(live, self._excess, 0.0)
 
     def step(self, t0: float, dt: float, routable: np.ndarray) -> TickStats:
         w = self.workload
+        m = self._m
         n = np.asarray(routable, dtype=np.float64)
         t1 = t0 + dt
         has = n > 0
         n_safe = np.where(has, n, 1.0)
-        prev = self._prev_n
-        # Removed replicas leave with their share of the work (they drain it themselves); added ones
-        # start empty and share the rest from now on (optimistic: random routing would leave the old
-        # queues on the old replicas, but they are short whenever adding replicas helps at all).
-        shrink = has & (n < prev)
-        total = np.where(shrink, self._total_x * n / np.where(prev > 0, prev, 1.0), self._total_x)
-        # Per replica: more replicas share the excess; fewer keep theirs (the removed ones drain theirs).
-        # Coming back from zero replicas, the held requests are dispatched as a burst, as in the DES.
-        self._excess = np.where(
-            prev > 0, np.where(shrink, self._excess, self._excess * prev / n_safe), total / n_safe
-        )
-        self._excess = np.where(has, self._excess, 0.0)
-        self._prev_n = n
+        if not np.array_equal(n, self._n_a + self._n_b):
+            self._rescale(n)
+        # Only while some model has a young cohort do we pay for two (the common steady state has one).
+        k = 2 if self._n_b.any() else 1
+        km = k * m
+
+        def rep(v: np.ndarray) -> np.ndarray:  # a per-model array for each cohort in use (np.tile: ~5 µs)
+            return v if k == 1 else np.concatenate([v, v])
+
+        n_c = np.concatenate([self._n_a, self._n_b])[:km]  # replicas per cohort
+        frac = n_c / rep(n_safe)  # share of each model's arrivals that a cohort gets
+        rows = self._rows2[:km]
 
         if self._cum is not None:
             arrivals = _cum_at(w, t1, self._cum) - _cum_at(w, t0, self._cum)
         else:
             i0, i1 = np.searchsorted(self._t, (t0, t1), side="left")
             mi = self._mi[i0:i1]
-            arrivals = np.bincount(mi, minlength=self._m).astype(np.float64)
-            occ_sum = np.bincount(mi, weights=self._occ[i0:i1], minlength=self._m)
+            arrivals = np.bincount(mi, minlength=m).astype(np.float64)
+            occ_sum = np.bincount(mi, weights=self._occ[i0:i1], minlength=m)
         lam = arrivals / dt
         mean_s = self._mean
         if self._cum is None and self._svc_halflife_s > 0:
@@ -446,71 +507,90 @@ class FluidEngine:
             k0 = self._svc_prior_n
             mean_s = (self._svc_sum + k0 * self._mean) / (self._svc_n + k0)
         mu = self._c / mean_s
+        mu_k = rep(mu)
+        c_k = self._c2[:km]
+        mean_k = rep(mean_s)
+        scv_k = self._scv2[:km]
 
-        # Integrate the per-replica state over the tick; keep the mean state for the arrivals' waits.
-        x = total / n_safe
-        lam_r = lam / n_safe
+        # Integrate each cohort's per-replica state over the tick; keep the mean state for the waits.
+        x = self._x[:km]
+        in_before = (x * n_c).reshape(k, m).sum(axis=0) + self._held
+        lam_r = rep(lam / n_safe)
         steps = max(1, int(np.ceil(dt / self._substep_s - 1e-9)))
         h = dt / steps
         x_sum = 0.5 * x
-        for k in range(steps):
-            rho, slope = self._rho(x)
-            x = np.maximum(x + h * (lam_r - mu * rho) / (1.0 + h * mu * slope), 0.0)
-            x_sum += x if k < steps - 1 else 0.5 * x
+        for j in range(steps):
+            rho, slope = self._rho(x, rows)
+            x = np.maximum(x + h * (lam_r - mu_k * rho) / (1.0 + h * mu_k * slope), 0.0)
+            x_sum += x if j < steps - 1 else 0.5 * x
         x_mean = x_sum / steps
-        rho_e, _ = self._rho(x_mean)
-        p_wait, decay = wait_params(rho_e * mu, self._c, mean_s, self._scv)
-        new_total = np.where(has, x * n, total + arrivals)  # no replica: everybody waits
-        x_mean_total = np.where(has, x_mean * n, total + 0.5 * arrivals)
-        self._total_x = new_total
+        rho_e, _ = self._rho(x_mean, rows)
+        p_wait, decay = wait_params(rho_e * mu_k, c_k, mean_k, scv_k)
+        x = np.where(n_c > 0, x, 0.0)
+        self._x[:km] = x
+        held0 = self._held
+        self._held = np.where(has, 0.0, held0 + arrivals)  # no replica: everybody waits
+        in_after = (x * n_c).reshape(k, m).sum(axis=0) + self._held
+        in_flight = np.where(has, (x_mean * n_c).reshape(k, m).sum(axis=0), held0 + 0.5 * arrivals)
 
-        # A request arriving with no routable replica is settled late (module docstring).
-        p_wait = np.where(has, p_wait, 1.0)
-        decay = np.where(has, decay, 0.0)
+        # A request arriving with no routable replica is settled late (module docstring): frac is 0 then.
         if self._cum is not None:
-            pts = within_prob(self._budget_pts, p_wait[:, None], decay[:, None])
-            within = arrivals * np.mean(pts, axis=1)
+            pts = within_prob(np.tile(self._budget_pts, (k, 1)), p_wait[:, None], decay[:, None])
+            within = (np.tile(arrivals, k) * frac * np.mean(pts, axis=1)).reshape(k, m).sum(0)
         else:
+            mi_k = mi if k == 1 else np.concatenate([mi, mi + m])
+            budget = rep(self._budget[i0:i1])
             if self._per_request and i1 > i0:
-                d_i, e_end = self._burst_delay(mi, self._t[i0:i1] - t0, n_safe, mu, dt)
+                tm = self._t[i0:i1] - t0
+                d_i, e_end, e_mean = self._burst_delay(
+                    mi_k, rep(tm), rep(n_safe), mu_k, dt, self._excess[:km]
+                )
                 rho_s = np.minimum(rho_e, self._rho_cap)
-                pw_s, dec_s = wait_params(rho_s * mu, self._c, mean_s, self._scv)
-                pw_s = np.where(has, pw_s, 1.0)
-                dec_s = np.where(has, dec_s, 0.0)
+                pw_s, dec_s = wait_params(rho_s * mu_k, c_k, mean_k, scv_k)
                 # Under Poisson arrivals the request-level backlog is not zero (it is the M/D/1 queue of
                 # a server as fast as the whole model), and that part is already in the stationary wait:
                 # only its excess over the M/D/1 mean counts as burst delay.
-                allow = rho_s * rho_s / (2.0 * (1.0 - rho_s)) / n_safe / mu
-                d_i = np.maximum(d_i - self._allow_k * allow[mi], 0.0)
-                wi = within_prob(self._budget[i0:i1] - d_i, pw_s[mi], dec_s[mi])
-                self._excess = np.where(has, e_end, 0.0)
+                allow = rho_s * rho_s / (2.0 * (1.0 - rho_s)) / rep(n_safe) / mu_k
+                slack = self._slack_k * c_k * (1.0 - rho_s) / mu_k
+                d_i = np.maximum(d_i - (self._allow_k * allow + slack)[mi_k], 0.0)
+                wi = within_prob(budget - d_i, pw_s[mi_k], dec_s[mi_k]) * frac[mi_k]
+                self._excess[:km] = np.where(n_c > 0, e_end, 0.0)
+                if self._burst_in_flight:
+                    extra = np.maximum(e_mean - self._allow_k * allow * mu_k - slack * mu_k * self._slack_if, 0.0)
+                    in_flight = in_flight + (extra * n_c).reshape(k, m).sum(axis=0)
             else:
-                self._excess = np.maximum(self._excess - mu * dt, 0.0)
-                wi = within_prob(self._budget[i0:i1], p_wait[mi], decay[mi])
-            within = np.bincount(mi, weights=wi, minlength=self._m)
+                self._excess[:km] = np.maximum(self._excess[:km] - mu_k * dt, 0.0)
+                wi = within_prob(budget, p_wait[mi_k], decay[mi_k]) * frac[mi_k]
+            within = np.bincount(mi_k, weights=wi, minlength=km).reshape(k, m).sum(axis=0)
 
         # Whole-run wait sketch (see class docstring).
-        self._wcdf += arrivals[:, None] * within_prob(_WAIT_GRID[None, :], p_wait[:, None], decay[:, None])
+        cdf = within_prob(_WAIT_GRID[None, :], p_wait[:, None], decay[:, None]) * frac[:, None]
+        self._wcdf += arrivals[:, None] * (cdf if k == 1 else cdf[:m] + cdf[m:])
         self._total += arrivals
 
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             # Latency at the SLO percentile: the exponential tail of W + L solved in closed form (exact
             # once the quantile lies beyond every latency part), floored by the latency part's own
-            # percentile. NaN-free: decay 0 (no replica / saturated) gives inf.
+            # percentile. With two cohorts, the larger of the two solutions (each cohort's tail weighted
+            # by its share alone: low by at most log(2)/decay). No replica / saturated gives inf.
             # log E[exp(decay * L)] over the K points, shifted by the max (scipy's logsumexp costs ~60 µs).
-            z = decay[:, None] * w.latency_pts
+            lat_pts = w.latency_pts if k == 1 else np.tile(w.latency_pts, (k, 1))
+            z = decay[:, None] * lat_pts
             z_max = z.max(axis=1)
             log_mgf = np.log(np.mean(np.exp(z - z_max[:, None]), axis=1)) + z_max
-            x_tail = (np.log(p_wait) + log_mgf - np.log(self._q_frac)) / decay
-            lat_pct = np.maximum(np.where(np.isnan(x_tail), np.inf, x_tail), self._lat_q)
+            x_tail = (np.log(p_wait * frac) + log_mgf - np.log(rep(self._q_frac))) / decay
+            x_tail = np.where(np.isnan(x_tail), np.inf, x_tail)
+            x_tail = x_tail if k == 1 else np.maximum(x_tail[:m], x_tail[m:])
+            lat_pct = np.where(has, np.maximum(x_tail, self._lat_q), np.inf)
         lat_pct = np.where(arrivals > 0, lat_pct, np.nan)
-        rho_end, _ = self._rho(x)
+        rho_end, _ = self._rho(x, rows)
+        queued = (np.maximum(x - c_k * rho_end, 0.0) * n_c).reshape(k, m).sum(axis=0)
         return TickStats(
             arrivals=arrivals,
             within_slo=within,
-            completed=np.maximum(total + arrivals - new_total, 0.0),
-            backlog=np.where(has, np.maximum(x - self._c * rho_end, 0.0) * n, new_total),
-            in_flight=x_mean_total,
+            completed=np.maximum(in_before + arrivals - in_after, 0.0),
+            backlog=np.where(has, queued, self._held),
+            in_flight=in_flight,
             latency_at_slo_pct=lat_pct,
         )
 

@@ -1,0 +1,59 @@
+"""Simulator speed: 14 days x 50 models at 10 s ticks, fluid mode, the whole control loop, one core.
+
+The 50 models are ServeGen m-small's 43 real clients (14 days of 10-minute rates) plus 7 of them again,
+shifted by one day so they are not copies in phase. Prints wall time and cost per tick.
+
+    .venv/bin/python bench/sim_speed.py [--days 14] [--models 50] [--policy slotwise]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import numpy as np
+
+from autoscaler.commands.simulate import default_cluster
+from autoscaler.policies import make_policy
+from autoscaler.sim.defaults import model_specs
+from autoscaler.sim.run import SimConfig, simulate
+from autoscaler.sim.workload import build_workload
+from forecasting.traces import resolve_trace
+from forecasting.traces.ops import head
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--days", type=float, default=14.0)
+    ap.add_argument("--models", type=int, default=50)
+    ap.add_argument("--policy", default="slotwise")
+    ap.add_argument("--tick", type=float, default=10.0)
+    args = ap.parse_args()
+
+    base = resolve_trace("servegen-m-small")
+    rates, names = base.rates, list(base.models)
+    day = int(round(86400 / base.step_s))
+    extra = args.models - len(names)
+    if extra > 0:
+        shifted = np.roll(rates[:extra], day, axis=1)
+        rates = np.concatenate([rates, shifted])
+        names += [f"{n}-shifted" for n in names[:extra]]
+    trace = dataclasses.replace(base, rates=rates[: args.models], models=tuple(names[: args.models]), meta={})
+    trace = head(trace, args.days * 86400)
+    specs = model_specs(trace)
+    workload = build_workload(trace, specs)
+    nodes = default_cluster(workload, args.tick)
+    policy = make_policy(args.policy)
+    t0 = time.perf_counter()
+    result = simulate(workload, nodes, policy, SimConfig(tick_s=args.tick))
+    wall = time.perf_counter() - t0
+    ticks = int(np.ceil(workload.duration_s / args.tick))
+    print(f"models={len(workload.models)} days={workload.duration_s / 86400:.1f} tick={args.tick:g}s "
+          f"ticks={ticks} GPUs={sum(n.gpu_count for n in nodes)} policy={args.policy}")
+    print(f"wall={wall:.1f}s  per_tick={wall / ticks * 1e6:.0f}us  "
+          f"per_model_tick={wall / ticks / len(workload.models) * 1e6:.1f}us  sim_wall_s={result.sim_wall_s:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,427 @@
+"""The slotwise forecaster: an online, per-series selection of cheap members by recent pinball loss,
+with conformal (quantile-tracking) calibration of every quantile.
+
+Why this shape. Request-rate series of inference models are a zoo: smooth high-volume services,
+bursty ones, timers that fire every 5 or 15 minutes, intermittent functions that are mostly zero,
+daily seasonal chat traffic, level shifts when a client moves traffic. No single model wins on all of
+them, and the controller must forecast every model on every tick. So each series gets a small library
+of members that cost a few array operations each (last value, moving means, exponential smoothing at
+three speeds, repeat-the-last-period for timer periods, seasonal naive / seasonal means with a level
+correction), and per (series, horizon step, quantile level) the member with the lowest exponentially
+weighted pinball loss over the recent past is used. That choice adapts online: when the series
+changes character, another member takes over within a few dozen steps, and nothing is fitted to a
+particular data set.
+
+Quantiles are ``point + r * scale``: ``scale`` is a running level of the series (so intervals follow
+day/night swings and level shifts at once) and ``r`` is tracked per member, series, step and level by
+the conformal quantile tracker of :mod:`forecasting.calibration`, which guarantees long-run coverage
+at the nominal level. Picking the member with the lowest loss is itself a data-dependent choice, so a
+second tracker calibrates the combined output the same way.
+
+:class:`SlotwiseBatch` runs M series in lock step (the backtest, the 1,000-series benchmark);
+:class:`SlotwiseForecaster` is the per-model object the controller holds (one series, same code).
+
+Missing points (NaN): no member is scored on them and the series is imputed with its own one-step
+median forecast, so a gap neither teaches the trackers nor breaks the lags. Empty history: the
+quantiles of a prior rate (an annotation hint, or the median of similar models -- see
+:func:`prior_from_similar`) under an exponential spread, which errs wide on purpose.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from forecasting.calibration import QuantileTracker, pinball
+
+DEFAULT_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99)
+# Periods (seconds) of the timers that dominate serverless / batch traffic; used as "repeat the last
+# period" members when they are a whole number of steps.
+TIMER_PERIODS_S = (300.0, 600.0, 900.0, 1800.0, 3600.0)
+
+
+@dataclass(frozen=True)
+class _Member:
+    name: str
+    kind: str
+    arg: float = 0.0
+
+
+def _interp_levels(values: np.ndarray, levels: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
+    """values (..., L, h) at ``levels`` -> (..., len(quantiles), h), linear in the level, clamped."""
+    if len(levels) == len(quantiles) and np.allclose(levels, quantiles):
+        return values
+    idx = np.clip(np.searchsorted(levels, quantiles, side="left"), 1, len(levels) - 1)
+    lo, hi = levels[idx - 1], levels[idx]
+    w = np.clip((quantiles - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0, 1.0)
+    if len(levels) == 1:
+        return np.repeat(values, len(quantiles), axis=-2)
+    a = values[..., idx - 1, :]
+    b = values[..., idx, :]
+    return a + (b - a) * w[:, None]
+
+
+class SlotwiseBatch:
+    """M series forecast together (same step, same clock). See the module docstring.
+
+    Parameters
+    ----------
+    n_series: number of series M.
+    horizon: steps tracked (scored, calibrated); longer requests repeat the last step's quantiles.
+    levels: quantile levels tracked; other levels are interpolated.
+    season: season length in steps (e.g. one day), or None.
+    step_s: step in seconds (decides which timer periods are whole steps); None = no timer members.
+    unit: one request in the input's units (1 for counts per step, 1/step_s for req/s): the floor of
+        the scale, so an idle series is not judged in relative error against a level of zero.
+    loss_decay: weight of the newest loss in the running pinball loss (memory ~ 1/loss_decay steps).
+    lr: conformal tracker learning rate (relative to the running |score|).
+    min_scored: a member is eligible once it has been scored this many times (at that step).
+    season_days: days averaged by the seasonal-mean members.
+    prior: per-series prior rate used while a series has no observation (None = 0).
+    """
+
+    def __init__(
+        self,
+        n_series: int,
+        horizon: int = 30,
+        levels: Sequence[float] = DEFAULT_LEVELS,
+        season: int | None = None,
+        step_s: float | None = None,
+        unit: float = 0.0,
+        loss_decay: float = 0.02,
+        lr: float = 0.05,
+        calib_lr: float = 0.02,
+        min_scored: int = 10,
+        season_days: int = 7,
+        prior: np.ndarray | float | None = None,
+    ) -> None:
+        self.n_series = int(n_series)
+        self.horizon = max(1, int(horizon))
+        self.levels = np.sort(np.asarray(levels, dtype=float))
+        if not np.all((self.levels > 0) & (self.levels < 1)):
+            raise ValueError("quantile levels must lie in (0, 1)")
+        self.season = int(season) if season and season >= 2 else None
+        self.step_s = step_s
+        self.unit = float(unit)
+        self.loss_decay = float(loss_decay)
+        self.lr = float(lr)
+        self.calib_lr = float(calib_lr)
+        self.min_scored = int(min_scored)
+        self.season_days = max(1, int(season_days))
+        self.prior = prior
+        self._build()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _members(self) -> list[_Member]:
+        out = [_Member("naive", "naive")]
+        out += [_Member(f"mean{w}", "mean", w) for w in (4, 16, 64)]
+        out += [_Member(f"ses{a}", "ses", a) for a in (0.5, 0.2, 0.05)]
+        if self.step_s:
+            periods = sorted(
+                {
+                    round(p / self.step_s)
+                    for p in TIMER_PERIODS_S
+                    if abs(p / self.step_s - round(p / self.step_s)) < 1e-9 and round(p / self.step_s) >= 2
+                }
+            )
+            out += [_Member(f"period{p}", "period", p) for p in periods if p != self.season]
+        if self.season and self.horizon <= self.season:
+            out += [
+                _Member("snaive", "snaive"),
+                _Member("snaive+level", "snaive_adj"),
+                _Member("smean+level", "smean_add"),
+                _Member("smean*level", "smean_mul"),
+            ]
+        return out
+
+    def _build(self) -> None:
+        m, h, q = self.n_series, self.horizon, len(self.levels)
+        self.members_ = self._members()
+        j = len(self.members_)
+        periods = [int(x.arg) for x in self.members_ if x.kind == "period"]
+        need = max([64, *periods]) + 1
+        if self.season:
+            need = max(need, self.season_days * self.season + self.season // 24 + 2)
+        self._keep = need
+        self._buf = np.zeros((m, 2 * need))
+        self._pos = need  # columns [pos-keep, pos) hold the newest values; zeros before any data
+        self.t_ = 0
+        self.n_obs_ = np.zeros(m, dtype=np.int64)
+        self.alphas_ = np.array([x.arg for x in self.members_ if x.kind == "ses"])
+        self._ses = np.zeros((len(self.alphas_), m))
+        self._fast = np.zeros(m)
+        self._slow = np.zeros(m)
+        # Forecasts waiting for their target, indexed by target slot (t mod h) and step k.
+        self._pend_p = np.zeros((h, j, m, h))
+        self._pend_valid = np.zeros((h, j, m, h), dtype=bool)
+        self._pend_s = np.ones((h, m, h))
+        self._pend_f = np.zeros((h, m, q, h))
+        self._pend_ok = np.zeros((h, m, h), dtype=bool)
+        # Wide, conservative starting offsets (in units of the running level): a new series is
+        # over-provisioned for a few dozen steps rather than under.
+        init = np.interp(self.levels, [0.5, 0.9, 0.99], [0.0, 1.0, 2.5])
+        self.member_q_ = QuantileTracker((j, m, h), self.levels, lr=self.lr, init=init)
+        self.calib_ = QuantileTracker((m, h), self.levels, lr=self.calib_lr)
+        self.loss_ = np.zeros((j, m, h, q))
+        self.n_scored_ = np.zeros((j, m, h), dtype=np.int64)
+        self._cur_f = np.zeros((m, h, q))
+        self._cur_s = np.ones(m)
+        self._ks = np.arange(h)
+        self._sel = np.zeros((m, h, q), dtype=np.int64)
+
+    # ------------------------------------------------------------------ online
+
+    @property
+    def member_names(self) -> list[str]:
+        return [x.name for x in self.members_]
+
+    def _view(self) -> np.ndarray:
+        return self._buf[:, self._pos - self._keep : self._pos]
+
+    def _append(self, y: np.ndarray) -> None:
+        if self._pos == self._buf.shape[1]:
+            self._buf[:, : self._keep] = self._buf[:, self._pos - self._keep : self._pos]
+            self._pos = self._keep
+        self._buf[:, self._pos] = y
+        self._pos += 1
+
+    def update(self, y_new: np.ndarray) -> SlotwiseBatch:
+        """Fold in new observations: shape (M,) for one step or (M, k) for k steps, oldest first."""
+        y = np.asarray(y_new, dtype=float)
+        if y.ndim == 1:
+            y = y[:, None]
+        if y.shape[0] != self.n_series:
+            raise ValueError(f"expected {self.n_series} series, got {y.shape[0]}")
+        for c in range(y.shape[1]):
+            self._step(y[:, c])
+        return self
+
+    def _step(self, y: np.ndarray) -> None:
+        slot = self.t_ % self.horizon
+        seen = np.isfinite(y)
+        if self.t_ > 0:
+            self._score(slot, y, seen)
+        # Impute a gap with the one-step median forecast (else the last value), so lags stay sane.
+        if not seen.all():
+            fill = np.where(self._pend_ok[slot, :, 0], self._cur_median1(slot), self._view()[:, -1])
+            y = np.where(seen, y, fill)
+        y = np.maximum(y, 0.0)
+        first = self.n_obs_ == 0
+        self.n_obs_ += seen
+        self._append(y)
+        self._ses = np.where(first, y, self._ses + self.alphas_[:, None] * (y - self._ses))
+        ay = np.abs(y)
+        self._fast = np.where(first, ay, self._fast + 0.1 * (ay - self._fast))
+        self._slow = np.where(first, ay, self._slow + 0.01 * (ay - self._slow))
+        self.t_ += 1
+        self._origin()
+
+    def _cur_median1(self, slot: int) -> np.ndarray:
+        f = self._pend_f[slot, :, :, 0]
+        med = np.argmin(np.abs(self.levels - 0.5))
+        return np.maximum(f[:, med], 0.0)
+
+    def _score(self, slot: int, y: np.ndarray, seen: np.ndarray) -> None:
+        ok = self._pend_ok[slot] & seen[:, None]  # (M, h)
+        if not ok.any():
+            return
+        p = self._pend_p[slot]  # (J, M, h)
+        s = self._pend_s[slot]  # (M, h)
+        yy = np.where(seen, y, 0.0)[None, :, None]
+        valid = self._pend_valid[slot] & ok[None]
+        # Members are judged by the quantiles they would have given (current offsets), clipped at 0
+        # like every reported forecast.
+        mq = np.maximum(p[..., None] + self.member_q_.r_ * s[None, :, :, None], 0.0)
+        loss = pinball(yy[..., None], mq, self.levels)
+        n = self.n_scored_
+        # Plain mean while young, exponential forgetting afterwards.
+        a = np.maximum(self.loss_decay, 1.0 / (n + 1.0)) * valid
+        self.loss_ += a[..., None] * (loss - self.loss_)
+        self.n_scored_ = n + valid
+        self.member_q_.update((yy - p) / s[None], mask=valid, clip=50.0)
+        f = self._pend_f[slot]  # (M, Q, h)
+        score = ((yy[0] - f.transpose(0, 2, 1)) / s[..., None]).astype(float)  # (M, h, Q)
+        self.calib_.update(score, mask=ok, clip=50.0)
+
+    def _scale(self) -> np.ndarray:
+        return np.maximum(np.maximum(self._fast, 0.2 * self._slow), max(self.unit, 1e-12))
+
+    def _points(self) -> tuple[np.ndarray, np.ndarray]:
+        """Member point forecasts (J, M, h) at the current origin and their validity (J, M)."""
+        v = self._view()
+        m, h = self.n_series, self.horizon
+        n = self.n_obs_
+        ks = self._ks
+        pts = np.empty((len(self.members_), m, h))
+        valid = np.ones((len(self.members_), m), dtype=bool)
+        ses_i = 0
+        for i, mem in enumerate(self.members_):
+            if mem.kind == "naive":
+                pts[i] = v[:, -1:]
+            elif mem.kind == "mean":
+                w = int(mem.arg)
+                pts[i] = (v[:, -w:].sum(axis=1) / np.clip(n, 1, w))[:, None]
+            elif mem.kind == "ses":
+                pts[i] = self._ses[ses_i][:, None]
+                ses_i += 1
+            elif mem.kind == "period":
+                p = int(mem.arg)
+                pts[i] = v[:, -p + (ks % p)]
+                valid[i] = n >= p
+            else:
+                pts[i], valid[i] = self._seasonal(mem.kind, v, n)
+        return pts, valid
+
+    def _seasonal(self, kind: str, v: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        m = self.season
+        assert m is not None
+        ks = self._ks
+        w = max(1, m // 24)  # level-correction window: about an hour of a day
+        recent = v[:, -w:].mean(axis=1)
+        if kind in ("snaive", "snaive_adj"):
+            base = v[:, -m + ks]
+            if kind == "snaive_adj":
+                base = base + (recent - v[:, -m - w : -m].mean(axis=1))[:, None]
+            return base, n >= m + w
+        days = np.clip(n // m, 1, self.season_days)  # whole days available per series
+        acc = np.zeros((self.n_series, self.horizon))
+        lvl = np.zeros(self.n_series)
+        for d in range(1, self.season_days + 1):
+            use = (d <= days).astype(float)[:, None]
+            acc += use * v[:, -d * m + ks]
+            lvl += use[:, 0] * v[:, -d * m - w : -d * m].mean(axis=1)
+        acc /= days[:, None]
+        lvl /= days
+        if kind == "smean_add":
+            return acc + (recent - lvl)[:, None], n >= m + w
+        ratio = np.clip((recent + self.unit) / (lvl + self.unit + 1e-12), 0.25, 4.0)
+        return acc * ratio[:, None], n >= m + w
+
+    def _origin(self) -> None:
+        """Compute every member's forecast from the current origin and file them by target."""
+        h = self.horizon
+        pts, valid = self._points()
+        s = self._scale()
+        eligible = (valid[:, :, None] & (self.n_scored_ >= self.min_scored))[..., None]  # (J, M, h, 1)
+        eligible = eligible | (np.arange(len(self.members_)) == 0)[:, None, None, None]  # naive: always
+        sel = np.argmin(np.where(eligible, self.loss_, np.inf), axis=0)  # (M, h, Q)
+        self._sel = sel
+        p_sel = np.take_along_axis(pts[..., None], sel[None], axis=0)[0]  # (M, h, Q)
+        r_sel = np.take_along_axis(self.member_q_.r_, sel[None], axis=0)[0]
+        f = p_sel + r_sel * s[:, None, None]
+        self._cur_f, self._cur_s = f, s
+        slots = (self.t_ + self._ks) % h  # target t_ + k for step k+1
+        self._pend_p[slots, :, :, self._ks] = pts.transpose(2, 0, 1)
+        self._pend_valid[slots, :, :, self._ks] = valid[None]
+        self._pend_s[slots, :, self._ks] = s[None]
+        self._pend_f[slots, :, :, self._ks] = f.transpose(1, 0, 2)
+        self._pend_ok[slots, :, self._ks] = (self.n_obs_ > 0)[None]
+
+    # ------------------------------------------------------------------ output
+
+    def predict_quantiles(self, h: int, quantiles: Sequence[float]) -> np.ndarray:
+        """(M, len(quantiles), h): calibrated, clipped at 0, sorted across quantiles."""
+        qs = np.asarray(quantiles, dtype=float)
+        f = self._cur_f + self.calib_.r_ * self._cur_s[:, None, None]  # (M, H, Q)
+        f = np.sort(np.maximum(f, 0.0), axis=-1).transpose(0, 2, 1)  # (M, Q, H)
+        if h > self.horizon:
+            f = np.concatenate([f, np.repeat(f[:, :, -1:], h - self.horizon, axis=2)], axis=2)
+        out = _interp_levels(f[:, :, :h], self.levels, qs)
+        cold = self.n_obs_ == 0
+        if cold.any():
+            out[cold] = self._prior_quantiles(qs, h)[cold]
+        return out
+
+    def _prior_quantiles(self, qs: np.ndarray, h: int) -> np.ndarray:
+        prior = np.zeros(self.n_series) if self.prior is None else np.broadcast_to(self.prior, (self.n_series,))
+        # Exponential spread around the prior mean: quantile q = -ln(1-q) * mean. Wide on purpose:
+        # a hint is a guess, and under-provisioning a new model costs more than over-provisioning.
+        mult = -np.log1p(-qs)
+        return np.repeat((prior[:, None] * mult[None, :])[:, :, None], h, axis=2)
+
+    def selected(self) -> np.ndarray:
+        """Index of the member in use per (series, step, level) at the current origin (inspection)."""
+        return self._sel
+
+
+def prior_from_similar(histories: Sequence[np.ndarray], window: int = 60) -> float:
+    """A prior rate for a new model: the median over similar models of their recent mean rate."""
+    means = [float(np.nanmean(h[-window:])) for h in histories if np.isfinite(h).any()]
+    return float(np.median(means)) if means else 0.0
+
+
+class SlotwiseForecaster:
+    """Per-model slotwise forecaster (scikit-learn style; see :class:`SlotwiseBatch` for parameters).
+
+    ``fit(y)`` replays the history through the online updates (a warm start: members are scored and
+    the trackers calibrated on the past exactly as they would have been live); ``update`` folds in
+    new points; ``predict_quantiles(h, quantiles)`` -> (len(quantiles), h).
+    """
+
+    def __init__(
+        self,
+        horizon: int = 30,
+        levels: Sequence[float] = DEFAULT_LEVELS,
+        season: int | None = None,
+        step_s: float | None = None,
+        unit: float = 0.0,
+        loss_decay: float = 0.02,
+        lr: float = 0.05,
+        calib_lr: float = 0.02,
+        prior_rate: float | None = None,
+    ) -> None:
+        self.horizon = horizon
+        self.levels = levels
+        self.season = season
+        self.step_s = step_s
+        self.unit = unit
+        self.loss_decay = loss_decay
+        self.lr = lr
+        self.calib_lr = calib_lr
+        self.prior_rate = prior_rate
+        self.batch_: SlotwiseBatch | None = None
+
+    def _new(self) -> SlotwiseBatch:
+        return SlotwiseBatch(
+            1,
+            horizon=self.horizon,
+            levels=self.levels,
+            season=self.season,
+            step_s=self.step_s,
+            unit=self.unit,
+            loss_decay=self.loss_decay,
+            lr=self.lr,
+            calib_lr=self.calib_lr,
+            prior=self.prior_rate,
+        )
+
+    def fit(self, y: np.ndarray) -> SlotwiseForecaster:
+        self.batch_ = self._new()
+        return self.update(y)
+
+    def update(self, y_new: np.ndarray) -> SlotwiseForecaster:
+        if self.batch_ is None:
+            self.batch_ = self._new()
+        y = np.asarray(y_new, dtype=float).ravel()
+        if y.size:
+            self.batch_.update(y[None, :])
+        return self
+
+    def predict_quantiles(self, h: int, quantiles: Sequence[float]) -> np.ndarray:
+        if self.batch_ is None:
+            self.batch_ = self._new()
+        return self.batch_.predict_quantiles(max(1, int(h)), quantiles)[0]
+
+
+def season_steps(step_s: float, span_s: float | None = None) -> int | None:
+    """One day in steps when the step divides a day and (if given) the history spans >= 3 days."""
+    per_day = 86400.0 / step_s
+    if abs(per_day - round(per_day)) > 1e-6 or round(per_day) < 2:
+        return None
+    if span_s is not None and span_s < 3 * 86400.0:
+        return None
+    return int(round(per_day)) if math.isfinite(per_day) else None
