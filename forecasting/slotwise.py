@@ -30,12 +30,13 @@ quantiles of a prior rate (an annotation hint, or the median of similar models -
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from forecasting.calibration import QuantileTracker, pinball
+from forecasting.calibration import QuantileTracker
 
 DEFAULT_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99)
 # Periods (seconds) of the timers that dominate serverless / batch traffic; used as "repeat the last
@@ -95,6 +96,7 @@ class SlotwiseBatch:
         lr: float = 0.05,
         calib_lr: float = 0.02,
         min_scored: int = 10,
+        window: int = 256,
         season_days: int = 7,
         prior: np.ndarray | float | None = None,
     ) -> None:
@@ -110,6 +112,7 @@ class SlotwiseBatch:
         self.lr = float(lr)
         self.calib_lr = float(calib_lr)
         self.min_scored = int(min_scored)
+        self.window = max(2, int(window))
         self.season_days = max(1, int(season_days))
         self.prior = prior
         self._build()
@@ -159,19 +162,24 @@ class SlotwiseBatch:
         self._pend_p = np.zeros((h, j, m, h))
         self._pend_valid = np.zeros((h, j, m, h), dtype=bool)
         self._pend_s = np.ones((h, m, h))
-        self._pend_f = np.zeros((h, m, q, h))
+        self._pend_point = np.zeros((h, m, h))
+        self._pend_spread = np.zeros((h, m, h, q))
         self._pend_ok = np.zeros((h, m, h), dtype=bool)
-        # Wide, conservative starting offsets (in units of the running level): a new series is
-        # over-provisioned for a few dozen steps rather than under.
-        init = np.interp(self.levels, [0.5, 0.9, 0.99], [0.0, 1.0, 2.5])
-        self.member_q_ = QuantileTracker((j, m, h), self.levels, lr=self.lr, init=init)
-        self.calib_ = QuantileTracker((m, h), self.levels, lr=self.calib_lr)
-        self.loss_ = np.zeros((j, m, h, q))
+        self.loss_ = np.zeros((j, m, h))
         self.n_scored_ = np.zeros((j, m, h), dtype=np.int64)
-        self._cur_f = np.zeros((m, h, q))
+        # Relative errors of the combined point forecast, newest `window` per (series, step).
+        self._res = np.full((m, h, self.window), np.nan)
+        self._res_pos = 0
+        self._res_n = 0
+        # Wide, conservative spread (in units of the running level) until enough errors are seen:
+        # a new series is over-provisioned for a few steps rather than under.
+        self._init_spread = np.interp(self.levels, [0.5, 0.9, 0.99], [0.0, 1.0, 2.5])
+        self.calib_ = QuantileTracker((m, h), self.levels, lr=self.calib_lr)
+        self._cur_point = np.zeros((m, h))
+        self._cur_spread = np.broadcast_to(self._init_spread, (m, h, q)).copy()
         self._cur_s = np.ones(m)
         self._ks = np.arange(h)
-        self._sel = np.zeros((m, h, q), dtype=np.int64)
+        self._sel = np.zeros((m, h), dtype=np.int64)
 
     # ------------------------------------------------------------------ online
 
@@ -221,31 +229,30 @@ class SlotwiseBatch:
         self._origin()
 
     def _cur_median1(self, slot: int) -> np.ndarray:
-        f = self._pend_f[slot, :, :, 0]
-        med = np.argmin(np.abs(self.levels - 0.5))
-        return np.maximum(f[:, med], 0.0)
+        return np.maximum(self._pend_point[slot, :, 0], 0.0)
 
     def _score(self, slot: int, y: np.ndarray, seen: np.ndarray) -> None:
         ok = self._pend_ok[slot] & seen[:, None]  # (M, h)
         if not ok.any():
             return
-        p = self._pend_p[slot]  # (J, M, h)
-        s = self._pend_s[slot]  # (M, h)
-        yy = np.where(seen, y, 0.0)[None, :, None]
+        s = self._pend_s[slot]  # (M, h): the scale when the forecast was made
+        yy = np.where(seen, y, 0.0)[:, None]
+        # Members: running absolute error (pinball at the median) of their point forecasts.
         valid = self._pend_valid[slot] & ok[None]
-        # Members are judged by the quantiles they would have given (current offsets), clipped at 0
-        # like every reported forecast.
-        mq = np.maximum(p[..., None] + self.member_q_.r_ * s[None, :, :, None], 0.0)
-        loss = pinball(yy[..., None], mq, self.levels)
+        err = np.abs(yy[None] - self._pend_p[slot])
         n = self.n_scored_
         # Plain mean while young, exponential forgetting afterwards.
         a = np.maximum(self.loss_decay, 1.0 / (n + 1.0)) * valid
-        self.loss_ += a[..., None] * (loss - self.loss_)
+        self.loss_ += a * (err - self.loss_)
         self.n_scored_ = n + valid
-        self.member_q_.update((yy - p) / s[None], mask=valid, clip=50.0)
-        f = self._pend_f[slot]  # (M, Q, h)
-        score = ((yy[0] - f.transpose(0, 2, 1)) / s[..., None]).astype(float)  # (M, h, Q)
-        self.calib_.update(score, mask=ok, clip=50.0)
+        # Combined forecast: its relative error joins the conformal window ...
+        score = (yy - self._pend_point[slot]) / s
+        # (a relative error of 50 says "outlier", not "widen by 50x")
+        self._res[:, :, self._res_pos] = np.where(ok, np.clip(score, -50.0, 50.0), np.nan)
+        self._res_pos = (self._res_pos + 1) % self.window
+        self._res_n = min(self._res_n + 1, self.window)
+        # ... and the tracker corrects whatever coverage error the window leaves.
+        self.calib_.update(score[..., None] - self._pend_spread[slot], mask=ok, clip=50.0)
 
     def _scale(self) -> np.ndarray:
         return np.maximum(np.maximum(self._fast, 0.2 * self._slow), max(self.unit, 1e-12))
@@ -306,27 +313,43 @@ class SlotwiseBatch:
         h = self.horizon
         pts, valid = self._points()
         s = self._scale()
-        eligible = (valid[:, :, None] & (self.n_scored_ >= self.min_scored))[..., None]  # (J, M, h, 1)
-        eligible = eligible | (np.arange(len(self.members_)) == 0)[:, None, None, None]  # naive: always
-        sel = np.argmin(np.where(eligible, self.loss_, np.inf), axis=0)  # (M, h, Q)
+        eligible = valid[:, :, None] & (self.n_scored_ >= self.min_scored)  # (J, M, h)
+        eligible[0] = True  # naive: always
+        sel = np.argmin(np.where(eligible, self.loss_, np.inf), axis=0)  # (M, h)
         self._sel = sel
-        p_sel = np.take_along_axis(pts[..., None], sel[None], axis=0)[0]  # (M, h, Q)
-        r_sel = np.take_along_axis(self.member_q_.r_, sel[None], axis=0)[0]
-        f = p_sel + r_sel * s[:, None, None]
-        self._cur_f, self._cur_s = f, s
+        point = np.take_along_axis(pts, sel[None], axis=0)[0]  # (M, h)
+        spread = self._spread()
+        self._cur_point, self._cur_spread, self._cur_s = point, spread, s
         slots = (self.t_ + self._ks) % h  # target t_ + k for step k+1
         self._pend_p[slots, :, :, self._ks] = pts.transpose(2, 0, 1)
         self._pend_valid[slots, :, :, self._ks] = valid[None]
         self._pend_s[slots, :, self._ks] = s[None]
-        self._pend_f[slots, :, :, self._ks] = f.transpose(1, 0, 2)
+        self._pend_point[slots, :, self._ks] = point.T
+        self._pend_spread[slots, :, self._ks] = spread.transpose(1, 0, 2)
         self._pend_ok[slots, :, self._ks] = (self.n_obs_ > 0)[None]
+
+    def _spread(self) -> np.ndarray:
+        """Empirical quantiles (M, h, Q) of the recent relative errors; the wide prior while few."""
+        m, h, q = self.n_series, self.horizon, len(self.levels)
+        if self._res_n < self.min_scored:
+            return np.broadcast_to(self._init_spread, (m, h, q)).copy()
+        res = self._res if self._res_n == self.window else self._res[:, :, : self._res_n]
+        if np.isnan(res).any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out = np.nanquantile(res, self.levels, axis=2)
+            out = np.where(np.isnan(out), self._init_spread[:, None, None], out)
+        else:
+            out = np.quantile(res, self.levels, axis=2)
+        return out.transpose(1, 2, 0)
 
     # ------------------------------------------------------------------ output
 
     def predict_quantiles(self, h: int, quantiles: Sequence[float]) -> np.ndarray:
         """(M, len(quantiles), h): calibrated, clipped at 0, sorted across quantiles."""
         qs = np.asarray(quantiles, dtype=float)
-        f = self._cur_f + self.calib_.r_ * self._cur_s[:, None, None]  # (M, H, Q)
+        spread = self._cur_spread + self.calib_.r_
+        f = self._cur_point[..., None] + spread * self._cur_s[:, None, None]  # (M, H, Q)
         f = np.sort(np.maximum(f, 0.0), axis=-1).transpose(0, 2, 1)  # (M, Q, H)
         if h > self.horizon:
             f = np.concatenate([f, np.repeat(f[:, :, -1:], h - self.horizon, axis=2)], axis=2)

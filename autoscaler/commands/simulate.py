@@ -54,7 +54,7 @@ def _policies(arg: str) -> list[str]:
     return names
 
 
-def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 1.5) -> list[NodeSpec]:
+def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 2.0) -> list[NodeSpec]:
     """A cluster of MIG-enabled H100-80GB nodes with room for every model at its peak plus headroom.
 
     Each model's replica is placed once by the packer on an empty node to learn what one replica costs

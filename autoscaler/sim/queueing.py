@@ -333,13 +333,9 @@ class FluidEngine:
         per_request_state: bool = True,
         rho_cap: float = 0.95,
         allow_k: float = 3.0,
-        slack_k: float = 0.0,
-        burst_in_flight: bool = False,
-        slack_if: float = 1.0,
+        slack_k: float = 0.5,
     ) -> None:
         self._slack_k = slack_k
-        self._burst_in_flight = burst_in_flight
-        self._slack_if = slack_if
         self._allow_k = allow_k
         self._rho_cap = rho_cap
         self._per_request = per_request_state
@@ -371,6 +367,7 @@ class FluidEngine:
         self._x = np.zeros(2 * self._m)  # per-replica mean number in system, per cohort
         self._excess = np.zeros(2 * self._m)  # request-level fluid backlog per replica (see _burst_delay)
         self._held = np.zeros(self._m)  # requests waiting for a replica (the model has none)
+        self._draining = np.zeros(self._m)  # requests on removed replicas, not finished yet
         self._lat_q = np.array([np.percentile(w.latency_pts[m], w.percentile[m]) for m in range(self._m)])
         if w.is_request_log:
             assert w.t is not None and w.model_index is not None and w.latency_part_s is not None
@@ -397,7 +394,7 @@ class FluidEngine:
         return rho, slope
 
     def _burst_delay(
-        self, mi: np.ndarray, tm: np.ndarray, n: np.ndarray, mu: np.ndarray, dt: float, e_start: np.ndarray
+        self, mi: np.ndarray, tm: np.ndarray, add: np.ndarray, mu: np.ndarray, dt: float, e_start: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-request fluid delay from the request-level excess backlog (Lindley recursion).
 
@@ -410,12 +407,13 @@ class FluidEngine:
         order = np.argsort(mi, kind="stable")
         ms = mi[order]
         ts = tm[order]
+        add = add[order]
         gs = np.searchsorted(ms, ms, side="left")  # index of each request's group start
         prev_t = np.empty_like(ts)
         prev_t[0] = 0.0
         prev_t[1:] = ts[:-1]
         prev_t[gs == np.arange(len(ms))] = 0.0
-        inc = 1.0 / n[ms] - mu[ms] * (ts - prev_t)
+        inc = add - mu[ms] * (ts - prev_t)
         cs = np.cumsum(inc)
         s_ = cs - (cs[gs] - inc[gs])
         big = 2.0 * (float(np.abs(s_).max()) + float(e_start.max()) + 1.0)
@@ -423,7 +421,7 @@ class FluidEngine:
         e0 = e_start[ms]
         w = s_ - np.minimum(-e0, run_min)
         delay = np.empty_like(w)
-        delay[order] = np.maximum(w - 1.0 / n[ms], 0.0) / mu[ms]
+        delay[order] = np.maximum(w - add, 0.0) / mu[ms]
         e_end = np.maximum(e_start - mu * dt, 0.0)
         last = np.r_[ms[1:] != ms[:-1], True]
         e_end[ms[last]] = np.maximum(w[last] - mu[ms[last]] * (dt - ts[last]), 0.0)
@@ -448,6 +446,8 @@ class FluidEngine:
         # with their own work (they drain it themselves), so the survivors' per-replica state is unchanged.
         cut = np.maximum(prev - n, 0.0)
         cut_b = np.minimum(cut, n_b)
+        # What the removed replicas take with them still counts as in flight while they drain it.
+        self._draining += cut_b * self._x[m:] + (cut - cut_b) * self._x[:m]
         n_b = n_b - cut_b
         n_a = n_a - (cut - cut_b)
         # Scale-up: the added replicas start empty and join cohort B, whose per-replica state is the
@@ -458,6 +458,14 @@ class FluidEngine:
         keep = np.where(nb_new > 0, n_b / np.where(nb_new > 0, nb_new, 1.0), 0.0)
         self._x[m:] *= keep
         self._excess[m:] *= keep
+        # The burst backlog, unlike the queue, is spread over all replicas on scale-up. Kept on the old
+        # ones it made the code trace 1.5-2.5 pp too pessimistic (the Lindley backlog over-states what a
+        # burst leaves queued, and spreading it dilutes that): measured, not derived.
+        tot_e = self._excess[:m] * n_a + self._excess[m:] * nb_new
+        grow = add > 0
+        per = tot_e / np.where(grow, n, 1.0)
+        self._excess[:m] = np.where(grow, per, self._excess[:m])
+        self._excess[m:] = np.where(grow, per, self._excess[m:])
         # Coming back from zero replicas, the held requests are dispatched over the new ones as a burst,
         # as in the DES.
         wake = (prev == 0) & (n > 0)
@@ -502,9 +510,9 @@ class FluidEngine:
         mean_s = self._mean
         if self._cum is None and self._svc_halflife_s > 0:
             a = 0.5 ** (dt / self._svc_halflife_s)
+            k0 = self._svc_prior_n
             self._svc_sum = a * self._svc_sum + occ_sum
             self._svc_n = a * self._svc_n + arrivals
-            k0 = self._svc_prior_n
             mean_s = (self._svc_sum + k0 * self._mean) / (self._svc_n + k0)
         mu = self._c / mean_s
         mu_k = rep(mu)
@@ -532,6 +540,11 @@ class FluidEngine:
         self._held = np.where(has, 0.0, held0 + arrivals)  # no replica: everybody waits
         in_after = (x * n_c).reshape(k, m).sum(axis=0) + self._held
         in_flight = np.where(has, (x_mean * n_c).reshape(k, m).sum(axis=0), held0 + 0.5 * arrivals)
+        # Requests left on removed replicas (as the DES counts them): each finishes at rate 1/mean_s once
+        # in service, so the pool decays exponentially; its mean over the tick is in flight.
+        keep = np.exp(-dt / mean_s)
+        in_flight = in_flight + self._draining * (1.0 - keep) * mean_s / dt
+        self._draining = self._draining * keep
 
         # A request arriving with no routable replica is settled late (module docstring): frac is 0 then.
         if self._cum is not None:
@@ -542,9 +555,8 @@ class FluidEngine:
             budget = rep(self._budget[i0:i1])
             if self._per_request and i1 > i0:
                 tm = self._t[i0:i1] - t0
-                d_i, e_end, e_mean = self._burst_delay(
-                    mi_k, rep(tm), rep(n_safe), mu_k, dt, self._excess[:km]
-                )
+                add = 1.0 / n_safe[mi]
+                d_i, e_end, e_mean = self._burst_delay(mi_k, rep(tm), rep(add), mu_k, dt, self._excess[:km])
                 rho_s = np.minimum(rho_e, self._rho_cap)
                 pw_s, dec_s = wait_params(rho_s * mu_k, c_k, mean_k, scv_k)
                 # Under Poisson arrivals the request-level backlog is not zero (it is the M/D/1 queue of
@@ -555,9 +567,10 @@ class FluidEngine:
                 d_i = np.maximum(d_i - (self._allow_k * allow + slack)[mi_k], 0.0)
                 wi = within_prob(budget - d_i, pw_s[mi_k], dec_s[mi_k]) * frac[mi_k]
                 self._excess[:km] = np.where(n_c > 0, e_end, 0.0)
-                if self._burst_in_flight:
-                    extra = np.maximum(e_mean - self._allow_k * allow * mu_k - slack * mu_k * self._slack_if, 0.0)
-                    in_flight = in_flight + (extra * n_c).reshape(k, m).sum(axis=0)
+                # The burst backlog is in flight too (HPA and KPA scale on it). Only the slack is not
+                # subtracted here: requests on free slots are in flight as well.
+                extra = np.maximum(e_mean - self._allow_k * allow * mu_k, 0.0)
+                in_flight = in_flight + (extra * n_c).reshape(k, m).sum(axis=0)
             else:
                 self._excess[:km] = np.maximum(self._excess[:km] - mu_k * dt, 0.0)
                 wi = within_prob(budget, p_wait[mi_k], decay[mi_k]) * frac[mi_k]
