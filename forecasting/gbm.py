@@ -124,6 +124,10 @@ class GlobalQuantileGBM:
         x, scale, tidx = self._features(padded, ii, tt)
         target = y[np.repeat(ii, self.h), tidx]
         ok = np.isfinite(target)
+        # A feature with no value at all in training (the hourly means of a day that lies before every
+        # short series' start) carries nothing and breaks the binner: drop it, at predict time too.
+        self.keep_ = np.isfinite(x[ok]).any(axis=0)
+        x = x[:, self.keep_]
         self.models_ = []
         for q in self.quantiles:
             reg = HistGradientBoostingRegressor(loss="quantile", quantile=q, random_state=self.random_state)
@@ -142,6 +146,7 @@ class GlobalQuantileGBM:
             ii = np.tile(np.arange(m), len(ts))
             tt = np.repeat(ts, m)
             x, scale, _ = self._features(padded, ii, tt)
+            x = x[:, self.keep_]
             for qi, reg in enumerate(self.models_):
                 pred = (reg.predict(x) * scale).reshape(len(ts), m, self.h)
                 out[a : a + len(ts), :, qi, :] = pred

@@ -36,12 +36,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forecasting.calibration import QuantileTracker
+from forecasting.calibration import QuantileTracker, pinball
 
 DEFAULT_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99)
 # Periods (seconds) of the timers that dominate serverless / batch traffic; used as "repeat the last
 # period" members when they are a whole number of steps.
 TIMER_PERIODS_S = (300.0, 600.0, 900.0, 1800.0, 3600.0)
+# Windows (steps) of the "recent-window quantile" candidates: for a mean-reverting or bursty series
+# the spread of its own recent values is a better upper quantile than any point plus an error.
+CLIMATE_WINDOWS = (16, 64)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,9 @@ class SlotwiseBatch:
             ]
         return out
 
+    def _n_cand(self) -> int:
+        return 1 + len(CLIMATE_WINDOWS) + (1 if self.season and self.horizon <= self.season else 0)
+
     def _build(self) -> None:
         m, h, q = self.n_series, self.horizon, len(self.levels)
         self.members_ = self._members()
@@ -164,6 +170,11 @@ class SlotwiseBatch:
         self._pend_s = np.ones((h, m, h))
         self._pend_point = np.zeros((h, m, h))
         self._pend_spread = np.zeros((h, m, h, q))
+        c = self._n_cand()
+        self._pend_cand = np.zeros((h, c, m, h, q))
+        self._pend_f = np.zeros((h, m, h, q))
+        self.qloss_ = np.zeros((c, m, h, q))
+        self.qn_ = np.zeros((c, m, h), dtype=np.int64)
         self._pend_ok = np.zeros((h, m, h), dtype=bool)
         self.loss_ = np.zeros((j, m, h))
         self.n_scored_ = np.zeros((j, m, h), dtype=np.int64)
@@ -176,6 +187,8 @@ class SlotwiseBatch:
         self._init_spread = np.interp(self.levels, [0.5, 0.9, 0.99], [0.0, 1.0, 2.5])
         self.calib_ = QuantileTracker((m, h), self.levels, lr=self.calib_lr)
         self._cur_point = np.zeros((m, h))
+        self._cur_f = np.zeros((m, h, q))
+        self._qsel = np.zeros((m, h, q), dtype=np.int64)
         self._cur_spread = np.broadcast_to(self._init_spread, (m, h, q)).copy()
         self._cur_s = np.ones(m)
         self._ks = np.arange(h)
@@ -252,7 +265,16 @@ class SlotwiseBatch:
         self._res_pos = (self._res_pos + 1) % self.window
         self._res_n = min(self._res_n + 1, self.window)
         # ... and the tracker corrects whatever coverage error the window leaves.
-        self.calib_.update(score[..., None] - self._pend_spread[slot], mask=ok, clip=50.0)
+        # Quantile candidates (conformal point + spread, recent-window quantiles): pinball per level.
+        cand = self._pend_cand[slot]  # (C, M, h, Q)
+        pin = pinball(yy[None, :, :, None], cand, self.levels)
+        qn = self.qn_
+        a = (np.maximum(self.loss_decay, 1.0 / (qn + 1.0)) * ok[None])[..., None]
+        self.qloss_ += a * (pin - self.qloss_)
+        self.qn_ = qn + ok[None]
+        # ... and the tracker corrects whatever coverage error the chosen quantile leaves.
+        final = (yy[..., None] - self._pend_f[slot]) / s[..., None]
+        self.calib_.update(final, mask=ok, clip=50.0)
 
     def _scale(self) -> np.ndarray:
         return np.maximum(np.maximum(self._fast, 0.2 * self._slow), max(self.unit, 1e-12))
@@ -320,6 +342,30 @@ class SlotwiseBatch:
         point = np.take_along_axis(pts, sel[None], axis=0)[0]  # (M, h)
         spread = self._spread()
         self._cur_point, self._cur_spread, self._cur_s = point, spread, s
+        cand = np.empty((self._n_cand(), self.n_series, h, len(self.levels)))
+        cand[0] = np.maximum(point[..., None] + spread * s[:, None, None], 0.0)
+        v = self._view()
+        for i, w in enumerate(CLIMATE_WINDOWS, start=1):
+            cand[i] = np.quantile(v[:, -w:], self.levels, axis=1).T[:, None, :]
+        if len(cand) > 1 + len(CLIMATE_WINDOWS):
+            # Seasonal climatology: the spread of the same time of day over the last days, moved by
+            # how today's last hour compares with theirs (the level correction of smean+level).
+            m = self.season
+            assert m is not None
+            days = min(self.season_days, max(1, int(self.n_obs_.max()) // m))
+            same = np.stack([v[:, -d * m + self._ks] for d in range(1, days + 1)], axis=2)  # (M, h, D)
+            w = max(1, m // 24)
+            lvl = np.mean([v[:, -d * m - w : -d * m].mean(axis=1) for d in range(1, days + 1)], axis=0)
+            shift = v[:, -w:].mean(axis=1) - lvl
+            cand[-1] = np.maximum(np.quantile(same, self.levels, axis=2).transpose(1, 2, 0) + shift[:, None, None], 0)
+        ok = self.qn_ >= self.min_scored
+        ok[0] = True
+        qsel = np.argmin(np.where(ok[..., None], self.qloss_, np.inf), axis=0)  # (M, h, Q)
+        self._qsel = qsel
+        f = np.take_along_axis(cand, qsel[None], axis=0)[0]
+        self._cur_f = f
+        self._pend_cand[(self.t_ + self._ks) % h, :, :, self._ks] = cand.transpose(2, 0, 1, 3)
+        self._pend_f[(self.t_ + self._ks) % h, :, self._ks] = f.transpose(1, 0, 2)
         slots = (self.t_ + self._ks) % h  # target t_ + k for step k+1
         self._pend_p[slots, :, :, self._ks] = pts.transpose(2, 0, 1)
         self._pend_valid[slots, :, :, self._ks] = valid[None]
@@ -348,8 +394,7 @@ class SlotwiseBatch:
     def predict_quantiles(self, h: int, quantiles: Sequence[float]) -> np.ndarray:
         """(M, len(quantiles), h): calibrated, clipped at 0, sorted across quantiles."""
         qs = np.asarray(quantiles, dtype=float)
-        spread = self._cur_spread + self.calib_.r_
-        f = self._cur_point[..., None] + spread * self._cur_s[:, None, None]  # (M, H, Q)
+        f = self._cur_f + self.calib_.r_ * self._cur_s[:, None, None]  # (M, H, Q)
         f = np.sort(np.maximum(f, 0.0), axis=-1).transpose(0, 2, 1)  # (M, Q, H)
         if h > self.horizon:
             f = np.concatenate([f, np.repeat(f[:, :, -1:], h - self.horizon, axis=2)], axis=2)
