@@ -28,29 +28,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from autoscaler.plan import Reason
-from autoscaler.policies.base import PolicyContext, PolicyResult
+from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
 from autoscaler.spec import ModelSpec
 
 _EPS = 1e-9
-
-
-def window_mean(samples: np.ndarray, step_s: float, window_s: float) -> float | None:
-    """Mean of the samples covering the last ``window_s`` (at least one sample); None without data.
-
-    The window is rounded to the nearest whole number of steps: rounding up would make a short window
-    (KPA's 6 s panic window on 5 s steps) twice as long and hide the very bursts it exists to catch.
-    """
-    if samples.size == 0:
-        return None
-    n = max(1, math.floor(window_s / step_s + 0.5)) if step_s > 0 else 1
-    tail = samples[-n:]
-    finite = tail[np.isfinite(tail)]
-    if finite.size == 0:
-        return None
-    return float(finite.mean())
 
 
 @dataclass(frozen=True)

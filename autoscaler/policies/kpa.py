@@ -26,8 +26,7 @@ import math
 from dataclasses import dataclass
 
 from autoscaler.plan import Reason
-from autoscaler.policies.base import PolicyContext, PolicyResult
-from autoscaler.policies.hpa import window_mean
+from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
 from autoscaler.spec import ModelSpec
 
 _EPS = 1e-9
