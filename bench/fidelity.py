@@ -41,7 +41,8 @@ import autoscaler.sim.run as sim_run
 from autoscaler.sim.des import DesEngine
 from autoscaler.sim.queueing import FluidEngine, QueueEngine, TickStats, Workload
 
-DATA = Path("/work/shared/data/azure_llm_2023")
+# ../shared/data next to the checkout, as in CI and the dev machines.
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure_llm_2023"
 
 
 def read_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -54,8 +54,12 @@ def _policies(arg: str) -> list[str]:
     return names
 
 
-def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 2.0) -> list[NodeSpec]:
+def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 3.0) -> list[NodeSpec]:
     """A cluster of MIG-enabled H100-80GB nodes with room for every model at its peak plus headroom.
+
+    The headroom is generous on purpose: reactive baselines overshoot the peak (HPA doubles, KPA panics),
+    and a comparison where the cluster, not the policy, limits them would say little about the policies.
+    GPU-hours count only what replicas hold, so unused nodes cost nothing in the scorecard.
 
     Each model's replica is placed once by the packer on an empty node to learn what one replica costs
     (a MIG slice, a share or whole GPUs), so the estimate follows the packer's real choices.
