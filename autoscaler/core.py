@@ -113,7 +113,7 @@ def _forecast(ms: ModelState, spec: ModelSpec, config: CoreConfig, step_s: float
     horizon_s = spec.cold_start_s + config.policy.tick_s + config.metric_lag_s
     h = max(1, math.ceil(horizon_s / step_s))
     q = ms.forecaster.predict_quantiles(h, config.quantiles)
-    return Forecast(quantiles=config.quantiles, values=np.max(q, axis=1), horizon_s=horizon_s)
+    return Forecast(quantiles=config.quantiles, values=q.max(axis=1), horizon_s=horizon_s)
 
 
 def _choose_removals(obs: ModelObservation, count: int) -> list[str]:

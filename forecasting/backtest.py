@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from forecasting.calibration import pinball
+from forecasting.empirical import naive_quantiles, snaive_quantiles
 from forecasting.slotwise import SlotwiseBatch
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -67,51 +68,6 @@ def protocol_setup(n: int, step_s: float, start_tod_s: float = 0.0) -> Setup:
     s = math.ceil((n - h - half + 1) / MAX_ORIGINS)
     origins = np.arange(half, n - h + 1, s)
     return Setup(n, float(step_s), h, season, window, refit, lags, origins, start_tod_s)
-
-
-# ---------------------------------------------------------------- empirical baselines
-
-
-def _finish(pred: np.ndarray) -> np.ndarray:
-    """Every baseline clips at 0 and sorts across quantiles (axis -2)."""
-    return np.sort(np.maximum(pred, 0.0), axis=-2)
-
-
-def _quantile(x: np.ndarray, qs: np.ndarray) -> np.ndarray:
-    """Row-wise empirical quantiles (numpy 'linear'), NaN-aware; (M, n) -> (M, Q); 0 if no data."""
-    if x.shape[1] == 0:
-        return np.zeros((x.shape[0], len(qs)))
-    if np.isnan(x).any():
-        with np.errstate(all="ignore"):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                out = np.nanquantile(x, qs, axis=1).T
-        return np.nan_to_num(out, nan=0.0)
-    return np.quantile(x, qs, axis=1).T
-
-
-def naive_quantiles(y: np.ndarray, t: int, h: int, qs: np.ndarray, window: int) -> np.ndarray:
-    """Protocol naive at origin t for all series: (M, Q, h)."""
-    lo = max(0, t - window)
-    hist = y[:, lo:t]
-    last = y[:, t - 1]
-    out = np.empty((y.shape[0], len(qs), h))
-    for k in range(1, h + 1):
-        err = hist[:, k:] - hist[:, :-k] if hist.shape[1] > k else np.zeros((y.shape[0], 0))
-        out[:, :, k - 1] = last[:, None] + _quantile(err, qs)
-    return _finish(out)
-
-
-def snaive_quantiles(y: np.ndarray, t: int, h: int, qs: np.ndarray, window: int, season: int | None) -> np.ndarray:
-    """Protocol seasonal naive at origin t: (M, Q, h); naive without a season or a full season."""
-    if season is None or t <= season or h > season:
-        return naive_quantiles(y, t, h, qs, window)
-    lo = max(t - window, season)
-    res = y[:, lo:t] - y[:, lo - season : t - season]
-    point = y[:, t - season : t - season + h]  # y[t+k-1-m], k = 1..h
-    return _finish(point[:, None, :] + _quantile(res, qs)[:, :, None])
 
 
 # ---------------------------------------------------------------- scoring
@@ -171,7 +127,7 @@ def slotwise_batch(n_series: int, setup: Setup, qs: np.ndarray) -> SlotwiseBatch
 
 def run_slotwise(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:
     model = slotwise_batch(y.shape[0], setup, qs)
-    model.update(y[:, : setup.first])  # warm start: replay the history seen at the first origin
+    model.warm_start(y[:, : setup.first])  # the history seen at the first origin
     out = []
     origins = setup.origins
     for i, t in enumerate(origins):
@@ -280,9 +236,7 @@ def backtest(
         table[name] = entry
         if log:
             r = score.result()
-            log(
-                f"  {name}: wQL {r['wql']}  cov {r['coverage']}  {entry['ms_per_forecast']:.3f} ms/forecast"
-            )
+            log(f"  {name}: wQL {r['wql']}  cov {r['coverage']}  {entry['ms_per_forecast']:.3f} ms/forecast")
     result["forecasters"] = table
     result["best_baseline"] = _best_baselines(table)
     return result

@@ -38,6 +38,7 @@ class GlobalQuantileGBM:
         step_s: float = 60.0,
         start_tod_s: float = 0.0,
         max_rows: int = MAX_ROWS,
+        max_iter: int = 100,
         random_state: int = 0,
     ) -> None:
         self.h = h
@@ -47,6 +48,7 @@ class GlobalQuantileGBM:
         self.step_s = step_s
         self.start_tod_s = start_tod_s
         self.max_rows = max_rows
+        self.max_iter = max_iter
         self.random_state = random_state
 
     # -------------------------------------------------------------- features
@@ -130,7 +132,9 @@ class GlobalQuantileGBM:
         x = x[:, self.keep_]
         self.models_ = []
         for q in self.quantiles:
-            reg = HistGradientBoostingRegressor(loss="quantile", quantile=q, random_state=self.random_state)
+            reg = HistGradientBoostingRegressor(
+                loss="quantile", quantile=q, max_iter=self.max_iter, random_state=self.random_state
+            )
             reg.fit(x[ok], (target / scale)[ok], sample_weight=scale[ok])
             self.models_.append(reg)
         return self

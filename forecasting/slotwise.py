@@ -7,16 +7,19 @@ daily seasonal chat traffic, level shifts when a client moves traffic. No single
 them, and the controller must forecast every model on every tick. So each series gets a small library
 of members that cost a few array operations each (last value, moving means, exponential smoothing at
 three speeds, repeat-the-last-period for timer periods, seasonal naive / seasonal means with a level
-correction), and per (series, horizon step, quantile level) the member with the lowest exponentially
-weighted pinball loss over the recent past is used. That choice adapts online: when the series
-changes character, another member takes over within a few dozen steps, and nothing is fitted to a
-particular data set.
+correction), and per (series, horizon step) the member with the lowest exponentially weighted
+absolute error (pinball at the median) over the recent past gives the point forecast. That choice
+adapts online: when the series changes character, another member takes over within a few dozen steps,
+and nothing is fitted to a particular data set.
 
-Quantiles are ``point + r * scale``: ``scale`` is a running level of the series (so intervals follow
-day/night swings and level shifts at once) and ``r`` is tracked per member, series, step and level by
-the conformal quantile tracker of :mod:`forecasting.calibration`, which guarantees long-run coverage
-at the nominal level. Picking the member with the lowest loss is itself a data-dependent choice, so a
-second tracker calibrates the combined output the same way.
+Quantiles: per (series, step, level) the candidate with the lowest running pinball loss among
+(a) the combined point plus the empirical quantiles of its recent errors, relative to a running level
+of the series (split-conformal on a sliding window, so intervals follow day/night swings and level
+shifts), (b) the empirical quantiles of the series' own last 16 / 64 values (a mean-reverting or bursty
+series is better described by its recent spread than by a point plus an error) and (c) with a season,
+the level-corrected spread of the same time of day over the last days. Choosing by loss is itself a
+data-dependent step, so a conformal quantile tracker (:mod:`forecasting.calibration`) calibrates the
+final quantile and guarantees long-run coverage at the nominal level.
 
 :class:`SlotwiseBatch` runs M series in lock step (the backtest, the 1,000-series benchmark);
 :class:`SlotwiseForecaster` is the per-model object the controller holds (one series, same code).
@@ -81,9 +84,11 @@ class SlotwiseBatch:
     unit: one request in the input's units (1 for counts per step, 1/step_s for req/s): the floor of
         the scale, so an idle series is not judged in relative error against a level of zero.
     loss_decay: weight of the newest loss in the running pinball loss (memory ~ 1/loss_decay steps).
-    lr: conformal tracker learning rate (relative to the running |score|).
+    calib_lr: learning rate of the calibration tracker (relative to the running |score|).
+    window: recent errors kept per (series, step) for the conformal spread.
     min_scored: a member is eligible once it has been scored this many times (at that step).
     season_days: days averaged by the seasonal-mean members.
+    replay: steps of a warm-start history run through the full online updates (see warm_start).
     prior: per-series prior rate used while a series has no observation (None = 0).
     """
 
@@ -96,11 +101,11 @@ class SlotwiseBatch:
         step_s: float | None = None,
         unit: float = 0.0,
         loss_decay: float = 0.02,
-        lr: float = 0.05,
         calib_lr: float = 0.02,
         min_scored: int = 10,
         window: int = 256,
         season_days: int = 7,
+        replay: int = 1024,
         prior: np.ndarray | float | None = None,
     ) -> None:
         self.n_series = int(n_series)
@@ -112,11 +117,11 @@ class SlotwiseBatch:
         self.step_s = step_s
         self.unit = float(unit)
         self.loss_decay = float(loss_decay)
-        self.lr = float(lr)
         self.calib_lr = float(calib_lr)
         self.min_scored = int(min_scored)
         self.window = max(2, int(window))
         self.season_days = max(1, int(season_days))
+        self.replay = max(1, int(replay))
         self.prior = prior
         self._build()
 
@@ -221,14 +226,28 @@ class SlotwiseBatch:
             self._step(y[:, c])
         return self
 
-    def _step(self, y: np.ndarray) -> None:
+    def warm_start(self, y: np.ndarray) -> SlotwiseBatch:
+        """Start from a history (M, T): the last ``replay`` steps go through the online updates (members
+        scored, windows and trackers filled exactly as live); older steps only fill the lags and levels,
+        so a week of 10-second history costs a fraction of a second, not a minute."""
+        y = np.asarray(y, dtype=float)
+        if y.ndim == 1:
+            y = y[:, None]
+        old = max(0, y.shape[1] - self.replay)
+        for c in range(old):
+            self._step(y[:, c], score=False)
+        if old:
+            self._origin()
+        return self.update(y[:, old:])
+
+    def _step(self, y: np.ndarray, score: bool = True) -> None:
         slot = self.t_ % self.horizon
         seen = np.isfinite(y)
-        if self.t_ > 0:
+        if self.t_ > 0 and score:
             self._score(slot, y, seen)
         # Impute a gap with the one-step median forecast (else the last value), so lags stay sane.
         if not seen.all():
-            fill = np.where(self._pend_ok[slot, :, 0], self._cur_median1(slot), self._view()[:, -1])
+            fill = np.where(self._pend_ok[slot, :, 0] & score, self._cur_median1(slot), self._view()[:, -1])
             y = np.where(seen, y, fill)
         y = np.maximum(y, 0.0)
         first = self.n_obs_ == 0
@@ -239,7 +258,8 @@ class SlotwiseBatch:
         self._fast = np.where(first, ay, self._fast + 0.1 * (ay - self._fast))
         self._slow = np.where(first, ay, self._slow + 0.01 * (ay - self._slow))
         self.t_ += 1
-        self._origin()
+        if score:
+            self._origin()
 
     def _cur_median1(self, slot: int) -> np.ndarray:
         return np.maximum(self._pend_point[slot, :, 0], 0.0)
@@ -438,7 +458,6 @@ class SlotwiseForecaster:
         step_s: float | None = None,
         unit: float = 0.0,
         loss_decay: float = 0.02,
-        lr: float = 0.05,
         calib_lr: float = 0.02,
         prior_rate: float | None = None,
     ) -> None:
@@ -448,7 +467,6 @@ class SlotwiseForecaster:
         self.step_s = step_s
         self.unit = unit
         self.loss_decay = loss_decay
-        self.lr = lr
         self.calib_lr = calib_lr
         self.prior_rate = prior_rate
         self.batch_: SlotwiseBatch | None = None
@@ -462,14 +480,16 @@ class SlotwiseForecaster:
             step_s=self.step_s,
             unit=self.unit,
             loss_decay=self.loss_decay,
-            lr=self.lr,
             calib_lr=self.calib_lr,
             prior=self.prior_rate,
         )
 
     def fit(self, y: np.ndarray) -> SlotwiseForecaster:
         self.batch_ = self._new()
-        return self.update(y)
+        y = np.asarray(y, dtype=float).ravel()
+        if y.size:
+            self.batch_.warm_start(y[None, :])
+        return self
 
     def update(self, y_new: np.ndarray) -> SlotwiseForecaster:
         if self.batch_ is None:

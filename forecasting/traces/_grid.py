@@ -56,9 +56,7 @@ def assemble(points: list[ModelPoints], source: str, t_field: str = "t") -> Grid
                 )
     diffs = [np.diff(p.t) for p in points if len(p.t) > 1]
     if not diffs:
-        raise TraceFormatError(
-            source, None, t_field, "cannot infer the step: every model has a single time point"
-        )
+        raise TraceFormatError(source, None, t_field, "cannot infer the step: every model has a single time point")
     step = float(min(float(d.min()) for d in diffs))
     t0 = float(min(float(p.t[0]) for p in points))
     tol = _GRID_RTOL * step

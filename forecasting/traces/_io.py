@@ -201,9 +201,7 @@ def _check_header(path: str, line: int, row: list[str]) -> list[str]:
 def _check_width(path: str, line: int, head: list[str], row: list[str]) -> None:
     n = len(head)
     if len(row) < n:
-        raise TraceFormatError(
-            path, line, head[len(row)], f"missing value (row has {len(row)} of {n} fields)"
-        )
+        raise TraceFormatError(path, line, head[len(row)], f"missing value (row has {len(row)} of {n} fields)")
     if len(row) > n:
         raise TraceFormatError(path, line, None, f"too many fields ({len(row)}, header has {n})")
 
@@ -287,11 +285,7 @@ def check_range(
         v = arr[i]
         row = int(rows[i]) if rows is not None else i
         if np.isnan(v):
-            msg = (
-                "missing value"
-                if not table.rows[row][table.header.index(name)].strip()
-                else "NaN not allowed"
-            )
+            msg = "missing value" if not table.rows[row][table.header.index(name)].strip() else "NaN not allowed"
         elif np.isinf(v):
             msg = "infinite value"
         else:

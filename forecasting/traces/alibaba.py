@@ -116,15 +116,12 @@ class PodTable:
             f"pods: {len(self)} ({int(gpu.sum())} request GPUs, {len(self) - int(gpu.sum())} CPU-only)",
             f"GPU-sharing pods: {int(self.sharing.sum())} ({self.sharing_fraction:.1%} of GPU pods)",
             f"GPU demand: {self.gpu_demand:.1f} GPUs; CPU demand: {self.cpu_milli.sum() / 1000:g} cores",
-            "GPUs per pod: "
-            + ", ".join(f"{k}x{v}" for k, v in sorted(Counter(self.num_gpu[gpu].tolist()).items())),
+            "GPUs per pod: " + ", ".join(f"{k}x{v}" for k, v in sorted(Counter(self.num_gpu[gpu].tolist()).items())),
             f"constrained to GPU models: {int((self.gpu_spec != '').sum())} pods",
         ]
         for label, arr in (("qos", self.qos), ("phase", self.phase)):
             if arr is not None:
-                lines.append(
-                    f"{label}: " + ", ".join(f"{k} {v}" for k, v in Counter(arr.tolist()).most_common())
-                )
+                lines.append(f"{label}: " + ", ".join(f"{k} {v}" for k, v in Counter(arr.tolist()).most_common()))
         return lines
 
 

@@ -75,9 +75,7 @@ def invocation_file(path: Path) -> Path:
     """A folder resolves to its single ``invocations*.csv[.gz]`` file."""
     if not path.is_dir():
         return path
-    found = sorted(
-        p for p in path.iterdir() if p.name.lower().startswith("invocations") and _is_csv(p) and p.is_file()
-    )
+    found = sorted(p for p in path.iterdir() if p.name.lower().startswith("invocations") and _is_csv(p) and p.is_file())
     if len(found) != 1:
         what = "no" if not found else f"{len(found)}"
         raise TraceFormatError(str(path), None, None, f"{what} invocations*.csv files in folder; name one")
@@ -111,25 +109,19 @@ def read_azure_functions(path: str | Path) -> RateSeries:
     path = invocation_file(Path(path))
     table = read_csv(path, numeric=lambda head: [i for i, _ in count_columns(head)])
     if table.matrix is None:
-        raise TraceFormatError(
-            table.path, 1, None, "no per-minute count columns (named by minute number or minute_N)"
-        )
+        raise TraceFormatError(table.path, 1, None, "no per-minute count columns (named by minute number or minute_N)")
     fi = table.index("HashFunction")
     assert fi is not None
     minutes = [m for _, m in count_columns(table.matrix_columns)]
     for k in range(1, len(minutes)):
         if minutes[k] <= minutes[k - 1]:
-            raise TraceFormatError(
-                table.path, 1, table.matrix_columns[k], "minute columns must be in increasing order"
-            )
+            raise TraceFormatError(table.path, 1, table.matrix_columns[k], "minute columns must be in increasing order")
     counts = table.matrix
     bad = ~np.isfinite(counts) | (counts < 0)
     if bad.any():
         r, c = np.argwhere(bad)[0]
         v = counts[r, c]
-        raise table.error(
-            int(r), table.matrix_columns[c], "negative count" if v < 0 else "not a finite count"
-        )
+        raise table.error(int(r), table.matrix_columns[c], "negative count" if v < 0 else "not a finite count")
 
     hashes = [v.strip() for v in table.column(fi)]
     if not all(hashes):

@@ -226,12 +226,7 @@ def write_requests(log: RequestLog, path: str | Path, *, t_decimals: int | None 
     if log.service_s is not None:
         cols.append(("service_s", [fmt_float(x) for x in log.service_s.tolist()]))
     for key, value in log.meta.items():
-        if (
-            isinstance(value, np.ndarray)
-            and value.ndim == 1
-            and len(value) == n
-            and key not in REQUEST_COLUMNS
-        ):
+        if isinstance(value, np.ndarray) and value.ndim == 1 and len(value) == n and key not in REQUEST_COLUMNS:
             cols.append((key, [_cell(x) for x in value.tolist()]))
     with open_text_write(path) as f:
         w = csv.writer(f, lineterminator="\n")
@@ -309,16 +304,12 @@ def write_rates(series: RateSeries, path: str | Path) -> Path:
     # Times are rounded to nanoseconds so start + k*step float noise does not leak into the text.
     times = [fmt_time(series.start_s + k * series.step_s, 9) for k in range(n_steps)]
     rate_text = [[fmt_float(x) for x in row] for row in rates.tolist()]
-    extra_text = {
-        k: [[_cell(x) if x == x else "" for x in row] for row in v.tolist()] for k, v in extras.items()
-    }
+    extra_text = {k: [[_cell(x) if x == x else "" for x in row] for row in v.tolist()] for k, v in extras.items()}
     with open_text_write(path) as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow([*RATE_COLUMNS, *extras])
         for k in range(n_steps):
             for m in range(n_models):
-                w.writerow(
-                    [times[k], series.models[m], rate_text[m][k], *(extra_text[e][m][k] for e in extras)]
-                )
+                w.writerow([times[k], series.models[m], rate_text[m][k], *(extra_text[e][m][k] for e in extras)])
     write_side(path, series.meta, series.models)
     return path

@@ -26,9 +26,7 @@ def to_rate_series(log: RequestLog, step_s: float, n_steps: int | None = None) -
     keep = k < n_steps
     flat = log.model_index[keep].astype(np.int64) * n_steps + k[keep]
     counts = np.bincount(flat, minlength=n_models * n_steps).reshape(n_models, n_steps)
-    meta: dict[str, object] = {
-        key: v for key, v in log.meta.items() if not isinstance(v, (np.ndarray, tuple))
-    }
+    meta: dict[str, object] = {key: v for key, v in log.meta.items() if not isinstance(v, (np.ndarray, tuple))}
     meta["binned_from"] = log.source
     for key, values in (
         ("mean_input_tokens", log.input_tokens),
@@ -64,11 +62,7 @@ def rebin(series: RateSeries, factor: int) -> RateSeries:
         raise ValueError(f"rebin factor must be >= 1, got {factor}")
     n = series.n_steps // factor
     rates = series.rates[:, : n * factor].reshape(len(series.models), n, factor).mean(axis=2)
-    meta = {
-        k: v
-        for k, v in series.meta.items()
-        if not (isinstance(v, np.ndarray) and v.shape == series.rates.shape)
-    }
+    meta = {k: v for k, v in series.meta.items() if not (isinstance(v, np.ndarray) and v.shape == series.rates.shape)}
     return RateSeries(
         rates=rates,
         models=series.models,

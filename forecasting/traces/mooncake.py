@@ -47,16 +47,12 @@ def read_mooncake(path: str | Path, model: str | None = None) -> RequestLog:
             if stamp < 0:
                 raise TraceFormatError(spath, lineno, "timestamp", f"negative time {stamp}")
             if ts and stamp < ts[-1]:
-                raise TraceFormatError(
-                    spath, lineno, "timestamp", f"time goes backwards ({stamp} after {ts[-1]})"
-                )
+                raise TraceFormatError(spath, lineno, "timestamp", f"time goes backwards ({stamp} after {ts[-1]})")
             ts.append(float(stamp))
             for key, out in lengths.items():
                 out.append(_count(obj[key], spath, lineno, key))
             hashes = obj.get("hash_ids", [])
-            if not isinstance(hashes, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) for h in hashes
-            ):
+            if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
                 raise TraceFormatError(spath, lineno, "hash_ids", "expected a list of integers")
             ids.extend(hashes)
             offsets.append(len(ids))

@@ -31,16 +31,10 @@ class TraceFormat:
 FORMATS: dict[str, TraceFormat] = {
     f.name: f
     for f in (
-        TraceFormat(
-            "requests", "requests", read_requests, "canonical request log t,model[,tokens][,service_s]"
-        ),
+        TraceFormat("requests", "requests", read_requests, "canonical request log t,model[,tokens][,service_s]"),
         TraceFormat("rates", "rates", read_rates, "canonical rate series t,model,rate"),
-        TraceFormat(
-            "azure-llm-2023", "requests", read_azure_llm, "Azure LLM TIMESTAMP,ContextTokens,GeneratedTokens"
-        ),
-        TraceFormat(
-            "azure-functions-2019", "rates", read_azure_functions, "Azure Functions per-minute invocations"
-        ),
+        TraceFormat("azure-llm-2023", "requests", read_azure_llm, "Azure LLM TIMESTAMP,ContextTokens,GeneratedTokens"),
+        TraceFormat("azure-functions-2019", "rates", read_azure_functions, "Azure Functions per-minute invocations"),
         TraceFormat("servegen", "rates", read_servegen, "ServeGen folder of chunk-<id>-trace.csv windows"),
         TraceFormat("mooncake", "requests", read_mooncake, "Mooncake JSONL timestamp/input/output_length"),
         TraceFormat("alibaba-gpu-nodes", "nodes", read_nodes, "Alibaba GPU v2023 node list"),

@@ -152,7 +152,8 @@ class TargetShapes:
     gpu_milli: np.ndarray  # int64
     num_gpu: np.ndarray  # int64
     spec: tuple[str, ...]
-    p: np.ndarray  # float64
+    counts: np.ndarray  # int64 pods of each shape in the trace
+    p: np.ndarray  # float64, counts renormalised
     coverage: float  # fraction of trace pods the kept shapes cover
     total_shapes: int
 
@@ -196,6 +197,7 @@ def target_shapes(pods: Pods, coverage: float = TARGET_COVERAGE) -> TargetShapes
         gpu_milli=np.array([s[1] for s, _ in kept], dtype=np.int64),
         num_gpu=np.array([s[2] for s, _ in kept], dtype=np.int64),
         spec=tuple(s[3] for s, _ in kept),
+        counts=w.astype(np.int64),
         p=w / w.sum(),
         coverage=acc / total if total else 0.0,
         total_shapes=len(counts),
@@ -241,3 +243,63 @@ def tune_rows(pods: Pods, total_gpus: int, seed: int, ratio: float = TUNE_RATIO)
 def random_arrival(pods: Pods, n_nodes: int, total_gpus: int, seed: int) -> Arrival:
     rng = np.random.default_rng([seed, 1])
     return Arrival(tune_rows(pods, total_gpus, seed), rng.permutation(n_nodes).astype(np.int64), seed)
+
+
+def _read_csv(path: str) -> tuple[list[str], list[list[str]]]:
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        raise ValueError(f"{path}: empty file")
+    return [h.strip() for h in rows[0]], [r for r in rows[1:] if r]
+
+
+def _col(header: list[str], rows: list[list[str]], name: str, path: str, default: str | None = None) -> list[str]:
+    if name not in header:
+        if default is not None:
+            return [default] * len(rows)
+        raise ValueError(f"{path}: no column {name!r} (have {', '.join(header)})")
+    i = header.index(name)
+    return [r[i].strip() if i < len(r) else "" for r in rows]
+
+
+def _ints(vals: list[str], name: str, path: str) -> list[int]:
+    try:
+        return [int(float(v)) if v else 0 for v in vals]
+    except ValueError as e:
+        raise ValueError(f"{path}: column {name!r}: {e}") from None
+
+
+def read_cluster_csv(path: str, gpu_only: bool = True) -> Cluster:
+    """An Alibaba node list (``sn,cpu_milli,memory_mib,gpu,model``) as a :class:`Cluster`.
+
+    A stdlib reader so ``sharing`` needs nothing beyond numpy; ``forecasting.traces.alibaba`` has
+    the full-featured one for inspection.
+    """
+    h, rows = _read_csv(path)
+    return Cluster.from_columns(
+        _col(h, rows, "sn", path),
+        _ints(_col(h, rows, "cpu_milli", path), "cpu_milli", path),
+        _ints(_col(h, rows, "memory_mib", path), "memory_mib", path),
+        _ints(_col(h, rows, "gpu", path), "gpu", path),
+        _col(h, rows, "model", path, default=""),
+        gpu_only=gpu_only,
+    )
+
+
+def read_pods_csv(path: str) -> Pods:
+    """An Alibaba pod list (``name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]``), sorted by name
+    as the protocol's pool is."""
+    h, rows = _read_csv(path)
+    names = _col(h, rows, "name", path)
+    order = sorted(range(len(rows)), key=lambda i: names[i])
+    rows = [rows[i] for i in order]
+    return Pods.from_columns(
+        _col(h, rows, "name", path),
+        _ints(_col(h, rows, "cpu_milli", path), "cpu_milli", path),
+        _ints(_col(h, rows, "memory_mib", path), "memory_mib", path),
+        _ints(_col(h, rows, "num_gpu", path), "num_gpu", path),
+        _ints(_col(h, rows, "gpu_milli", path), "gpu_milli", path),
+        _col(h, rows, "gpu_spec", path, default=""),
+    )
