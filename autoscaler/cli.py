@@ -9,13 +9,14 @@ from forecasting.traces.model import TraceFormatError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoscaler.commands import packbench, simulate, trace
+    from autoscaler.commands import backtest, packbench, simulate, trace
 
     parser = argparse.ArgumentParser(prog="slotwise", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     trace.register(sub)
     simulate.register(sub)
     packbench.register(sub)
+    backtest.register(sub)
     return parser
 
 
