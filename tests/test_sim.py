@@ -391,3 +391,16 @@ def test_same_run_twice_same_result() -> None:
     np.testing.assert_array_equal(r1.minute_within, r2.minute_within)
     np.testing.assert_array_equal(r1.minute_replicas, r2.minute_replicas)
     assert r1.gpu_hours == r2.gpu_hours and r1.scale_events == r2.scale_events
+
+
+def test_shortfall_lasts_until_the_model_is_no_longer_unplaceable() -> None:
+    from autoscaler.plan import Shortfall, UpdateStatus
+
+    cluster, _ = make_cluster()
+    name = cluster.models[0]
+    cluster.apply(Plan(0.0, [Shortfall(name, 2, "full"), UpdateStatus(name, 3, 1, Reason.UNPLACEABLE)]))
+    assert cluster.shortfall[0] == 2
+    cluster.apply(Plan(10.0, [Shortfall(name, 1, "full")]))  # still unplaceable, smaller gap
+    assert cluster.shortfall[0] == 1
+    cluster.apply(Plan(20.0, [UpdateStatus(name, 1, 1, Reason.STABLE)]))  # demand fell back to what fits
+    assert cluster.shortfall[0] == 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.plan import PlaceReplica, Plan, RemoveReplica, ScaleModel, Shortfall
+from autoscaler.plan import PlaceReplica, Plan, Reason, RemoveReplica, ScaleModel, Shortfall, UpdateStatus
 from autoscaler.snapshot import ClusterSnapshot, ModelObservation, Replica
 from autoscaler.spec import ModelSpec, SpecError
 from sharing.slots import Inventory, NodeSpec, Slot
@@ -117,10 +117,10 @@ class SimCluster:
                     touched.add(i)
                 case Shortfall():
                     self.shortfall[self.index[a.model]] = a.missing
-        for a in plan.of_type(ScaleModel):
-            i = self.index[a.model]
-            if not any(isinstance(s, Shortfall) and s.model == a.model for s in plan.actions):
-                self.shortfall[i] = 0
+                case UpdateStatus() if a.reason is not Reason.UNPLACEABLE and a.model in self.index:
+                    # The core re-states a model's status whenever its reason changes: once it is no
+                    # longer unplaceable, its shortfall is over.
+                    self.shortfall[self.index[a.model]] = 0
         for i in touched:
             self._obs[i] = None
 
