@@ -10,7 +10,7 @@ from forecasting.traces.model import TraceFormatError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoscaler.commands import backtest, packbench, simulate, trace
+    from autoscaler.commands import backtest, migbench, packbench, simulate, trace
 
     parser = argparse.ArgumentParser(prog="slotwise", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.register(sub)
     packbench.register(sub)
     backtest.register(sub)
+    migbench.register(sub)
     return parser
 
 

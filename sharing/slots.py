@@ -23,6 +23,7 @@ of GPUs, and copies never see each other's changes.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -309,6 +310,17 @@ def _mask(start: int, size: int) -> int:
     return ((1 << size) - 1) << start
 
 
+# Owner names the project writes: the decision core's "<model>-<seq>" and place_batch's
+# "<model>/<i>" (".<n>" appended on a clash). Anything else is its own model.
+_OWNER_NAME = re.compile(r"^(?P<model>.+?)(?:-\d+|/\d+(?:\.\d+)?)$")
+
+
+def model_from_owner(owner: str) -> str:
+    """The model an owner name belongs to, read from the naming convention (fallback: the owner)."""
+    m = _OWNER_NAME.match(owner)
+    return m["model"] if m else owner
+
+
 class Inventory:
     """GPU devices of a cluster and what is allocated on them, with hard legality checks.
 
@@ -323,6 +335,7 @@ class Inventory:
         catalog: Catalog,
         share_reserve_gib: float,
         max_compute_oversubscription: float,
+        owner_models: dict[str, tuple[str, int]] | None = None,
     ) -> None:
         # Use from_nodes or copy; this constructor trusts its arguments.
         self._nodes = nodes
@@ -330,6 +343,10 @@ class Inventory:
         self._catalog = catalog
         self._reserve = share_reserve_gib
         self._oversub = max_compute_oversubscription
+        # owner -> (model, live slot count), for owners allocated with an explicit model. The
+        # count lets release forget the owner once its last slot goes, so a reused owner name
+        # never inherits a stale model. Derived data: left out of __eq__.
+        self._owner_models: dict[str, tuple[str, int]] = owner_models if owner_models is not None else {}
 
     @classmethod
     def from_nodes(
@@ -363,7 +380,9 @@ class Inventory:
     def copy(self) -> Inventory:
         # Node specs and device states are immutable, so sharing them is safe; only the dict of
         # device states is per-copy (O(devices) pointer copies, ~0.1 ms at 2,000 GPUs).
-        return Inventory(self._nodes, dict(self._devices), self._catalog, self._reserve, self._oversub)
+        return Inventory(
+            self._nodes, dict(self._devices), self._catalog, self._reserve, self._oversub, dict(self._owner_models)
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Inventory):
@@ -430,6 +449,19 @@ class Inventory:
 
     def slots_of(self, owner: str) -> list[Slot]:
         return [s for o, s in self.allocations() if o == owner]
+
+    def model_of(self, owner: str) -> str:
+        """The model an allocation serves: the one given to :meth:`allocate`, else read from the
+        owner name (``"<model>-<n>"`` or ``"<model>/<i>"``), else the owner name itself."""
+        hit = self._owner_models.get(owner)
+        return hit[0] if hit is not None else model_from_owner(owner)
+
+    def allocations_by_model(self) -> dict[str, list[tuple[str, Slot]]]:
+        """Every (owner, slot) grouped by :meth:`model_of` (what anti-affinity and re-layout read)."""
+        out: dict[str, list[tuple[str, Slot]]] = {}
+        for owner, s in self.allocations():
+            out.setdefault(self.model_of(owner), []).append((owner, s))
+        return out
 
     def allocated_gpu_fraction(self) -> float:
         """Sum of allocated slots' ``gpu_fraction`` over ``gpus_total`` (0 for an empty cluster)."""
@@ -634,10 +666,17 @@ class Inventory:
     def _put(self, d: DeviceState, **changes: object) -> None:
         self._devices[(d.node, d.index)] = replace(d, **changes)  # type: ignore[arg-type]
 
-    def allocate(self, slot: Slot, owner: str) -> None:
-        """Give ``slot`` to ``owner``; raises :class:`AllocationError` (a ValueError) if illegal."""
+    def allocate(self, slot: Slot, owner: str, model: str | None = None) -> None:
+        """Give ``slot`` to ``owner``; raises :class:`AllocationError` (a ValueError) if illegal.
+
+        ``model`` (optional) records which model the owner serves, for :meth:`model_of`; without
+        it the model is read from the owner name.
+        """
         if not owner:
             raise AllocationError("owner must be a non-empty string")
+        known = self._owner_models.get(owner)
+        if model is not None and known is not None and known[0] != model:
+            raise AllocationError(f"owner {owner!r} already serves model {known[0]!r}, not {model!r}")
         reason = self.why_not(slot)
         if reason is None and (owner, slot) in self._devices[(slot.node, slot.devices[0])].entries:
             reason = "already allocated to this owner"
@@ -646,6 +685,9 @@ class Inventory:
         for i in slot.devices:
             d = self._devices[(slot.node, i)]
             self._put(d, entries=tuple(sorted((*d.entries, (owner, slot)), key=_entry_key)))
+        if model is not None or known is not None:
+            name = model if model is not None else known[0]  # type: ignore[index]
+            self._owner_models[owner] = (name, (known[1] if known is not None else 0) + 1)
 
     def release(self, slot: Slot, owner: str) -> None:
         """Take ``slot`` back from ``owner``; raises KeyError if it is not allocated to them.
@@ -660,6 +702,12 @@ class Inventory:
             entries = list(d.entries)
             entries.remove((owner, slot))
             self._put(d, entries=tuple(entries))
+        known = self._owner_models.get(owner)
+        if known is not None:
+            if known[1] <= 1:
+                del self._owner_models[owner]
+            else:
+                self._owner_models[owner] = (known[0], known[1] - 1)
 
     def create_mig_instance(self, node: str, device: int, profile: str, start: int) -> None:
         """Pin an instance that exists without an occupant (a layout applied ahead of demand, or
