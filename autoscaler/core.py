@@ -34,7 +34,7 @@ from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, Mo
 from autoscaler.spec import ModelSpec
 from forecasting.base import Forecaster
 from forecasting.naive import LastValue
-from sharing.packer import FirstFitPacker, Packer
+from sharing.packer import CostAwarePacker, Packer
 from sharing.slots import Inventory, SlotRequest
 
 _EMPTY = np.zeros(0)
@@ -46,7 +46,7 @@ class CoreConfig:
     """Settings of the decision core. ``upper_quantile`` is the forecast quantile sizing provisions for."""
 
     policy: Policy
-    packer: Packer = field(default_factory=FirstFitPacker)
+    packer: Packer = field(default_factory=CostAwarePacker)
     forecaster_factory: Callable[[], Forecaster] = LastValue
     quantiles: tuple[float, ...] = (0.5, 0.9)
     upper_quantile: float = 0.9

@@ -65,11 +65,11 @@ def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 3.0)
     (a MIG slice, a share or whole GPUs), so the estimate follows the packer's real choices.
     """
     from autoscaler.core import slot_request
-    from sharing.packer import FirstFitPacker
+    from sharing.packer import CostAwarePacker
     from sharing.slots import Inventory
 
     probe = nodes_from_spec("8xH100-80GB:mig")
-    packer = FirstFitPacker()
+    packer = CostAwarePacker()
     gpus = 0.0
     for name, n in peak_replicas(workload, tick_s).items():
         spec = workload.specs[name]

@@ -24,6 +24,7 @@ from autoscaler.sim.engines import make_engine
 from autoscaler.sim.metrics import SimMetrics
 from autoscaler.sim.workload import SimWorkload, served_as
 from autoscaler.spec import ModelSpec
+from sharing.packer import Packer
 from sharing.slots import NodeSpec
 
 Progress = Callable[[float], None]  # called with the fraction done
@@ -65,14 +66,14 @@ class SimResult:
     invalid_models: dict[str, str] = field(default_factory=dict)
 
 
-def _warm_start(cluster: SimCluster, workload: SimWorkload, specs: dict[str, ModelSpec], dt: float) -> None:
+def _warm_start(
+    cluster: SimCluster, workload: SimWorkload, specs: dict[str, ModelSpec], dt: float, packer: Packer
+) -> None:
     """Begin as a running cluster would be: each model with the replicas its first minutes of load need
     (the same for every policy), so the run measures steady control, not a cold boot."""
     from autoscaler.capacity import min_replicas_for_slo
     from autoscaler.core import slot_request
-    from sharing.packer import FirstFitPacker
 
-    packer = FirstFitPacker()
     window = max(dt, 300.0)
     first = workload.arrivals_per_tick(window)[:, 0] / window
     profiles = workload.profiles
@@ -89,7 +90,7 @@ def _warm_start(cluster: SimCluster, workload: SimWorkload, specs: dict[str, Mod
             slot = packer.place(scratch, req)
             if slot is None:
                 break
-            scratch.allocate(slot, f"scratch-{r}")
+            scratch.allocate(slot, f"{name}-init{r}")  # the owner name preplace gives it
             slots.append(slot)
         cluster.preplace(name, slots)
 
@@ -114,12 +115,12 @@ def simulate(
     profiles = workload.profiles
     drain = np.array([min(cfg.drain_timeout_s, float(profiles[x].occupancy_s.max())) for x in models])
     cluster = SimCluster(nodes, models, specs, drain_s=drain, instant_start=policy.instant_start)
-    _warm_start(cluster, workload, good, dt)
+    core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0)
+    _warm_start(cluster, workload, good, dt, core.packer)
     metrics = SimMetrics(
         models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
     )
     engine = make_engine(cfg.mode, workload, dt, seed=cfg.seed)
-    core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0)
     state = fresh_state(profiles=profiles)
     future = workload.arrivals_per_tick(dt) / dt if getattr(policy, "instant_start", False) else None
 
