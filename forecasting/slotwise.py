@@ -280,10 +280,13 @@ class SlotwiseBatch:
         self.n_scored_ = n + valid
         # Combined forecast: its relative error joins the conformal window ...
         score = (yy - self._pend_point[slot]) / s
-        # (a relative error of 50 says "outlier", not "widen by 50x")
-        self._res[:, :, self._res_pos] = np.where(ok, np.clip(score, -50.0, 50.0), np.nan)
-        self._res_pos = (self._res_pos + 1) % self.window
-        self._res_n = min(self._res_n + 1, self.window)
+        # Until every step k has a forecast to score (the first h steps) the window is left alone: a
+        # NaN in it would send every later step down the slow NaN-aware quantile path.
+        if self._pend_ok[slot].any(axis=0).all():
+            # (a relative error of 50 says "outlier", not "widen by 50x")
+            self._res[:, :, self._res_pos] = np.where(ok, np.clip(score, -50.0, 50.0), np.nan)
+            self._res_pos = (self._res_pos + 1) % self.window
+            self._res_n = min(self._res_n + 1, self.window)
         # ... and the tracker corrects whatever coverage error the window leaves.
         # Quantile candidates (conformal point + spread, recent-window quantiles): pinball per level.
         cand = self._pend_cand[slot]  # (C, M, h, Q)
