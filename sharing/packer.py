@@ -63,6 +63,61 @@ def eligible_nodes(inv: Inventory, req: SlotRequest) -> Iterator[tuple[NodeSpec,
             yield node, inv.catalog.get(node.gpu_model)
 
 
+def _instance_free(d: DeviceState, p: MigProfile, start: int) -> bool:
+    """An empty instance exists at (p, start), or one can be created there."""
+    inst = (p.key, start)
+    if inst in d.instances():
+        return inst not in d.usage
+    return d.can_create(p, start)
+
+
+def partial_candidates(inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotRequest) -> Iterator[Slot]:
+    """Every legal partial slot (time-slice share or MIG instance) for ``req`` on device ``d``, in
+    first-fit's order: join a shared instance with room, else the smallest MIG profile that fits at
+    each free legal placement, else (share-only on a MIG GPU) a new shared instance. Each candidate is
+    confirmed by the Inventory, the one authority on legality."""
+    mem = req.memory_gib
+    assert mem is not None
+    # Any slot of ``mem`` GiB needs at least that much free memory: a cheap first cut that skips full
+    # devices without building candidate slots.
+    if d.whole_owner is not None or inv.free_memory_of(d) < mem:
+        return
+    share_ok = "share" in req.kinds
+    if not d.mig_enabled:
+        if share_ok:
+            slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction)
+            if inv.fits(slot):
+                yield slot
+        return
+    if share_ok:
+        for inst, u in d.usage.items():
+            if inst is not None and not u.exclusive and inv.share_room_gib(d, inst) >= mem:
+                slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, *inst)
+                if inv.fits(slot):
+                    yield slot
+    if "mig" in req.kinds:
+        for p in gpu.profiles_by_size():
+            if p.memory_gib < mem or gpu.compute_fraction(p) < req.compute_fraction:
+                continue
+            for start in p.placements:
+                if _instance_free(d, p, start):
+                    slot = Slot.mig(d.node, d.index, gpu, p.key, start)
+                    if inv.fits(slot):
+                        yield slot
+    elif share_ok:
+        need = mem + inv.share_reserve_gib
+        for p in gpu.profiles_by_size():
+            if p.memory_gib < need or gpu.compute_fraction(p) * inv.max_compute_oversubscription < (
+                req.compute_fraction
+            ):
+                continue
+            for start in p.placements:
+                if _instance_free(d, p, start):
+                    slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, p.key, start)
+                    if inv.fits(slot):
+                        yield slot
+
+
 class FirstFitPacker:
     """Scan nodes and devices in inventory order; take the first slot that fits.
 
@@ -90,55 +145,7 @@ class FirstFitPacker:
         return self._whole(inv, req) if "whole" in req.kinds else None
 
     def _partial(self, inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotRequest) -> Slot | None:
-        mem = req.memory_gib
-        assert mem is not None
-        # Any slot of ``mem`` GiB needs at least that much free memory: a cheap first cut that
-        # skips full devices without building candidate slots.
-        if d.whole_owner is not None or inv.free_memory_of(d) < mem:
-            return None
-        share_ok = "share" in req.kinds
-        if not d.mig_enabled:
-            if not share_ok:
-                return None
-            return self._confirm(inv, Slot.share(d.node, d.index, gpu, mem, req.compute_fraction))
-        if share_ok:
-            for inst, u in d.usage.items():
-                if inst is not None and not u.exclusive and inv.share_room_gib(d, inst) >= mem:
-                    slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, *inst)
-                    if inv.fits(slot):
-                        return slot
-        if "mig" in req.kinds:
-            for p in gpu.profiles_by_size():
-                if p.memory_gib < mem or gpu.compute_fraction(p) < req.compute_fraction:
-                    continue
-                for start in p.placements:
-                    if self._instance_free(d, p, start):
-                        return self._confirm(inv, Slot.mig(d.node, d.index, gpu, p.key, start))
-        elif share_ok:
-            need = mem + inv.share_reserve_gib
-            for p in gpu.profiles_by_size():
-                if p.memory_gib < need or gpu.compute_fraction(p) * inv.max_compute_oversubscription < (
-                    req.compute_fraction
-                ):
-                    continue
-                for start in p.placements:
-                    if self._instance_free(d, p, start):
-                        slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, p.key, start)
-                        return self._confirm(inv, slot)
-        return None
-
-    @staticmethod
-    def _instance_free(d: DeviceState, p: MigProfile, start: int) -> bool:
-        """An empty instance exists at (p, start), or one can be created there."""
-        inst = (p.key, start)
-        if inst in d.instances():
-            return inst not in d.usage
-        return d.can_create(p, start)
-
-    @staticmethod
-    def _confirm(inv: Inventory, slot: Slot) -> Slot | None:
-        # The Inventory is the one authority on legality; the shortcuts above only pick candidates.
-        return slot if inv.fits(slot) else None
+        return next(partial_candidates(inv, gpu, d, req), None)
 
     def _whole(self, inv: Inventory, req: SlotRequest) -> Slot | None:
         for node, gpu in eligible_nodes(inv, req):
@@ -291,7 +298,7 @@ class CostAwarePacker:
                     if d.mig_enabled in seen_idle:
                         continue
                     seen_idle.add(d.mig_enabled)
-                for slot in self._partial(inv, gpu, d, req):
+                for slot in partial_candidates(inv, gpu, d, req):
                     yield self._key(inv, gpu, d, slot, same_model, order), slot
             order += 1
 
@@ -315,47 +322,6 @@ class CostAwarePacker:
             d.index,
             -1 if slot.start is None else slot.start,
         )
-
-    @staticmethod
-    def _partial(inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotRequest) -> Iterator[Slot]:
-        mem = req.memory_gib
-        assert mem is not None
-        if d.whole_owner is not None or inv.free_memory_of(d) < mem:
-            return
-        share_ok = "share" in req.kinds
-        if not d.mig_enabled:
-            if share_ok:
-                slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction)
-                if inv.fits(slot):
-                    yield slot
-            return
-        if share_ok:
-            for inst, u in d.usage.items():
-                if inst is not None and not u.exclusive and inv.share_room_gib(d, inst) >= mem:
-                    slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, *inst)
-                    if inv.fits(slot):
-                        yield slot
-        if "mig" in req.kinds:
-            for p in gpu.profiles_by_size():
-                if p.memory_gib < mem or gpu.compute_fraction(p) < req.compute_fraction:
-                    continue
-                for start in p.placements:
-                    if FirstFitPacker._instance_free(d, p, start):
-                        slot = Slot.mig(d.node, d.index, gpu, p.key, start)
-                        if inv.fits(slot):
-                            yield slot
-        elif share_ok:
-            need = mem + inv.share_reserve_gib
-            for p in gpu.profiles_by_size():
-                if p.memory_gib < need or gpu.compute_fraction(p) * inv.max_compute_oversubscription < (
-                    req.compute_fraction
-                ):
-                    continue
-                for start in p.placements:
-                    if FirstFitPacker._instance_free(d, p, start):
-                        slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, p.key, start)
-                        if inv.fits(slot):
-                            yield slot
 
     @staticmethod
     def _whole(inv: Inventory, node: NodeSpec, gpu: GpuModel, req: SlotRequest) -> Slot | None:

@@ -373,3 +373,12 @@ def fmt_time(x: float, decimals: int | None) -> str:
     if decimals is None:
         return fmt_float(x)
     return fmt_float(round(float(x), decimals))
+
+
+def is_number(s: str) -> bool:
+    """Whether a field parses as a number (how header sniffing tells a header row from data)."""
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from forecasting.traces._io import sniff_header
+from forecasting.traces._io import is_number, sniff_header
 from forecasting.traces.alibaba import NodeTable, PodTable, read_nodes, read_pods
 from forecasting.traces.azure_functions import count_columns, read_azure_functions
 from forecasting.traces.azure_llm import read_azure_llm
@@ -43,14 +43,6 @@ FORMATS: dict[str, TraceFormat] = {
 }
 
 
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
-
-
 def detect_format(path: str | Path) -> str:
     """Guess the format from the folder contents, the extension, or the header line."""
     path = Path(path)
@@ -79,7 +71,7 @@ def detect_format(path: str | Path) -> str:
         return "alibaba-gpu-nodes"
     if {"num_gpu", "gpu_milli"} <= set(h):
         return "alibaba-gpu-pods"
-    if len(head) == 6 and _is_number(head[0]):
+    if len(head) == 6 and is_number(head[0]):
         return "servegen"
     raise TraceFormatError(
         str(path), 1, None, f"unrecognised trace format (header: {','.join(head)[:120]}); name it with --from"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from forecasting.traces._grid import ModelPoints, assemble
-from forecasting.traces._io import CsvTable, floats, read_csv, sniff_header
+from forecasting.traces._io import CsvTable, floats, is_number, read_csv, sniff_header
 from forecasting.traces.model import RateSeries, TraceFormatError
 
 COLUMNS = ("t_s", "rate_req_per_s", "cv", "iat_dist", "param1", "param2")
@@ -41,7 +41,7 @@ def chunk_files(path: Path) -> list[tuple[str, Path]]:
 def _read_chunk(path: Path) -> CsvTable:
     head = sniff_header(path)
     # Tolerate a header line someone added (first cell not a number); the dataset itself has none.
-    has_header = head is not None and not _is_number(head[0])
+    has_header = head is not None and not is_number(head[0])
     table = read_csv(path, header=has_header, names=None if has_header else COLUMNS)
     if len(table.header) != len(COLUMNS):
         raise TraceFormatError(
@@ -52,14 +52,6 @@ def _read_chunk(path: Path) -> CsvTable:
         )
     table.header = list(COLUMNS)
     return table
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
 
 
 def read_servegen(path: str | Path) -> RateSeries:
