@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -120,7 +121,7 @@ def run_policies(
         tick = min(cfg.tick_s, policy.tick_s)
         bar, cb = (None, None) if quiet else _progress(f"simulating {name}")
         try:
-            results[name] = simulate(workload, nodes, policy, SimConfig(**{**cfg.__dict__, "tick_s": tick}), cb)
+            results[name] = simulate(workload, nodes, policy, dataclasses.replace(cfg, tick_s=tick), cb)
         finally:
             if bar is not None:
                 bar.stop()
