@@ -116,6 +116,24 @@ def _fits(gpu: GpuModel, key: str, req: SlotRequest) -> bool:
     )
 
 
+def _eligible_nodes(nodes: Sequence[NodeSpec], cat: Catalog, req: SlotRequest) -> list[str]:
+    """Names of the nodes that could hold one replica of ``req``: its GPU kinds, and a slot big enough.
+
+    The packer's spread filter applies only when some candidate passes it, so a model whose
+    replicas fit on one node only is spread over that node's devices, not across nodes.
+    """
+    allowed = {cat.resolve(m) for m in req.gpu_models if m in cat} if req.gpu_models else None
+    out = []
+    for n in nodes:
+        gpu = cat.get(n.gpu_model)
+        if not n.gpu_count or (allowed is not None and gpu.name not in allowed):
+            continue
+        keys = [*_profile_keys(gpu), WHOLE] if n.mig_enabled and gpu.mig_capable else [WHOLE]
+        if any(_fits(gpu, k, req) for k in keys):
+            out.append(n.name)
+    return out
+
+
 def lower_bound(
     nodes: Sequence[NodeSpec],
     requests: Sequence[SlotRequest],
@@ -123,12 +141,19 @@ def lower_bound(
     *,
     exact: bool = True,
     objective: str = "gpus",
+    anti_affinity: bool = False,
     time_limit_s: float = 20.0,
 ) -> BoundResult:
     """Fewest GPUs (or least $/h) that can host ``requests`` on the GPUs of ``nodes``, from scratch.
 
     Each request is one replica needing one slot. ``exact`` solves the MILP (its ``lower_bound``
     is HiGHS's dual bound, equal to ``value`` when ``optimal``); otherwise the LP relaxation.
+    ``anti_affinity`` adds :class:`~sharing.packer.CostAwarePacker`'s spreading rule as a hard
+    constraint: a model with two or more replicas (by ``req.model``) never has them all on one node
+    when its GPU kinds span several nodes, else never all on one device. Capacity is then modelled
+    per node (per device on such a model's only node) instead of per kind, which is larger but
+    still solves in well under a second on <= 16 GPUs. The result bounds packings that keep
+    anti-affinity; it is infinite when none exists.
     Raises ValueError for requests the model cannot represent (time-slice shares, multi-GPU).
     """
     if objective not in ("gpus", "cost"):
@@ -140,42 +165,72 @@ def lower_bound(
             raise ValueError(f"{r.model}: time-slice shares are not modelled; a MIG/whole bound would be invalid")
         if r.gpus != 1:
             raise ValueError(f"{r.model}: multi-GPU replicas are not modelled")
-    # GPUs per kind: MIG-mode nodes offer MIG layouts and whole GPUs, others whole GPUs only.
-    kinds: dict[tuple[str, bool], int] = {}
+    # Units of capacity. Without anti-affinity GPUs of one kind are interchangeable, so a unit is
+    # a (kind, MIG mode); with it, where a replica sits matters, so a unit is a node, or a single
+    # device on a node that is some spread model's only eligible node (the packer's rule then
+    # spreads over devices, not nodes).
+    units: list[tuple[str, bool, int, str | None]] = []  # (kind, MIG mode, GPUs, node or None)
+    unit_of_kind: dict[tuple[str, bool], int] = {}
+    spread: dict[str, int] = {}  # model -> replicas, for models anti-affinity constrains
+    if anti_affinity:
+        for r in requests:
+            spread[r.model] = spread.get(r.model, 0) + 1
+        spread = {m: n for m, n in spread.items() if n >= 2}
+    eligible: dict[str, list[str]] = {m: _eligible_nodes(nodes, cat, r) for r in requests if (m := r.model) in spread}
+    split = {ns[0] for ns in eligible.values() if len(ns) == 1}
+    ordered: set[int] = set()  # unit u and u + 1 are devices of one split node
     for n in nodes:
+        if not n.gpu_count:
+            continue
         gpu = cat.get(n.gpu_model)
         k = (gpu.name, bool(n.mig_enabled and gpu.mig_capable))
-        kinds[k] = kinds.get(k, 0) + n.gpu_count
-    # Replicas with the same needs are interchangeable: one class each keeps the model small.
+        if not anti_affinity:
+            if k not in unit_of_kind:
+                unit_of_kind[k] = len(units)
+                units.append((k[0], k[1], 0, None))
+            u = unit_of_kind[k]
+            units[u] = (k[0], k[1], units[u][2] + n.gpu_count, None)
+        elif n.name in split:
+            # Each device its own unit; consecutive ones of this node are ordered below.
+            ordered.update(range(len(units), len(units) + n.gpu_count - 1))
+            units.extend((k[0], k[1], 1, f"{n.name}#{i}") for i in range(n.gpu_count))
+        else:
+            units.append((k[0], k[1], n.gpu_count, n.name))
+    total_gpus = sum(u[2] for u in units)
+
+    # Replicas with the same needs are interchangeable: one class each keeps the model small (with
+    # anti-affinity a spread model's replicas form their own class, so its spread can be limited).
+    def class_key(r: SlotRequest) -> tuple:
+        own = r.model if r.model in spread else None
+        return (r.memory_gib, r.compute_fraction, tuple(sorted(r.kinds)), tuple(r.gpu_models), own)
+
     classes: dict[tuple, int] = {}
-    for r in requests:
-        key = (r.memory_gib, r.compute_fraction, tuple(sorted(r.kinds)), tuple(r.gpu_models))
-        classes[key] = classes.get(key, 0) + 1
     class_reqs: dict[tuple, SlotRequest] = {}
     for r in requests:
-        class_reqs.setdefault((r.memory_gib, r.compute_fraction, tuple(sorted(r.kinds)), tuple(r.gpu_models)), r)
+        key = class_key(r)
+        classes[key] = classes.get(key, 0) + 1
+        class_reqs.setdefault(key, r)
 
-    # Variable layout: y[k, c] first, then z[i, k, p].
+    # Variable layout: y[u, c] first, then z[i, u, p].
     y_index: list[tuple[int, dict[str, int]]] = []
-    kind_list = list(kinds)
-    gpus_of = [cat.get(name) for name, _ in kind_list]
-    for ki, (_name, mig) in enumerate(kind_list):
-        layouts = mig_layouts(gpus_of[ki]) if mig else [{WHOLE: 1}]
+    gpus_of = [cat.get(u[0]) for u in units]
+    for ui, (_name, mig, _n, _node) in enumerate(units):
+        layouts = mig_layouts(gpus_of[ui]) if mig else [{WHOLE: 1}]
         for c in layouts:
-            y_index.append((ki, c))
+            y_index.append((ui, c))
     z_index: list[tuple[int, int, str]] = []
     class_list = list(classes)
     for ci, ck in enumerate(class_list):
         req = class_reqs[ck]
         allowed = {cat.resolve(m) for m in req.gpu_models if m in cat} if req.gpu_models else None
-        for ki, (name, mig) in enumerate(kind_list):
+        for ui, (name, mig, _n, _node) in enumerate(units):
             if allowed is not None and name not in allowed:
                 continue
-            gpu = gpus_of[ki]
+            gpu = gpus_of[ui]
             keys = [*_profile_keys(gpu), WHOLE] if mig else [WHOLE]
             for key in keys:
                 if _fits(gpu, key, req):
-                    z_index.append((ci, ki, key))
+                    z_index.append((ci, ui, key))
     ny, nz = len(y_index), len(z_index)
     nv = ny + nz
     price = np.array([gpus_of[ki].price_per_hour for ki, _ in y_index])
@@ -184,23 +239,23 @@ def lower_bound(
     if objective == "gpus":
         # A tiny price term picks the cheapest among GPU-optimal solutions without changing the optimum
         # (it is below one GPU in total).
-        c[:ny] += price / (price.sum() * (1 + sum(kinds.values())) + 1.0)
+        c[:ny] += price / (price.sum() * (1 + total_gpus) + 1.0)
     rows: list[np.ndarray] = []
     lo: list[float] = []
     hi: list[float] = []
-    for ki in range(len(kind_list)):
+    for ui, unit in enumerate(units):
         row = np.zeros(nv)
-        row[[j for j, (k, _) in enumerate(y_index) if k == ki]] = 1
+        row[[j for j, (k, _) in enumerate(y_index) if k == ui]] = 1
         rows.append(row)
         lo.append(0)
-        hi.append(kinds[kind_list[ki]])
+        hi.append(unit[2])
     for ci, ck in enumerate(class_list):
         row = np.zeros(nv)
         row[[ny + j for j, (i, _, _) in enumerate(z_index) if i == ci]] = 1
         rows.append(row)
         lo.append(classes[ck])
         hi.append(classes[ck])
-    for ki in range(len(kind_list)):
+    for ki in range(len(units)):
         keys = {key for (_, k, key) in z_index if k == ki}
         for key in keys:
             row = np.zeros(nv)
@@ -211,6 +266,28 @@ def lower_bound(
             rows.append(row)
             lo.append(-np.inf)
             hi.append(0)
+    # Anti-affinity, as the packer applies it: a spread model (>= 2 replicas) never has all of them
+    # in one unit (node, or device where its only eligible node was split into devices).
+    # (A model's replicas may form several classes if their requests differ: the row sums them.)
+    for m, n in spread.items():
+        mine = {ci for ci, ck in enumerate(class_list) if ck[-1] == m}
+        for ui in range(len(units)):
+            cols = [ny + j for j, (i, u, _) in enumerate(z_index) if i in mine and u == ui]
+            if cols:
+                row = np.zeros(nv)
+                row[cols] = 1
+                rows.append(row)
+                lo.append(-np.inf)
+                hi.append(n - 1)
+    # Devices split out of one node are interchangeable: use them in order (symmetry breaking,
+    # which keeps the exact solve fast without changing the optimum).
+    for ui in sorted(ordered):
+        row = np.zeros(nv)
+        row[[j for j, (k, _) in enumerate(y_index) if k == ui]] = -1
+        row[[j for j, (k, _) in enumerate(y_index) if k == ui + 1]] = 1
+        rows.append(row)
+        lo.append(-np.inf)
+        hi.append(0)
     if {i for i, _, _ in z_index} != set(range(len(class_list))):
         return BoundResult(
             "milp" if exact else "lp",
@@ -225,7 +302,7 @@ def lower_bound(
         )
     ub = np.full(nv, np.inf)
     for j, (ki, _) in enumerate(y_index):
-        ub[j] = kinds[kind_list[ki]]
+        ub[j] = units[ki][2]
     res = milp(
         c,
         constraints=LinearConstraint(np.array(rows), lo, hi),
@@ -252,5 +329,5 @@ def lower_bound(
     by_kind: dict[str, float] = {}
     for j, (ki, _) in enumerate(y_index):
         if y[j] > 1e-9:
-            by_kind[kind_list[ki][0]] = by_kind.get(kind_list[ki][0], 0.0) + float(y[j])
+            by_kind[units[ki][0]] = by_kind.get(units[ki][0], 0.0) + float(y[j])
     return BoundResult(method, objective, value, bound, gpus, cost, optimal, res.message, secs, by_kind)

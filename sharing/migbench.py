@@ -10,7 +10,12 @@ problem the MILP solves exactly (see :mod:`sharing.bounds`).
 
 Demand is drawn until the smallest-profile footprint reaches ``fill`` of the cluster, then
 trimmed until the exact bound says it fits, so every packer is asked a feasible question.
-Replicas arrive model by model in a random model order (how the decision core scales models up).
+Replicas arrive model by model in a random model order (how the decision core scales models up),
+or with ``order="decreasing"`` largest first (first-fit-decreasing, a batch planned at once).
+
+Two bounds per instance: the plain bin-packing optimum ("LB") and the optimum that also keeps the
+cost-aware packer's anti-affinity rule ("LB+AA", ``lower_bound(anti_affinity=True)``). Packers that
+spread replicas are held to LB+AA, the others (first-fit, ``-noaa``) to LB.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 
 from sharing.bounds import lower_bound
 from sharing.catalog import Catalog, load_catalog
-from sharing.packer import CostAwarePacker, FirstFitPacker, Packer, charged_fraction
+from sharing.packer import CostAwarePacker, FirstFitPacker, Packer, charged_fraction, consolidate
 from sharing.relayout import ModelDemand, relayout
 from sharing.slots import Inventory, NodeSpec, SlotRequest
 
@@ -61,7 +66,47 @@ class _NoSpread(CostAwarePacker):
         super().__init__(anti_affinity=False)
 
 
-PACKERS = ("first-fit", "cost-aware", "cost-aware-noaa")
+class _FewestGpus(CostAwarePacker):
+    """The cost-aware packer minimising GPUs (``objective="gpus"``), cost as the tie-break."""
+
+    name = "cost-aware-gpus"
+
+    reserve = True  # tell it the demand (CostAwarePacker.expect): keeps scarce big GPUs
+
+    def __init__(self) -> None:
+        super().__init__(objective="gpus")
+
+
+class _FewestGpusNoSpread(CostAwarePacker):
+    """Fewest GPUs without anti-affinity: the pure bin-packing comparison with the MILP."""
+
+    name = "cost-aware-gpus-noaa"
+
+    reserve = True  # tell it the demand (CostAwarePacker.expect): keeps scarce big GPUs
+
+    def __init__(self) -> None:
+        super().__init__(anti_affinity=False, objective="gpus")
+
+
+class _FewestGpusConsolidated(_FewestGpus):
+    """Fewest GPUs, then :func:`sharing.packer.consolidate`: empty devices the greedy order opened."""
+
+    name = "cost-aware-gpus+c"
+    consolidate = True
+
+
+PACKERS = (
+    "first-fit",
+    "cost-aware",
+    "cost-aware-noaa",
+    "cost-aware-gpus",
+    "cost-aware-gpus-noaa",
+    "cost-aware-gpus+c",
+)
+# Packers that keep anti-affinity are held to the bound that includes it; the others (first-fit and
+# the "-noaa" ones) to the plain bin-packing bound. Both bounds are reported for every packer.
+SPREADING = frozenset({"cost-aware", "cost-aware-gpus", "cost-aware-gpus+c"})
+ORDERS = ("model", "decreasing")
 
 
 def cluster(scenario: str) -> list[NodeSpec]:
@@ -140,20 +185,47 @@ def _fit(nodes: Sequence[NodeSpec], models: list[ModelShape], cat: Catalog, exac
     return models
 
 
-def pack(packer: Packer, nodes: Sequence[NodeSpec], models: Sequence[ModelShape], cat: Catalog) -> dict[str, Any]:
+def arrivals(models: Sequence[ModelShape], order: str = "model") -> list[tuple[ModelShape, int]]:
+    """Replica arrivals: model by model ("model"), or largest memory first ("decreasing", the
+    first-fit-decreasing order :func:`sharing.packer.place_batch` uses with ``decreasing=True``)."""
+    out = [(m, i) for m in models for i in range(m.replicas)]
+    if order == "decreasing":
+        out.sort(key=lambda a: -a[0].memory_gib)  # stable: a model's replicas stay together
+    elif order != "model":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    return out
+
+
+def pack(
+    packer: Packer, nodes: Sequence[NodeSpec], models: Sequence[ModelShape], cat: Catalog, order: str = "model"
+) -> dict[str, Any]:
     inv = Inventory.from_nodes(nodes, cat)
     t0 = time.perf_counter()
-    unplaced = 0
-    for m in models:
-        req = _request(m)
-        for i in range(m.replicas):
-            slot = packer.place(inv, req)
+    if getattr(packer, "reserve", False):
+        packer.expect(_requests(models))  # type: ignore[attr-defined]
+    missed: list[tuple[ModelShape, int]] = []
+    for m, i in arrivals(models, order):
+        slot = packer.place(inv, _request(m))
+        if slot is None:
+            missed.append((m, i))
+            continue
+        inv.allocate(slot, f"{m.name}-{i + 1}", model=m.name)
+    moves = 0
+    if getattr(packer, "consolidate", False):
+        reqs = {f"{m.name}-{i + 1}": _request(m) for m in models for i in range(m.replicas)}
+        inv, moves = consolidate(inv, packer, reqs)  # type: ignore[arg-type]
+        # Consolidating frees whole devices: a replica that found no room may fit now.
+        left = []
+        for m, i in missed:
+            slot = packer.place(inv, _request(m))
             if slot is None:
-                unplaced += 1
-                continue
-            inv.allocate(slot, f"{m.name}-{i + 1}", model=m.name)
+                left.append((m, i))
+            else:
+                inv.allocate(slot, f"{m.name}-{i + 1}", model=m.name)
+        missed = left
+    unplaced = len(missed)
     secs = time.perf_counter() - t0
-    return {"inventory": inv, **measure(inv), "unplaced": unplaced, "seconds": secs}
+    return {"inventory": inv, **measure(inv), "unplaced": unplaced, "moves": moves, "seconds": secs}
 
 
 def measure(inv: Inventory) -> dict[str, Any]:
@@ -190,16 +262,22 @@ def anti_affinity_violations(inv: Inventory) -> int:
     return bad
 
 
-def run_instance(scenario: str, seed: int, fill: float = 0.5, cat: Catalog | None = None) -> dict[str, Any]:
+def run_instance(
+    scenario: str, seed: int, fill: float = 0.5, cat: Catalog | None = None, order: str = "model"
+) -> dict[str, Any]:
     cat = cat if cat is not None else load_catalog()
     nodes = cluster(scenario)
     small = SCENARIOS[scenario][1]
     rng = np.random.default_rng(seed)
     models = _fit(nodes, draw_demand(rng, nodes, fill, cat), cat, exact=small)
-    order = rng.permutation(len(models))
-    models = [models[i] for i in order]
+    perm = rng.permutation(len(models))
+    models = [models[i] for i in perm]
     reqs = _requests(models)
     bound = lower_bound(nodes, reqs, cat, exact=small, time_limit_s=20)
+    aa = lower_bound(nodes, reqs, cat, exact=small, anti_affinity=True, time_limit_s=20)
+    # No spread placement at all (e.g. a model that fits on one single-GPU node): fall back to the
+    # plain bound, which still bounds the spreading packers (they then place with violations).
+    aa_lb = aa.gpu_bound if math.isfinite(aa.lower_bound) else bound.gpu_bound
     cost_bound = lower_bound(nodes, reqs, cat, exact=small, objective="cost", time_limit_s=20)
     gpu_lb = bound.gpu_bound
     row: dict[str, Any] = {
@@ -212,19 +290,34 @@ def run_instance(scenario: str, seed: int, fill: float = 0.5, cat: Catalog | Non
         "bound_gpus": gpu_lb,
         "bound_value": round(bound.value, 3),
         "bound_optimal": bound.optimal,
+        "bound_aa_gpus": aa_lb,
+        "bound_aa_optimal": aa.optimal,
+        "order": order,
         "bound_cost_per_hour": round(cost_bound.lower_bound, 3),
         "bound_seconds": round(bound.seconds + cost_bound.seconds, 3),
+        "bound_aa_seconds": round(aa.seconds, 3),
         "target": 1.05 if small else 1.10,
     }
-    packers: list[Packer] = [FirstFitPacker(), CostAwarePacker(), _NoSpread()]
+    packers: list[Packer] = [
+        FirstFitPacker(),
+        CostAwarePacker(),
+        _NoSpread(),
+        _FewestGpus(),
+        _FewestGpusNoSpread(),
+        _FewestGpusConsolidated(),
+    ]
     results = {}
     for p in packers:
-        r = pack(p, nodes, models, cat)
+        r = pack(p, nodes, models, cat, order)
         results[p.name] = r
         row[p.name] = {k: v for k, v in r.items() if k != "inventory"}
         row[p.name]["seconds"] = round(r["seconds"], 3)
         row[p.name]["ratio"] = round(r["gpus"] / gpu_lb, 4) if gpu_lb else None
-        row[p.name]["meets_target"] = r["unplaced"] == 0 and r["gpus"] <= row["target"] * gpu_lb + 1e-9
+        row[p.name]["ratio_aa"] = round(r["gpus"] / aa_lb, 4) if aa_lb else None
+        # Held to the bound of the problem it solves: with anti-affinity if it keeps it.
+        lb = aa_lb if p.name in SPREADING else gpu_lb
+        row[p.name]["ratio_target"] = row[p.name]["ratio_aa" if p.name in SPREADING else "ratio"]
+        row[p.name]["meets_target"] = r["unplaced"] == 0 and r["gpus"] <= row["target"] * lb + 1e-9
     row["relayout"] = relayout_scenario(results["cost-aware"]["inventory"], models, rng, nodes, cat, small)
     return row
 
@@ -274,9 +367,11 @@ def relayout_scenario(
     }
 
 
-def run_bench(scenarios: Sequence[str], seeds: Sequence[int], fill: float = 0.5) -> list[dict[str, Any]]:
+def run_bench(
+    scenarios: Sequence[str], seeds: Sequence[int], fill: float = 0.5, order: str = "model"
+) -> list[dict[str, Any]]:
     cat = load_catalog()
-    return [run_instance(s, seed, fill, cat) for s in scenarios for seed in seeds]
+    return [run_instance(s, seed, fill, cat, order) for s in scenarios for seed in seeds]
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -293,13 +388,19 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     "bound_method": rs[0]["bound_method"],
                     "replicas_mean": float(np.mean([r["replicas"] for r in rs])),
                     "bound_gpus_mean": float(np.mean([r["bound_gpus"] for r in rs])),
+                    "bound_aa_gpus_mean": float(np.mean([r["bound_aa_gpus"] for r in rs])),
+                    "held_to": "LB+AA" if p in SPREADING else "LB",
                     "gpus_mean": float(np.mean([r[p]["gpus"] for r in rs])),
                     "ratio_mean": float(np.mean([r[p]["ratio"] for r in rs])),
                     "ratio_max": float(np.max([r[p]["ratio"] for r in rs])),
+                    "ratio_aa_mean": float(np.mean([r[p]["ratio_aa"] for r in rs])),
+                    "ratio_target_mean": float(np.mean([r[p]["ratio_target"] for r in rs])),
+                    "ratio_target_max": float(np.max([r[p]["ratio_target"] for r in rs])),
                     "cost_mean": float(np.mean([r[p]["cost_per_hour"] for r in rs])),
                     "bound_cost_mean": float(np.mean([r["bound_cost_per_hour"] for r in rs])),
                     "met": sum(1 for r in rs if r[p]["meets_target"]),
                     "unplaced": sum(r[p]["unplaced"] for r in rs),
+                    "moves_mean": float(np.mean([r[p].get("moves", 0) for r in rs])),
                     "aa_violations": sum(r[p]["anti_affinity_violations"] for r in rs),
                     "seconds_mean": float(np.mean([r[p]["seconds"] for r in rs])),
                     "target": rs[0]["target"],

@@ -3,11 +3,13 @@
 The seam: a packer is anything with a ``name`` and a *pure* ``place(inv, req)`` that returns a
 legal slot (``inv.fits(slot)``) or None and never changes ``inv``; callers allocate. So packers can
 be compared on copies of one inventory, and a smarter one (fragmentation-aware, re-layout with few
-moves) drops in without touching callers. :func:`place_batch` is the common loop.
+moves) drops in without touching callers. :func:`place_batch` is the common loop (optionally
+largest first), and :func:`consolidate` a planning pass that empties devices after a batch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -21,20 +23,39 @@ class Packer(Protocol):
     def place(self, inv: Inventory, req: SlotRequest) -> Slot | None: ...
 
 
+def decreasing_order(reqs: Sequence[SlotRequest]) -> list[int]:
+    """Indices of ``reqs``, largest first (GPUs, then memory; whole-GPU asks first), stable.
+
+    First-fit-decreasing: the big replicas that only a few GPUs can hold are placed while those
+    GPUs are still free, and the small ones fill the gaps they leave.
+    """
+    return sorted(
+        range(len(reqs)),
+        key=lambda i: (-reqs[i].gpus, -(reqs[i].memory_gib if reqs[i].memory_gib is not None else float("inf"))),
+    )
+
+
 def place_batch(
-    packer: Packer, inv: Inventory, reqs: Sequence[SlotRequest], owners: Sequence[str] | None = None
+    packer: Packer,
+    inv: Inventory,
+    reqs: Sequence[SlotRequest],
+    owners: Sequence[str] | None = None,
+    *,
+    decreasing: bool = False,
 ) -> list[Slot | None]:
     """Place and allocate ``reqs`` on ``inv`` in order; None where a request did not fit.
 
     ``owners`` names each allocation; by default ``"<model>/<i>"`` (i the request's position),
     suffixed ``.1``, ``.2``, ... when the inventory already has that owner, so repeated batches on
-    one inventory never collide.
+    one inventory never collide. ``decreasing`` places in :func:`decreasing_order` instead (the
+    result is still in the order of ``reqs``).
     """
     if owners is not None and len(owners) != len(reqs):
         raise ValueError(f"{len(owners)} owners for {len(reqs)} requests")
     used = {o for o, _ in inv.allocations()} if owners is None else set()
-    out: list[Slot | None] = []
-    for i, req in enumerate(reqs):
+    out: list[Slot | None] = [None] * len(reqs)
+    for i in decreasing_order(reqs) if decreasing else range(len(reqs)):
+        req = reqs[i]
         slot = packer.place(inv, req)
         if slot is not None:
             if owners is not None:
@@ -47,7 +68,7 @@ def place_batch(
                     owner = f"{base}.{n}"
                 used.add(owner)
             inv.allocate(slot, owner)
-        out.append(slot)
+        out[i] = slot
     return out
 
 
@@ -252,14 +273,46 @@ class CostAwarePacker:
        is what picks ``3g@4`` over ``3g@0``;
     6. **fewest replicas of the same model** on the device (soft spreading), then inventory order.
 
+    ``objective="gpus"`` (opt-in) ranks for the fewest GPUs instead: no newly opened device
+    first, then the smallest charged share of a GPU, best fit, future slots lost, and cost only as
+    the tie-break (anti-affinity stays a filter). On one GPU kind the two agree; on mixed clusters
+    cost picks cheap A100 slices that need more GPUs. :meth:`expect` (opt-in) keeps scarce big GPUs
+    idle for pending replicas that only they can hold.
+
     Idle devices of one node (same kind and MIG mode) are interchangeable, so only the first is
     scored: this keeps a placement at O(used devices + nodes), not O(devices).
     """
 
     name = "cost-aware"
 
-    def __init__(self, anti_affinity: bool = True) -> None:
+    def __init__(self, anti_affinity: bool = True, objective: str = "cost") -> None:
+        if objective not in ("cost", "gpus"):
+            raise ValueError(f"objective must be 'cost' or 'gpus', got {objective!r}")
         self.anti_affinity = anti_affinity
+        self.objective = objective
+        self._expected: dict[str, tuple[SlotRequest, int]] | None = None
+        self._fit_cache: dict[tuple, dict[str, float]] = {}
+
+    def expect(self, reqs: Sequence[SlotRequest] | None) -> None:
+        """Opt-in reservation: tell the packer the whole demand it is about to place (None clears).
+
+        Replicas still to come (expected per model minus those the inventory already holds) that
+        fit on one GPU kind only (e.g. a 98 GiB replica on a cluster where only H200s hold that)
+        reserve enough idle GPUs of that kind; other requests then avoid *opening* those GPUs
+        (a preference ranked first, never a filter, so nothing becomes unplaceable). Without it a
+        small replica arriving first takes the cheapest or densest slice on the scarce big GPU,
+        and the big replica arriving later finds none left. Reserved GPU counts come from the
+        demand's own size mix: the share of a GPU each exclusive replica needs, summed.
+        """
+        if reqs is None:
+            self._expected = None
+            return
+        exp: dict[str, tuple[SlotRequest, int]] = {}
+        for r in reqs:
+            prev = exp.get(r.model)
+            big = r if prev is None or (r.memory_gib or 0.0) > (prev[0].memory_gib or 0.0) else prev[0]
+            exp[r.model] = (big, (prev[1] if prev else 0) + 1)
+        self._expected = exp
 
     def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
         same = self._model_counts(inv, req.model)
@@ -268,7 +321,64 @@ class CostAwarePacker:
             return None
         if self.anti_affinity and same:
             cands = self._spread_filter(inv, req, cands, same)
+        if self._expected is not None:
+            cands = self._reserve(inv, req, cands)
         return min(cands, key=lambda c: c[0])[1]
+
+    # -- reservation ----------------------------------------------------------------------------
+    def _fit_kinds(self, inv: Inventory, req: SlotRequest) -> dict[str, float]:
+        """GPU kinds that can hold one replica of ``req``, each with the least share of a GPU it takes."""
+        # Cached per request and cluster shape: this runs for every expected model on every place.
+        ck = (req, tuple((n.name, n.gpu_model, n.gpu_count, n.mig_enabled) for n in inv.nodes.values()))
+        hit = self._fit_cache.get(ck)
+        if hit is not None:
+            return hit
+        out: dict[str, float] = {}
+        for node, gpu in eligible_nodes(inv, req):
+            if gpu.name in out:
+                continue
+            mem = req.memory_gib
+            if node.mig_enabled and gpu.mig_capable and "mig" in req.kinds and mem is not None and req.gpus == 1:
+                for p in gpu.profiles_by_size():
+                    if p.memory_gib >= mem and gpu.compute_fraction(p) >= req.compute_fraction:
+                        out[gpu.name] = max(gpu.compute_fraction(p), p.mem_slices / gpu.mem_slices_total)
+                        break
+            if gpu.name not in out and "whole" in req.kinds and (mem is None or gpu.memory_gib * req.gpus >= mem):
+                out[gpu.name] = float(req.gpus)
+        if len(self._fit_cache) > 10_000:
+            self._fit_cache.clear()
+        self._fit_cache[ck] = out
+        return out
+
+    def _reserve(self, inv: Inventory, req: SlotRequest, cands: list[tuple[tuple, Slot]]) -> list[tuple[tuple, Slot]]:
+        assert self._expected is not None
+        held: dict[str, int] = {}
+        for owner, _ in inv.allocations():
+            m = inv.model_of(owner)
+            held[m] = held.get(m, 0) + 1
+        need: dict[str, float] = {}
+        for m, (r, n) in self._expected.items():
+            left = n - held.get(m, 0) - (1 if m == req.model else 0)  # this one is being placed now
+            if left <= 0:
+                continue
+            kinds = self._fit_kinds(inv, r)
+            if len(kinds) == 1:
+                ((k, share),) = kinds.items()
+                need[k] = need.get(k, 0.0) + left * share
+        if not need:
+            return cands
+        mine = self._fit_kinds(inv, req)
+        idle: dict[str, int] = {}
+        for d in inv.devices.values():
+            if d.idle:
+                idle[d.gpu.name] = idle.get(d.gpu.name, 0) + 1
+        out = []
+        for key, slot in cands:
+            k = inv.gpu_of(slot.node).name
+            opens = any(inv.device(slot.node, i).idle for i in slot.devices)
+            taken = opens and len(mine) > 1 and idle.get(k, 0) - len(slot.devices) < math.ceil(need.get(k, 0.0) - 1e-9)
+            out.append(((1 if taken else 0, *key), slot))
+        return out
 
     # -- candidates ---------------------------------------------------------------------------
     def candidates(
@@ -285,8 +395,8 @@ class CostAwarePacker:
             if "whole" in req.kinds:
                 slot = self._whole(inv, node, gpu, req)
                 if slot is not None:
-                    key = (round(slot_cost(slot, gpu), _COST_DIGITS), 1, 0.0, 0, 0, order, 0, -1)
-                    yield key, slot
+                    key = self._rank(round(slot_cost(slot, gpu), _COST_DIGITS), 1, slot.gpu_fraction, 0.0, 0, 0)
+                    yield (*key, order, 0, -1), slot
             if req.whole_only:
                 order += 1
                 continue
@@ -312,16 +422,27 @@ class CostAwarePacker:
         free_after = inv.free_memory_of(d) - (
             gpu.profiles[slot.profile].memory_gib if slot.kind is SlotKind.MIG else slot.memory_gib  # type: ignore[index]
         )
-        return (
+        rank = self._rank(
             round(slot_cost(slot, gpu), _COST_DIGITS),
             1 if d.idle else 0,
+            round(charged_fraction(slot, gpu), _COST_DIGITS),
             round(free_after, 6),
             loss,
             same.get((d.node, d.index), 0),
-            order,
-            d.index,
-            -1 if slot.start is None else slot.start,
         )
+        return (*rank, order, d.index, -1 if slot.start is None else slot.start)
+
+    def _rank(self, cost: float, opens: int, fraction: float, free_after: float, loss: int, same: int) -> tuple:
+        """The ranking key's head for the packer's objective.
+
+        "cost": cost, opening a device, best fit, future slots lost, same-model replicas.
+        "gpus" (fewest GPUs, for consolidation): opening a device first, then the smallest share of
+        a GPU (on a new device that picks the kind holding the most such replicas per GPU), best
+        fit, future slots lost, and cost only as the tie-break.
+        """
+        if self.objective == "gpus":
+            return (opens, fraction, free_after, loss, cost, same)
+        return (cost, opens, free_after, loss, same)
 
     @staticmethod
     def _whole(inv: Inventory, node: NodeSpec, gpu: GpuModel, req: SlotRequest) -> Slot | None:
@@ -360,3 +481,60 @@ class CostAwarePacker:
             if off_dev:
                 return off_dev
         return cands
+
+
+def _spread_broken(inv: Inventory, model: str) -> bool:
+    """The model has >= 2 replicas all on one device, or all on one node of a multi-node cluster."""
+    reps = inv.allocations_by_model().get(model, [])
+    if len(reps) < 2:
+        return False
+    devs = {(s.node, i) for _, s in reps for i in s.devices}
+    nodes = {s.node for _, s in reps}
+    multi_node = sum(1 for n in inv.nodes.values() if n.gpu_count) > 1
+    return len(devs) < 2 or (multi_node and len(nodes) < 2)
+
+
+def consolidate(inv: Inventory, packer: CostAwarePacker, requests: dict[str, SlotRequest]) -> tuple[Inventory, int]:
+    """Empty devices by re-placing their replicas on other in-use devices; returns (inventory, moves).
+
+    A planning pass for a batch placed greedily: the greedy order opens a device for a replica
+    (often one anti-affinity pushed off a full device) that, with everything placed, fits in the
+    gaps others left. One sweep, emptiest device first; a device is emptied only if all its
+    replicas fit elsewhere (packer ranking, spread filter) and no model loses its spread. The
+    input is not changed. ``requests`` maps each owner to the request it was placed for.
+    """
+    moves = 0
+
+    def load(d: DeviceState) -> float:
+        return sum(s.memory_gib for _, s in d.entries)
+
+    for key in [k for k, d in sorted(inv.devices.items(), key=lambda kd: load(kd[1])) if d.entries]:
+        d = inv.devices[key]
+        if not d.entries or any(s.kind is not SlotKind.MIG for _, s in d.entries):
+            continue
+        trial = inv.copy()
+        entries = sorted(d.entries, key=lambda e: -e[1].memory_gib)
+        models = {o: inv.model_of(o) for o, _ in entries}
+        for owner, slot in entries:
+            trial.release(slot, owner)
+        ok = True
+        for owner, _ in entries:
+            req = requests[owner]
+            same = packer._model_counts(trial, req.model)
+            cands = [
+                c
+                for c in packer.candidates(trial, req, same)
+                if all(not trial.device(c[1].node, i).idle and (c[1].node, i) != key for i in c[1].devices)
+            ]
+            if not cands:
+                ok = False
+                break
+            if packer.anti_affinity and same:
+                cands = packer._spread_filter(trial, req, cands, same)
+            trial.allocate(min(cands, key=lambda c: c[0])[1], owner, model=models[owner])
+        if ok and packer.anti_affinity:
+            ok = not any(_spread_broken(trial, m) and not _spread_broken(inv, m) for m in set(models.values()))
+        if ok:
+            inv = trial
+            moves += len(entries)
+    return inv, moves

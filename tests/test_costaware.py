@@ -8,7 +8,15 @@ from hypothesis import strategies as st
 
 from sharing.bounds import lower_bound, mig_layouts
 from sharing.catalog import load_catalog
-from sharing.packer import CostAwarePacker, future_slots, slot_cost
+from sharing.packer import (
+    CostAwarePacker,
+    _spread_broken,
+    consolidate,
+    decreasing_order,
+    future_slots,
+    place_batch,
+    slot_cost,
+)
 from sharing.slots import AllocationError, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
 
 CAT = load_catalog()
@@ -143,3 +151,106 @@ def test_property_cost_aware_is_legal_and_spreads(kinds: list[str], reqs: list[t
         for _, s in d.entries:
             assert s.memory_gib <= gpu.profiles[s.profile].memory_gib + 1e-9  # type: ignore[index]
         assert sum(gpu.profiles[k].memory_gib for k, _ in d.instances()) <= gpu.memory_gib + 1e-6
+
+
+# -- objective knob, reservation, first-fit-decreasing, consolidation, anti-affinity bound --------
+GP = CostAwarePacker(objective="gpus")
+
+
+def test_objective_gpus_prefers_open_device_and_densest_kind() -> None:
+    with pytest.raises(ValueError):
+        CostAwarePacker(objective="speed")
+    assert CA.objective == "cost"  # the default ranking is unchanged
+    # A used H100 beside an idle A100: cost opens the A100 (3g.20gb, $0.75/h); gpus stays put.
+    inv = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 1, True), NodeSpec("a", "A100-40GB", 1, True)])
+    inv.allocate(Slot.mig("h", 0, CAT.get("H100-80GB"), "1g", 0), "x-1")
+    c, g = CA.place(inv, _req("m", 20.0)), GP.place(inv, _req("m", 20.0))
+    assert c is not None and c.gpu_model == "A100-40GB"
+    assert g is not None and g.gpu_model == "H100-80GB"
+    # Opening a device: the kind where the replica takes the smallest share of a GPU (H200 1g.18gb).
+    inv2 = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 1, True), NodeSpec("x", "H200-141GB", 1, True)])
+    s = GP.place(inv2, _req("m", 15.0))
+    assert s is not None and s.gpu_model == "H200-141GB" and s.profile == "1g"
+
+
+def test_expect_reserves_scarce_big_gpu() -> None:
+    nodes = [NodeSpec("h", "H100-80GB", 1, True), NodeSpec("x", "H200-141GB", 1, True)]
+    small, big = _req("small", 15.0), _req("big", 98.0)  # only an H200 7g holds 98 GiB
+    p = CostAwarePacker(objective="gpus")
+    p.expect([small, big])
+    inv = Inventory.from_nodes(nodes)
+    s = p.place(inv, small)
+    assert s is not None and s.gpu_model == "H100-80GB"  # without expect it takes the H200 (above)
+    inv.allocate(s, "small-1")
+    b = p.place(inv, big)
+    assert b is not None and b.gpu_model == "H200-141GB"
+    # Once the big replica is placed nothing is reserved any more.
+    inv.allocate(b, "big-1")
+    p.expect(None)
+    assert p._expected is None
+
+
+def test_place_batch_decreasing_keeps_result_order() -> None:
+    nodes = [NodeSpec("h", "H100-80GB", 1, True), NodeSpec("x", "H200-141GB", 1, True)]
+    reqs = [_req("small", 15.0), _req("big", 98.0)]
+    inv = Inventory.from_nodes(nodes)
+    plain = place_batch(GP, inv, reqs)
+    assert plain[1] is None  # the small one took the H200 first
+    inv = Inventory.from_nodes(nodes)
+    out = place_batch(GP, inv, reqs, decreasing=True)
+    assert out[0] is not None and out[1] is not None and out[1].gpu_model == "H200-141GB"
+    assert decreasing_order(reqs) == [1, 0]
+
+
+def test_consolidate_empties_a_device_without_breaking_spread() -> None:
+    g = CAT.get("H100-80GB")
+    inv = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 3, True)])
+    inv.allocate(Slot.mig("h", 0, g, "3g", 4), "a-1", model="a")
+    inv.allocate(Slot.mig("h", 1, g, "3g", 4), "a-2", model="a")
+    inv.allocate(Slot.mig("h", 2, g, "1g", 0), "b-1", model="b")
+    reqs = {"a-1": _req("a", 35.0), "a-2": _req("a", 35.0), "b-1": _req("b", 8.0)}
+    before = inv.copy()
+    out, moves = consolidate(inv, CostAwarePacker(objective="gpus"), reqs)
+    assert inv == before  # the input is not changed
+    assert moves == 1 and sum(1 for d in out.devices.values() if d.entries) == 2
+    devs = {s.devices[0] for o, s in out.allocations() if out.model_of(o) == "a"}
+    assert len(devs) == 2  # a's two replicas stay on two devices
+
+
+def test_anti_affinity_bound() -> None:
+    one = [NodeSpec("h", "H100-80GB", 1, True)]
+    two = [NodeSpec("h", "H100-80GB", 2, True)]
+    reqs = [_req("m", 8.0)] * 2
+    assert lower_bound(one, reqs).gpu_bound == 1
+    assert lower_bound(one, reqs, anti_affinity=True).lower_bound == float("inf")  # no spread exists
+    assert lower_bound(two, reqs, anti_affinity=True).gpu_bound == 2
+    # Several nodes: spread over nodes, not only devices.
+    nodes = [NodeSpec("n0", "H100-80GB", 2, True), NodeSpec("n1", "H100-80GB", 2, True)]
+    b = lower_bound(nodes, [_req("m", 35.0)] * 3, anti_affinity=True)
+    assert b.optimal and b.gpu_bound == 2
+    # A model that fits on one node only spreads over that node's devices.
+    mixed = [NodeSpec("a", "A100-40GB", 2, True), NodeSpec("x", "H200-141GB", 2, True)]
+    assert lower_bound(mixed, [_req("big", 70.0)] * 2, anti_affinity=True).gpu_bound == 2
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([5.0, 9.0, 18.0, 35.0])), min_size=1, max_size=12
+    ),
+    nodes=st.integers(1, 2),
+)
+def test_property_anti_affinity_bound_is_tighter_and_reached(reqs: list[tuple[str, float]], nodes: int) -> None:
+    cluster = [NodeSpec(f"n{i}", "H100-80GB", 2, True) for i in range(nodes)]
+    rs = [_req(m, mem) for m, mem in reqs]
+    plain, aa = lower_bound(cluster, rs), lower_bound(cluster, rs, anti_affinity=True)
+    assert aa.lower_bound >= plain.lower_bound - 1e-9
+    # Any packing that keeps the spread uses at least the anti-affinity bound.
+    inv = Inventory.from_nodes(cluster)
+    for i, r in enumerate(rs):
+        s = CA.place(inv, r)
+        if s is None:
+            return
+        inv.allocate(s, f"{r.model}-{i}")
+    if not any(_spread_broken(inv, m) for m in {r.model for r in rs}):
+        assert sum(1 for d in inv.devices.values() if d.entries) >= aa.gpu_bound

@@ -1,13 +1,15 @@
 """``slotwise mig-bench``: MIG packers (first-fit, cost-aware) against MILP / LP lower bounds.
 
     slotwise mig-bench [--scenarios h100-8,a100-16,...|small|large|all] [--seeds 1-10]
-                       [--fill 0.5] [--json OUT]
+                       [--fill 0.5] [--order model|decreasing] [--json OUT]
 
 Per scenario and seed: a cluster of MIG GPUs and a replica demand drawn from realistic model sizes
 (``sharing/migbench.py``); each packer places the replicas and the GPUs it used are compared with
 the exact MILP optimum (clusters of <= 16 GPUs) or the LP-relaxation bound (larger ones), from
-``sharing/bounds.py``. A re-layout scenario (demand changes) reports moves. Results in
-docs/sharing.md.
+``sharing/bounds.py``. Two bounds: "LB" is plain bin-packing; "LB+AA" adds the cost-aware
+packer's anti-affinity rule. Packers that keep anti-affinity (cost-aware, cost-aware-gpus) are held
+to LB+AA, the others (first-fit, ``-noaa``) to LB. A re-layout scenario (demand changes) reports
+moves. Results in docs/sharing.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from sharing.migbench import PACKERS, SCENARIOS, run_bench, summarise
+from sharing.migbench import ORDERS, PACKERS, SCENARIOS, run_bench, summarise
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default="small", help=f"comma list of {', '.join(SCENARIOS)}; or small, large, all")
     p.add_argument("--seeds", default="1-10", help="seeds, e.g. 1-10 or 1,2,3 (default 1-10)")
     p.add_argument("--fill", type=float, default=0.5, help="demand as a share of the cluster (default 0.5)")
+    p.add_argument(
+        "--order",
+        default="model",
+        choices=ORDERS,
+        help="replica arrival: model by model (default) or largest first (first-fit-decreasing)",
+    )
     p.add_argument("--json", default=None, help="write rows and summary here")
 
 
@@ -63,7 +71,7 @@ def _seeds(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.fill <= 1:
         raise ValueError(f"--fill must be in (0, 1], got {args.fill}")
-    rows = run_bench(_scenarios(args.scenarios), _seeds(args.seeds), args.fill)
+    rows = run_bench(_scenarios(args.scenarios), _seeds(args.seeds), args.fill, args.order)
     summary = summarise(rows)
     if args.json:
         with open(args.json, "w") as f:
@@ -75,15 +83,18 @@ def run(args: argparse.Namespace) -> int:
 def _print(summary: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
     out = sys.stdout
     out.write(
-        f"{'scenario':<10} {'packer':<16} {'n':>3} {'bound':<5} {'reps':>6} {'LB gpus':>8} {'gpus':>7} "
-        f"{'ratio':>6} {'max':>6} {'met':>7} {'$/h':>8} {'LB $/h':>8} {'unpl':>5} {'AA':>4} {'ms':>6}\n"
+        f"{'scenario':<10} {'packer':<20} {'n':>3} {'bound':<5} {'reps':>6} {'LB':>6} {'LB+AA':>6} {'gpus':>7} "
+        f"{'/LB':>6} {'held':>5} {'/held':>6} {'max':>6} {'met':>7} {'$/h':>8} {'LB $/h':>8} {'unpl':>5} "
+        f"{'AA':>4} {'mv':>5} {'ms':>6}\n"
     )
     for s in summary:
         out.write(
-            f"{s['scenario']:<10} {s['packer']:<16} {s['instances']:>3} {s['bound_method']:<5} "
-            f"{s['replicas_mean']:>6.1f} {s['bound_gpus_mean']:>8.1f} {s['gpus_mean']:>7.1f} "
-            f"{s['ratio_mean']:>6.3f} {s['ratio_max']:>6.3f} {s['met']:>3}/{s['instances']:<3} "
+            f"{s['scenario']:<10} {s['packer']:<20} {s['instances']:>3} {s['bound_method']:<5} "
+            f"{s['replicas_mean']:>6.1f} {s['bound_gpus_mean']:>6.1f} {s['bound_aa_gpus_mean']:>6.1f} "
+            f"{s['gpus_mean']:>7.1f} {s['ratio_mean']:>6.3f} {s['held_to']:>5} {s['ratio_target_mean']:>6.3f} "
+            f"{s['ratio_target_max']:>6.3f} {s['met']:>3}/{s['instances']:<3} "
             f"{s['cost_mean']:>8.2f} {s['bound_cost_mean']:>8.2f} {s['unplaced']:>5} {s['aa_violations']:>4} "
+            f"{s['moves_mean']:>5.1f} "
             f"{1000 * s['seconds_mean']:>6.1f}\n"
         )
     out.write("\nre-layout (cost-aware placement, demand changed; means over seeds)\n")
