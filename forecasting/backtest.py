@@ -31,6 +31,7 @@ from forecasting.slotwise import SlotwiseBatch
 QUANTILES = (0.5, 0.9, 0.99)
 BASELINES = ("naive", "snaive", "ets")
 MAX_ORIGINS = 2000
+GLOBAL_MEMBER = True  # slotwise with the global GBM as a quantile candidate (trained at warm start)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,19 @@ def run_snaive(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray,
 
 def slotwise_batch(n_series: int, setup: Setup, qs: np.ndarray) -> SlotwiseBatch:
     """The slotwise forecaster as the backtest (and the controller, per model) configures it."""
-    return SlotwiseBatch(n_series, horizon=setup.h, levels=qs, season=setup.season, step_s=setup.step_s, unit=1.0)
+    return SlotwiseBatch(
+        n_series,
+        horizon=setup.h,
+        levels=qs,
+        season=setup.season,
+        step_s=setup.step_s,
+        unit=1.0,
+        pooled_coverage=True,
+        global_model=GLOBAL_MEMBER,
+        gbm_rows=20_000,
+        start_tod_s=setup.start_tod_s,
+        gbm_lags=setup.lags,
+    )
 
 
 def run_slotwise(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:
@@ -138,7 +151,10 @@ def run_slotwise(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarra
     names = model.member_names
     sel = model.selected()
     usage = {names[j]: float((sel == j).mean()) for j in range(len(names))}
-    return np.stack(out), {"members_in_use_at_end": {k: round(v, 3) for k, v in usage.items() if v > 0}}
+    info: dict[str, object] = {"members_in_use_at_end": {k: round(v, 3) for k, v in usage.items() if v > 0}}
+    if model.gbm_train_s_:
+        info["train_s"] = model.gbm_train_s_
+    return np.stack(out), info
 
 
 def _run_ets(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:

@@ -46,7 +46,13 @@ class QuantileTracker:
         # Running mean of |score|: the step size follows the spread of the scores it tracks.
         self.scale_ = np.full(shape, float(init_scale))
 
-    def update(self, score: np.ndarray, mask: np.ndarray | None = None, clip: float | None = None) -> None:
+    def update(
+        self,
+        score: np.ndarray,
+        mask: np.ndarray | None = None,
+        clip: float | None = None,
+        target: np.ndarray | None = None,
+    ) -> None:
         """Fold in one score per tracked cell: shape ``shape`` (shared by all levels) or
         ``shape + (len(levels),)`` (one per level, e.g. when each level has its own forecast)."""
         per_level = score.ndim == self.r_.ndim
@@ -62,7 +68,9 @@ class QuantileTracker:
         self.scale_ += a * (mag - self.scale_)
         hit = (s if per_level else s[..., None]) <= self.r_
         step = (self.lr * self.scale_ * ok)[..., None]
-        self.r_ += step * (self.levels - hit)
+        # ``target``: the level each cell aims at, when it differs from the nominal one (a pooled
+        # correction); broadcast against r_.
+        self.r_ += step * ((self.levels if target is None else target) - hit)
         # A bound keeps one absurd outlier (a series switching on from zero) from parking the
         # offset where it needs thousands of steps to come back.
         np.clip(self.r_, -self.bound, self.bound, out=self.r_)

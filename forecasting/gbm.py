@@ -139,8 +139,21 @@ class GlobalQuantileGBM:
             self.models_.append(reg)
         return self
 
-    def predict(self, y: np.ndarray, origins: np.ndarray, chunk: int = 50_000) -> np.ndarray:
+    def predict(
+        self, y: np.ndarray, origins: np.ndarray, chunk: int = 50_000, start_tod_s: float | None = None
+    ) -> np.ndarray:
+        """``start_tod_s``: time of day of y[:, 0] when ``y`` is a recent window, not the training
+        history's clock."""
         y = np.asarray(y, dtype=float)
+        saved = self.start_tod_s
+        if start_tod_s is not None:
+            self.start_tod_s = start_tod_s
+        try:
+            return self._predict(y, origins, chunk)
+        finally:
+            self.start_tod_s = saved
+
+    def _predict(self, y: np.ndarray, origins: np.ndarray, chunk: int) -> np.ndarray:
         m = y.shape[0]
         padded = self._pad(y)
         out = np.empty((len(origins), m, len(self.quantiles), self.h))
