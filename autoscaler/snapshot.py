@@ -7,6 +7,7 @@ the decision core never does I/O and never reads a clock: ``now`` is in the snap
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -33,11 +34,12 @@ class ModelObservation:
     replicas: tuple[Replica, ...] = ()
     spec_error: SpecError | None = None
 
-    @property
+    # Cached: the core asks every tick, and an observation is immutable.
+    @cached_property
     def ready_replicas(self) -> int:
         return sum(1 for r in self.replicas if r.ready and not r.draining)
 
-    @property
+    @cached_property
     def active_replicas(self) -> int:
         """Placed and not draining (ready or still starting)."""
         return sum(1 for r in self.replicas if not r.draining)
