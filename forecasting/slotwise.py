@@ -93,6 +93,10 @@ class SlotwiseBatch:
     min_scored: a member is eligible once it has been scored this many times (at that step).
     season_days: days averaged by the seasonal-mean members.
     replay: steps of a warm-start history run through the full online updates (see warm_start).
+    spread_every: recompute the conformal spread (quantiles of the error window) every this many steps
+        (None = window // 64). The window moves by one error per step, so between recomputations the
+        spread changes by ~1/64 of its content; the calibration tracker absorbs that, and the quantiles
+        of the window are over half of the per-step cost.
     prior: per-series prior rate used while a series has no observation (None = 0).
     zero_aware: count a zero target as covered (as the metric does) and floor the offset there.
     pooled_coverage / pool_lr: aim the trackers of the levels above 0.5 lower by the excess of the
@@ -116,6 +120,7 @@ class SlotwiseBatch:
         window: int = 256,
         season_days: int = 7,
         replay: int = 1024,
+        spread_every: int | None = None,
         prior: np.ndarray | float | None = None,
         zero_aware: bool = True,
         pooled_coverage: bool = False,
@@ -144,6 +149,7 @@ class SlotwiseBatch:
         self.window = max(2, int(window))
         self.season_days = max(1, int(season_days))
         self.replay = max(1, int(replay))
+        self.spread_every = max(1, int(spread_every if spread_every is not None else self.window // 64))
         self.prior = prior
         self.global_model = bool(global_model)
         self.start_tod_s = float(start_tod_s)
@@ -469,7 +475,10 @@ class SlotwiseBatch:
         sel = np.argmin(np.where(eligible, self.loss_, np.inf), axis=0)  # (M, h)
         self._sel = sel
         point = np.take_along_axis(pts, sel[None], axis=0)[0]  # (M, h)
-        spread = self._spread(self._res, self._init_spread)
+        if self._res_n < self.window or self.t_ % self.spread_every == 0 or self._cur_spread.shape[1] != h:
+            spread = self._spread(self._res, self._init_spread)
+        else:
+            spread = self._cur_spread
         self._cur_point, self._cur_spread, self._cur_s = point, spread, s
         cand = np.empty((self._n_cand(), self.n_series, h, len(self.levels)))
         cand[0] = np.maximum(point[..., None] + spread * s[:, None, None], 0.0)
