@@ -63,6 +63,21 @@ class ServiceProfile:
         """Per sample point, how long a request may wait and still meet the SLO."""
         return self.slo_s - self.latency_part_s
 
+    def scaled(self, factor: float) -> ServiceProfile:
+        """A new profile whose service (occupancy and latency part) takes ``factor`` times as long.
+
+        What the online capacity learner (:mod:`autoscaler.learning`) hands to sizing: one multiplicative
+        correction of the declared service time keeps the shape (scv) and the SLO, and a fresh object
+        gets a fresh sizing memo, so answers for the old factor are never reused.
+        """
+        return ServiceProfile(
+            occupancy_s=self.occupancy_s * factor,
+            latency_part_s=self.latency_part_s * factor,
+            concurrency=self.concurrency,
+            slo_s=self.slo_s,
+            percentile=self.percentile,
+        )
+
 
 # ---------------------------------------------------------------------------------------------------
 # Shared, vectorised queueing math (also used by the fluid simulator every tick: keep it cheap).

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from autoscaler.capacity import ServiceProfile, profile_from_spec
+from autoscaler.forecast import FleetForecaster
 from autoscaler.plan import (
     PlaceReplica,
     Plan,
@@ -32,8 +33,6 @@ from autoscaler.plan import (
 from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
 from autoscaler.spec import ModelSpec
-from forecasting.base import Forecaster
-from forecasting.naive import LastValue
 from sharing.packer import CostAwarePacker, Packer
 from sharing.slots import Inventory, SlotRequest
 
@@ -43,12 +42,13 @@ STALE_METRICS = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
 
 @dataclass
 class CoreConfig:
-    """Settings of the decision core. ``upper_quantile`` is the forecast quantile sizing provisions for."""
+    """Settings of the decision core. ``forecaster_factory`` builds the fleet forecaster when the state
+    has none (a warm-started one can be put in the state instead); ``upper_quantile`` is the forecast
+    quantile reported in the status."""
 
     policy: Policy
     packer: Packer = field(default_factory=CostAwarePacker)
-    forecaster_factory: Callable[[], Forecaster] = LastValue
-    quantiles: tuple[float, ...] = (0.5, 0.9)
+    forecaster_factory: Callable[[], FleetForecaster] = FleetForecaster
     upper_quantile: float = 0.9
     drain_timeout_s: float = 30.0
     metric_lag_s: float = 0.0
@@ -59,10 +59,8 @@ class ModelState:
     """What the controller remembers about one model between ticks."""
 
     policy_state: Any
-    forecaster: Forecaster
     capacity: ServiceProfile
     next_decision_at: float = -math.inf
-    fed_until: float = -math.inf  # metrics samples up to this time are in the forecaster
     last_reason: Reason | None = None
     last_desired: int = -1
 
@@ -75,6 +73,8 @@ class ControllerState:
     # the simulator, learned online by the sizing issue).
     profiles: dict[str, ServiceProfile] = field(default_factory=dict)
     invalid: dict[str, str] = field(default_factory=dict)  # model -> spec problem last reported
+    forecaster: FleetForecaster | None = None
+    forecast_models: frozenset[str] = frozenset()  # the models the forecaster was last synced to
 
 
 @dataclass
@@ -93,27 +93,32 @@ def slot_request(spec: ModelSpec) -> SlotRequest:
     )
 
 
-def _feed_forecaster(ms: ModelState, metrics: ModelMetrics, now: float, step_s: float) -> None:
-    """Give the forecaster the samples it has not seen yet (the window overlaps between ticks)."""
-    n = len(metrics.rate)
-    if n == 0 or metrics.stale:
-        return
-    if math.isinf(ms.fed_until):
-        ms.forecaster.fit(metrics.rate)
-    else:
-        new = int(round((now - ms.fed_until) / step_s))
-        if new > 0:
-            ms.forecaster.update(metrics.rate[-min(new, n) :])
-    ms.fed_until = now
-
-
-def _forecast(ms: ModelState, spec: ModelSpec, config: CoreConfig, step_s: float) -> Forecast:
+def _forecast(
+    forecaster: FleetForecaster, name: str, spec: ModelSpec, now: float, config: CoreConfig
+) -> Forecast | None:
     # Lead time: a replica asked for now serves only after its cold start, and the next chance to
     # correct comes one tick later; metrics arrive late by the metric lag.
     horizon_s = spec.cold_start_s + config.policy.tick_s + config.metric_lag_s
-    h = max(1, math.ceil(horizon_s / step_s))
-    q = ms.forecaster.predict_quantiles(h, config.quantiles)
-    return Forecast(quantiles=config.quantiles, values=q.max(axis=1), horizon_s=horizon_s)
+    values = forecaster.quantiles(name, now, horizon_s)
+    if values is None:
+        return None
+    return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s)
+
+
+def _update_forecaster(
+    snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig
+) -> FleetForecaster:
+    """Keep the fleet forecaster's models in step with the valid specs, then fold in new samples."""
+    forecaster = state.forecaster
+    if forecaster is None:
+        forecaster = state.forecaster = config.forecaster_factory()
+    valid = frozenset(n for n, o in snapshot.models.items() if o.spec is not None)
+    if valid != state.forecast_models:
+        priors = {n: o.spec.expected_rps for n, o in snapshot.models.items() if o.spec is not None}
+        forecaster.sync(sorted(valid), priors)
+        state.forecast_models = valid
+    forecaster.observe(snapshot.now, metrics)
+    return forecaster
 
 
 def _choose_removals(obs: ModelObservation, count: int) -> list[str]:
@@ -129,6 +134,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     policy = config.policy
     inventory: Inventory | None = None  # copied lazily: most ticks change nothing
     uses_forecast = getattr(policy, "uses_forecast", True)
+    forecaster = _update_forecaster(snapshot, metrics, state, config) if uses_forecast else None
     # Within one tick free capacity only shrinks, so a request shape that failed once fails again.
     unplaceable: set[tuple] = set()
     for name, obs in snapshot.models.items():
@@ -149,7 +155,6 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
         if ms is None:
             ms = ModelState(
                 policy_state=policy.initial_state(spec, obs.active_replicas),
-                forecaster=config.forecaster_factory(),
                 capacity=state.profiles.get(name) or profile_from_spec(spec),
             )
             state.models[name] = ms
@@ -157,7 +162,6 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
             continue
         ms.next_decision_at = now + policy.tick_s - 1e-9
         m = metrics.models.get(name, STALE_METRICS)
-        _feed_forecaster(ms, m, now, metrics.step_s)
         current = obs.active_replicas
         ctx = PolicyContext(
             now=now,
@@ -166,7 +170,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
             ready_replicas=obs.ready_replicas,
             metrics=m,
             metrics_step_s=metrics.step_s,
-            forecast=None if m.stale or not uses_forecast else _forecast(ms, spec, config, metrics.step_s),
+            forecast=None if m.stale or forecaster is None else _forecast(forecaster, name, spec, now, config),
             capacity=ms.capacity,
             state=ms.policy_state,
         )
@@ -216,7 +220,10 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     return Decision(plan=plan, state=state)
 
 
-def fresh_state(profiles: dict[str, ServiceProfile] | None = None) -> ControllerState:
-    return ControllerState(profiles=dict(profiles or {}))
+def fresh_state(
+    profiles: dict[str, ServiceProfile] | None = None, forecaster: FleetForecaster | None = None
+) -> ControllerState:
+    """A controller's state at start: optionally measured profiles and a warm-started forecaster."""
+    return ControllerState(profiles=dict(profiles or {}), forecaster=forecaster)
 
 

@@ -70,6 +70,7 @@ class ModelSpec:
     prefill_ms_per_1k_tokens: float | None = None
     decode_ms_per_token: float | None = None
     concurrency: int = 1
+    expected_rps: float | None = None  # load hint for a new model, until it has history
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -190,6 +191,7 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
     "prefill-ms-per-1k-tokens": ("prefill_ms_per_1k_tokens", _nonneg_float),
     "decode-ms-per-token": ("decode_ms_per_token", _nonneg_float),
     "concurrency": ("concurrency", _positive_int),
+    "expected-rps": ("expected_rps", _nonneg_float),
 }
 REQUIRED = ("slo-latency-ms",)
 # Keys slotwise itself writes (status) and must not complain about when it reads them back.

@@ -564,6 +564,14 @@ class SlotwiseBatch:
         mult = -np.log1p(-qs)
         return np.repeat((prior[:, None] * mult[None, :])[:, :, None], h, axis=2)
 
+    def history(self) -> np.ndarray:
+        """The newest values kept (M, T), oldest first; NaN before a series' first observation
+        (gaps inside are the imputed values). Enough to warm-start a new batch with the same settings."""
+        v = self._view().copy()
+        before = np.arange(v.shape[1])[None, :] < (v.shape[1] - np.minimum(self.n_obs_, v.shape[1]))[:, None]
+        v[before] = np.nan
+        return v
+
     def selected(self) -> np.ndarray:
         """Index of the member in use per (series, step, level) at the current origin (inspection)."""
         return self._sel

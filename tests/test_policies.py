@@ -436,7 +436,7 @@ def test_empty_metrics_window_holds() -> None:
 
 
 def test_registry_builds_every_policy_with_real_knob_names() -> None:
-    assert set(POLICIES) == {"static", "hpa", "kpa", "oracle", "slotwise"}
+    assert set(POLICIES) == {"static", "hpa", "kpa", "oracle", "slotwise", "predictive"}
     hpa = make_policy("hpa", tolerance=0.05, sync_period_s=30.0, scale_down_stabilization_s=60.0)
     assert isinstance(hpa, HPAPolicy) and hpa.tick_s == 30.0 and hpa.tolerance == 0.05
     kpa = make_policy("kpa", stable_window_s=120.0, panic_window_percentage=5.0)

@@ -37,6 +37,7 @@ VALID: dict[str, tuple[str, str, object]] = {
     "prefill-ms-per-1k-tokens": ("150", "prefill_ms_per_1k_tokens", 150.0),
     "decode-ms-per-token": ("0", "decode_ms_per_token", 0.0),
     "concurrency": ("8", "concurrency", 8),
+    "expected-rps": ("12.5", "expected_rps", 12.5),
 }
 
 # (key, bad value, a fragment of the rule the message must state)

@@ -22,7 +22,7 @@ from sharing.cluster import nodes_from_spec
 from sharing.slots import NodeSpec
 
 DEFAULT_TRACE = "azure-llm-2023"
-POLICY_ORDER = ("slotwise", "hpa", "kpa", "static", "oracle")
+POLICY_ORDER = ("slotwise", "predictive", "hpa", "kpa", "static", "oracle")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tick", type=float, default=10.0,
                    help="simulator tick in seconds (a policy with a shorter tick gets its own)")
     p.add_argument("--hours", type=float, default=None, help="simulate only the first HOURS of the trace")
+    p.add_argument("--history-hours", type=float, default=0.0,
+                   help="the first HOURS of the trace are the controller's history (its forecaster is "
+                        "warm-started from them, as from Prometheus in a cluster); only the rest is simulated")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of load, replicas and latency vs SLO here")
@@ -159,14 +162,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tick must be a positive number of seconds, got {args.tick}")
     if args.hours is not None and not args.hours > 0:
         raise ValueError(f"--hours must be positive, got {args.hours}")
+    if not args.history_hours >= 0:
+        raise ValueError(f"--history-hours must be >= 0, got {args.history_hours}")
     trace = resolve_trace(args.trace, args.fmt)
     if args.hours is not None:
-        trace = head(trace, args.hours * 3600.0)
+        trace = head(trace, (args.history_hours + args.hours) * 3600.0)
     specs = model_specs(trace, args.models)
     for name, s in specs.items():
         if isinstance(s, SpecError):
             print(f"slotwise: model {name} left unmanaged: {s}", file=sys.stderr)
-    workload = build_workload(trace, specs)
+    workload = build_workload(trace, specs, history_s=args.history_hours * 3600.0)
     cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed)
     nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, cfg.tick_s)
     results, cards = run_policies(workload, nodes, names, cfg)

@@ -15,6 +15,7 @@ from autoscaler.policies.base import Policy
 from autoscaler.policies.hpa import HPAPolicy, HPAState
 from autoscaler.policies.kpa import KPAPolicy, KPAState
 from autoscaler.policies.oracle import OraclePolicy, OracleState
+from autoscaler.policies.predictive import PredictivePolicy, PredictiveState
 from autoscaler.policies.simple import SimplePolicy, SimpleState
 from autoscaler.policies.static import StaticPolicy, StaticState
 
@@ -24,6 +25,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "kpa": KPAPolicy,
     "oracle": OraclePolicy,
     "slotwise": SimplePolicy,
+    "predictive": PredictivePolicy,
 }
 
 
@@ -48,6 +50,8 @@ __all__ = [
     "KPAState",
     "OraclePolicy",
     "OracleState",
+    "PredictivePolicy",
+    "PredictiveState",
     "SimplePolicy",
     "SimpleState",
     "StaticPolicy",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoscaler.core import CoreConfig, decide, fresh_state
+from autoscaler.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from autoscaler.sim.cluster import SimCluster
 from autoscaler.sim.engines import make_engine
@@ -95,6 +96,16 @@ def _warm_start(
         cluster.preplace(name, slots)
 
 
+def _forecaster(workload: SimWorkload, policy: Policy) -> FleetForecaster | None:
+    """The fleet forecaster warm-started from the trace's past, when there is one and the policy forecasts."""
+    history = workload.history
+    if history is None or not getattr(policy, "uses_forecast", True):
+        return None
+    forecaster = FleetForecaster()
+    forecaster.warm_start({m: history.rates[i] for i, m in enumerate(history.models)}, history.step_s)
+    return forecaster
+
+
 def simulate(
     workload: SimWorkload,
     nodes: Sequence[NodeSpec],
@@ -121,7 +132,7 @@ def simulate(
         models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
     )
     engine = make_engine(cfg.mode, workload, dt, seed=cfg.seed)
-    state = fresh_state(profiles=profiles)
+    state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy))
     future = workload.arrivals_per_tick(dt) / dt if getattr(policy, "instant_start", False) else None
 
     shape = (m, n_min)

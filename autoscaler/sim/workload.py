@@ -16,7 +16,7 @@ import numpy as np
 from autoscaler.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
 from autoscaler.sim.queueing import Workload
 from autoscaler.spec import ModelSpec, SpecError
-from forecasting.traces.model import RequestLog, Trace
+from forecasting.traces.model import RateSeries, RequestLog, Trace
 
 Specs = dict[str, ModelSpec | SpecError]
 
@@ -26,6 +26,9 @@ class SimWorkload:
     trace: Trace
     specs: Specs
     queue: Workload  # the engines' arrays
+    # The trace's past, before the simulated part: the forecaster's warm start (the controller's
+    # Prometheus history, in a live cluster). None = the controller starts with no history.
+    history: RateSeries | None = None
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -65,7 +68,14 @@ def served_as(specs: Specs) -> dict[str, ModelSpec]:
     return {m: s if isinstance(s, ModelSpec) else ModelSpec(name=m) for m, s in specs.items()}
 
 
-def build_workload(trace: Trace, specs: Specs, seed: int = 0) -> SimWorkload:
+def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float = 0.0) -> SimWorkload:
+    """The workload of ``trace``; with ``history_s`` > 0 its first ``history_s`` seconds are the
+    controller's history (warm start) and only the rest is simulated."""
+    history = None
+    if history_s > 0:
+        from forecasting.traces.ops import split
+
+        history, trace = split(trace, history_s)
     served = served_as(specs)
     ordered = [served[m] for m in trace.models]
     if isinstance(trace, RequestLog):
@@ -74,7 +84,7 @@ def build_workload(trace: Trace, specs: Specs, seed: int = 0) -> SimWorkload:
         queue = Workload.from_rates(
             trace.models, trace.rates, trace.step_s, [profile_from_spec(s) for s in ordered], trace.start_s
         )
-    return SimWorkload(trace, specs, queue)
+    return SimWorkload(trace, specs, queue, history)
 
 
 def peak_replicas(workload: SimWorkload, dt: float, floor_s: float = 60.0) -> dict[str, int]:

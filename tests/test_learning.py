@@ -1,0 +1,460 @@
+"""Online learning pieces for SLO sizing: cold-start lead, ready tracking, capacity scale, sizing quantile."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoscaler.capacity import ServiceProfile, profile_from_spec, wait_params, within_prob
+from autoscaler.learning import (
+    CapacityLearner,
+    ColdStartEstimator,
+    ReadyTracker,
+    SloQuantile,
+    _in_flight_table,
+    _latency_table,
+)
+from autoscaler.snapshot import ModelObservation, Replica
+from autoscaler.spec import ModelSpec
+from sharing.catalog import load_catalog
+from sharing.slots import Slot
+
+SLOT = Slot.whole("n0", 0, load_catalog().get("H100-80GB"))
+SPEC = ModelSpec("m", service_time_ms=200.0, concurrency=4, slo_latency_ms=1000.0)
+
+
+def _prior(conc: int = 4, metric: str = "e2e") -> ServiceProfile:
+    extra = {"prefill_ms_per_1k_tokens": 50.0} if metric == "ttft" else {}
+    return profile_from_spec(
+        ModelSpec("m", service_time_ms=200.0, concurrency=conc, slo_latency_ms=1000.0, slo_metric=metric, **extra)
+    )
+
+
+# -- ColdStartEstimator ---------------------------------------------------------------------------
+
+
+def test_cold_start_prior_until_observed() -> None:
+    est = ColdStartEstimator(60.0)
+    assert est.lead_s == 60.0 and est.count == 0
+
+
+def test_cold_start_ignores_invalid() -> None:
+    est = ColdStartEstimator(60.0)
+    for bad in (math.nan, math.inf, -math.inf, -1.0):
+        assert est.observe(bad) is False
+    assert est.lead_s == 60.0 and est.count == 0 and est.observations == ()
+
+
+def test_cold_start_one_slow_start_is_remembered_while_few() -> None:
+    est = ColdStartEstimator(60.0)
+    est.observe(180.0)
+    assert est.lead_s == 180.0  # a 3 min start can happen again
+    for _ in range(3):
+        est.observe(30.0)
+    assert est.lead_s == 180.0  # still among the last 4
+    est.observe(30.0)
+    assert est.lead_s < 180.0  # fell out of the recent window; the blend with the prior rules
+
+
+def test_cold_start_converges_to_quantile_of_data() -> None:
+    est = ColdStartEstimator(60.0)
+    rng = np.random.default_rng(0)
+    data = rng.uniform(20.0, 40.0, 500)
+    for d in data:
+        est.observe(float(d))
+    window = np.array(est.observations)
+    assert len(window) == 64
+    q = float(np.quantile(window, 0.95))
+    assert est.lead_s == pytest.approx((4 * 60.0 + 500 * q) / 504)
+    assert 35.0 < est.lead_s < 41.0
+
+
+def test_cold_start_shrinks_toward_prior_with_few() -> None:
+    est = ColdStartEstimator(100.0, recent=1)
+    est.observe(10.0)
+    # One observation of 10 s against a 100 s prior with 4 pseudo-observations: (400+10)/5.
+    assert est.lead_s == pytest.approx(82.0)
+
+
+def test_cold_start_rejects_bad_params() -> None:
+    with pytest.raises(ValueError):
+        ColdStartEstimator(math.nan)
+    with pytest.raises(ValueError):
+        ColdStartEstimator(10.0, quantile=1.0)
+    with pytest.raises(ValueError):
+        ColdStartEstimator(10.0, window=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0.0, 1e4),
+    st.lists(st.floats(0.0, 1e4), max_size=100),
+    st.integers(1, 80),
+    st.floats(0.5, 0.999),
+)
+def test_cold_start_lead_within_prior_and_window(prior: float, obs: list[float], window: int, q: float) -> None:
+    est = ColdStartEstimator(prior, window=window, quantile=q)
+    for d in obs:
+        est.observe(d)
+        values = [prior, *est.observations]
+        assert min(values) <= est.lead_s <= max(values)
+
+
+# -- ReadyTracker -----------------------------------------------------------------------------------
+
+
+def _obs(*replicas: Replica) -> ModelObservation:
+    return ModelObservation("m", SPEC, len(replicas), tuple(replicas))
+
+
+def _rep(rid: str, ready: bool, started: float, draining: bool = False) -> Replica:
+    return Replica(rid, SLOT, ready=ready, started_at=started, draining=draining)
+
+
+def test_ready_tracker_counts_each_start_once() -> None:
+    tr = ReadyTracker()
+    assert tr.update(_obs(_rep("a", False, 100.0)), 110.0) == []
+    assert tr.update(_obs(_rep("a", False, 100.0)), 120.0) == []
+    assert tr.update(_obs(_rep("a", True, 100.0)), 170.0) == [70.0]  # granularity: the tick
+    assert tr.update(_obs(_rep("a", True, 100.0)), 180.0) == []
+
+
+def test_ready_tracker_ignores_already_ready_on_first_sight() -> None:
+    tr = ReadyTracker()
+    assert tr.update(_obs(_rep("a", True, 0.0), _rep("b", False, 50.0)), 100.0) == []
+    assert tr.update(_obs(_rep("a", True, 0.0), _rep("b", True, 50.0)), 110.0) == [60.0]
+
+
+def test_ready_tracker_forgets_removed_and_reused_ids() -> None:
+    tr = ReadyTracker()
+    tr.update(_obs(_rep("a", False, 0.0), _rep("b", False, 0.0)), 5.0)
+    assert tr.update(_obs(_rep("a", True, 0.0)), 30.0) == [30.0]
+    assert len(tr) == 1  # b forgotten
+    # b comes back as a new replica (new start): counted from its own start.
+    assert tr.update(_obs(_rep("a", True, 0.0), _rep("b", False, 40.0)), 45.0) == []
+    assert tr.update(_obs(_rep("a", True, 0.0), _rep("b", True, 40.0)), 100.0) == [60.0]
+    # Same id, new start time without a gap (StatefulSet restart): a new replica.
+    assert tr.update(_obs(_rep("a", False, 200.0), _rep("b", True, 40.0)), 205.0) == []
+    assert tr.update(_obs(_rep("a", True, 200.0), _rep("b", True, 40.0)), 215.0) == [15.0]
+    # Removed while starting, then back ready: unknown start, not counted.
+    tr.update(_obs(_rep("c", False, 300.0)), 301.0)
+    tr.update(_obs(), 302.0)
+    assert len(tr) == 0
+    assert tr.update(_obs(_rep("c", True, 300.0)), 330.0) == []
+
+
+def test_ready_tracker_draining_and_bad_times() -> None:
+    tr = ReadyTracker()
+    tr.update(_obs(_rep("a", False, 0.0), _rep("b", False, 0.0), _rep("c", False, 90.0)), 1.0)
+    out = tr.update(_obs(_rep("a", False, 0.0, draining=True), _rep("b", True, 0.0, True), _rep("c", True, 90.0)), 20.0)
+    assert out == [20.0]  # a never got ready; b did (then drained); c's start is in the future
+    tr2 = ReadyTracker()
+    tr2.update(_obs(_rep("x", False, math.nan)), 1.0)
+    assert tr2.update(_obs(_rep("x", True, math.nan)), 2.0) == []
+
+
+def test_ready_tracker_feeds_cold_start_estimator() -> None:
+    tr, est = ReadyTracker(), ColdStartEstimator(60.0)
+    tr.update(_obs(_rep("a", False, 0.0)), 0.0)
+    for d in tr.update(_obs(_rep("a", True, 0.0)), 150.0):
+        est.observe(d)
+    assert est.lead_s == 150.0
+
+
+# -- ServiceProfile.scaled -------------------------------------------------------------------------
+
+
+def test_profile_scaled_keeps_shape_and_slo() -> None:
+    p = _prior(metric="ttft")
+    q = p.scaled(2.0)
+    assert q.mean_s == pytest.approx(2.0 * p.mean_s)
+    assert q.scv == pytest.approx(p.scv)
+    np.testing.assert_allclose(q.latency_part_s, 2.0 * p.latency_part_s)
+    assert (q.slo_s, q.percentile, q.concurrency) == (p.slo_s, p.percentile, p.concurrency)
+    assert q._memo is not p._memo
+
+
+# -- CapacityLearner --------------------------------------------------------------------------------
+
+
+def _forward(prior: ServiceProfile, scale: float, rate: float, n: int) -> tuple[float, float]:
+    """(mean in flight, latency at the SLO percentile) that the capacity model predicts at ``scale``."""
+    p = prior.scaled(scale)
+    pw, dc = wait_params(rate / n, p.concurrency, p.mean_s, p.scv)
+    pw, dc = float(pw), float(dc)
+    assert dc > 0
+    in_flight = rate * (p.mean_s + pw / dc)
+    target = p.percentile / 100.0
+    lo, hi = 0.0, float(p.latency_part_s.max()) + max(0.0, math.log(max(pw, 1e-300) / (1 - target)) / dc) + 1.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if float(np.mean(within_prob(mid - p.latency_part_s, pw, dc))) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return in_flight, hi
+
+
+def _loads(prior: ServiceProfile, scale: float, rng: np.random.Generator, k: int) -> list[tuple[float, int]]:
+    """k (rate, replicas) pairs at utilisations 5%..95% of the true capacity."""
+    out = []
+    for _ in range(k):
+        n = int(rng.integers(1, 8))
+        rho = float(rng.uniform(0.05, 0.95))
+        out.append((rho * prior.concurrency * n / (scale * prior.mean_s), n))
+    return out
+
+
+@pytest.mark.parametrize("metric", ["e2e", "ttft"])
+@pytest.mark.parametrize("use_latency", [False, True])
+@pytest.mark.parametrize("true_scale", [0.5, 1.0, 2.0])
+def test_capacity_recovers_true_scale(true_scale: float, use_latency: bool, metric: str) -> None:
+    prior = _prior(metric=metric)
+    learner = CapacityLearner(prior)
+    rng = np.random.default_rng(1)
+    for rate, n in _loads(prior, true_scale, rng, 300):
+        in_flight, lat = _forward(prior, true_scale, rate, n)
+        learner.observe(rate, n, in_flight, lat if use_latency else math.nan)
+    assert learner.scale == pytest.approx(true_scale, rel=0.01 if true_scale == 1.0 else 0.10)
+    assert learner.profile().mean_s == pytest.approx(true_scale * prior.mean_s, rel=0.10)
+
+
+def test_capacity_recovers_scale_under_noise() -> None:
+    prior = _prior()
+    for true_scale in (0.5, 2.0):
+        learner = CapacityLearner(prior)
+        rng = np.random.default_rng(2)
+        for rate, n in _loads(prior, true_scale, rng, 400):
+            in_flight, lat = _forward(prior, true_scale, rate, n)
+            noise = rng.lognormal(0.0, 0.2, 2)
+            learner.observe(rate, n, in_flight * noise[0], lat * noise[1])
+        assert learner.scale == pytest.approx(true_scale, rel=0.10)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from([1, 2, 4, 16, 128]),
+    st.floats(math.log(0.1), math.log(10.0)),
+    st.floats(0.01, 0.99),
+    st.integers(1, 50),
+)
+def test_capacity_single_tick_inversion_is_exact(conc: int, log_scale: float, rho: float, n: int) -> None:
+    prior = _prior(conc)
+    scale = math.exp(log_scale)
+    rate = rho * conc * n / (scale * prior.mean_s)
+    in_flight, lat = _forward(prior, scale, rate, n)
+    learner = CapacityLearner(prior)
+    assert learner.estimate(rate, n, in_flight) == pytest.approx(scale, rel=2e-3)
+    assert learner.estimate(rate, n, math.nan, lat) == pytest.approx(scale, rel=2e-3)
+
+
+@pytest.mark.parametrize("conc", [1, 4, 64])
+@pytest.mark.parametrize("metric", ["e2e", "ttft"])
+def test_capacity_tables_are_strictly_increasing(conc: int, metric: str) -> None:
+    prior = _prior(conc, metric)
+    y, x = _in_flight_table(conc, round(prior.scv, 9))
+    shape = np.round(prior.latency_part_s / prior.mean_s, 9).tobytes()
+    tab = _latency_table(conc, round(prior.scv, 9), prior.percentile / 100.0, shape)
+    assert tab is not None
+    for ys in (y, tab[0]):
+        assert all(math.isfinite(v) for v in ys)
+        assert all(a < b for a, b in itertools.pairwise(ys))
+    assert x == tab[1] and x[0] == 0.0 and x[-1] < conc
+
+
+def test_capacity_shrinks_toward_prior_with_little_data() -> None:
+    prior = _prior()
+    learner = CapacityLearner(prior, prior_weight=4.0)
+    rate, n = 10.0, 2
+    in_flight, _ = _forward(prior, 2.0, rate, n)
+    learner.observe(rate, n, in_flight)
+    # 1 obs vs 4 pseudo-obs (already faded by one step of the half-life), in log space.
+    assert learner.scale == pytest.approx(2.0 ** (1 / (1 + 4 * 0.5 ** (1 / 60))), rel=1e-4)
+    assert learner.count == 1
+
+
+def test_capacity_adapts_when_the_model_changes() -> None:
+    prior = _prior()
+    learner = CapacityLearner(prior, half_life=60.0)
+    rng = np.random.default_rng(3)
+    for scale in (1.0, 2.0):
+        for rate, n in _loads(prior, scale, rng, 300):
+            learner.observe(rate, n, _forward(prior, scale, rate, n)[0])
+    assert learner.scale == pytest.approx(2.0, rel=0.05)
+
+
+def test_capacity_skips_uninformative() -> None:
+    learner = CapacityLearner(_prior(), min_rate=0.01)
+    for args in [
+        (0.0, 2, 1.0),
+        (0.005, 2, 1.0),
+        (5.0, 0, 1.0),
+        (math.nan, 2, 1.0),
+        (math.inf, 2, 1.0),
+        (5.0, 2, math.nan),
+        (5.0, 2, 0.0),
+        (5.0, 2, -1.0),
+    ]:
+        assert learner.observe(*args) is None
+    assert learner.observe(5.0, 2, math.nan, latency_s=-1.0) is None
+    assert learner.count == 0 and learner.scale == 1.0
+    assert learner.profile() is learner.prior
+
+
+def test_capacity_saturated_reading_never_talks_the_factor_down() -> None:
+    prior = _prior()
+    learner = CapacityLearner(prior)
+    # A burst at 1.5x capacity with a huge backlog: at scale 1 this only says "scale >= 1/1.5".
+    cap = prior.concurrency / prior.mean_s
+    assert learner.observe(1.5 * cap, 1, 1e6) is None
+    assert learner.scale == 1.0
+    # Truly 3x slower: the same rate is 1.5x *below* what saturation needs at scale 1; the bound says >= 2.
+    bound = learner.estimate(0.5 * cap, 1, 1e6)
+    assert bound == pytest.approx(2.0, rel=1e-3)
+    assert learner.observe(0.5 * cap, 1, 1e6) == pytest.approx(2.0, rel=1e-3)
+    assert learner.scale > 1.0
+
+
+def test_capacity_bounds_clamp() -> None:
+    prior = _prior()
+    learner = CapacityLearner(prior, prior_weight=0.0)
+    # 1e-4 requests in flight at 1 req/s says service takes 0.1 ms: 2000x faster than declared.
+    assert learner.observe(1.0, 1, 1e-4) == pytest.approx(0.1)
+    assert learner.scale == pytest.approx(0.1)
+    assert learner.observe(1.0, 1, 1e6) == pytest.approx(10.0)  # saturated, bound above 0.1: counts
+
+
+def test_capacity_per_kind_attribution() -> None:
+    prior = _prior()
+    speeds = {"H100-80GB": 1.0, "A100-40GB": 0.5, "1g.10gb": 0.125}
+    learner = CapacityLearner(prior, declared_speed=speeds)
+    rng = np.random.default_rng(4)
+    # The model is 1.5x slower than declared on the reference; the A100 behaves as declared (2x slower).
+    for rate, n in _loads(prior, 3.0, rng, 300):
+        learner.observe(rate, n, _forward(prior, 3.0, rate, n)[0], kind="A100-40GB")
+    assert learner.scale_for("A100-40GB") == pytest.approx(3.0, rel=0.05)
+    assert learner.scale == pytest.approx(1.5, rel=0.05)
+    # Kinds without data: the reference over their declared speed; unknown kinds: speed 1.
+    assert learner.scale_for("H100-80GB") == pytest.approx(1.5, rel=0.05)
+    assert learner.scale_for("1g.10gb") == pytest.approx(12.0, rel=0.05)
+    assert learner.scale_for("share") == pytest.approx(learner.scale)
+    assert learner.profile("1g.10gb").mean_s == pytest.approx(12.0 * prior.mean_s, rel=0.05)
+    # The H100 turns out faster than declared relative to the A100: its own data wins over the prior.
+    for rate, n in _loads(prior, 1.0, rng, 300):
+        learner.observe(rate, n, _forward(prior, 1.0, rate, n)[0], kind="H100-80GB")
+    assert learner.scale_for("H100-80GB") == pytest.approx(1.0, rel=0.05)
+    assert learner.scale_for("A100-40GB") == pytest.approx(3.0, rel=0.05)
+
+
+def test_capacity_mixed_observations_feed_only_the_reference() -> None:
+    prior = _prior()
+    learner = CapacityLearner(prior, declared_speed={"slow": 0.5})
+    rng = np.random.default_rng(5)
+    for rate, n in _loads(prior, 2.0, rng, 200):
+        learner.observe(rate, n, _forward(prior, 2.0, rate, n)[0], kind=None)
+    assert learner.scale == pytest.approx(2.0, rel=0.05)
+    assert learner.scale_for("slow") == pytest.approx(4.0, rel=0.05)
+    assert learner.scale_for(None) == learner.scale
+
+
+def test_capacity_profile_is_cached_while_steady() -> None:
+    prior = _prior()
+    learner = CapacityLearner(prior)
+    rate, n = 10.0, 2
+    for _ in range(50):
+        learner.observe(rate, n, _forward(prior, 2.0, rate, n)[0])
+    p1 = learner.profile()
+    learner.observe(rate, n, _forward(prior, 2.0, rate, n)[0])
+    assert learner.profile() is p1  # moved by < 1%: same object, sizing memo kept
+    assert p1.mean_s == pytest.approx(learner.scale * prior.mean_s, rel=0.01)
+    assert learner.profile("other").mean_s == pytest.approx(p1.mean_s)  # no data, no declared speed
+
+
+def test_capacity_rejects_bad_params() -> None:
+    with pytest.raises(ValueError):
+        CapacityLearner(_prior(), declared_speed={"x": 0.0})
+    with pytest.raises(ValueError):
+        CapacityLearner(_prior(), bounds=(1.0, 10.0))
+    with pytest.raises(ValueError):
+        CapacityLearner(_prior(), half_life=0.0)
+
+
+# -- SloQuantile ------------------------------------------------------------------------------------
+
+
+def test_slo_quantile_initial_from_formula() -> None:
+    assert SloQuantile.initial(95.0) == pytest.approx(0.90)
+    assert SloQuantile.initial(99.0) == pytest.approx(0.955, abs=0.005)
+    assert SloQuantile.initial(99.9) == pytest.approx(0.986, abs=0.005)
+    assert SloQuantile.initial(80.0) == pytest.approx(0.80)
+    qs = [SloQuantile.initial(p) for p in np.linspace(50.0, 99.99, 200)]
+    assert all(a <= b for a, b in itertools.pairwise(qs))  # stricter SLO, higher quantile
+    assert all(0.5 <= q <= 0.999 for q in qs)
+    assert SloQuantile(99.0).quantile == pytest.approx(SloQuantile.initial(99.0))
+
+
+def test_slo_quantile_holds_on_budget() -> None:
+    sq = SloQuantile(99.0)
+    q0 = sq.quantile
+    for _ in range(2000):
+        sq.update(1000.0, 990.0)
+    assert sq.attainment == pytest.approx(0.99)
+    assert sq.quantile == pytest.approx(q0, abs=0.01)
+
+
+def test_slo_quantile_rises_under_burn_and_is_bounded() -> None:
+    sq = SloQuantile(99.0)
+    q0 = sq.quantile
+    for _ in range(100):
+        sq.update(1000.0, 970.0)  # burning 3x
+    assert sq.burn > 1.0 and sq.quantile > q0
+    for _ in range(20_000):
+        sq.update(1000.0, 0.0)
+    assert sq.quantile == pytest.approx(0.999)
+
+
+def test_slo_quantile_falls_slowly_when_well_within() -> None:
+    sq = SloQuantile(99.0, window=360.0, gain_down=0.5)
+    z0 = math.log(sq.quantile / (1 - sq.quantile))
+    for _ in range(360):
+        sq.update(1000.0, 1000.0)
+    z1 = math.log(sq.quantile / (1 - sq.quantile))
+    assert z0 - 0.5 - 1e-9 <= z1 < z0  # at most gain_down logits per window
+    for _ in range(100_000):
+        sq.update(1000.0, 1000.0)
+    assert sq.quantile == pytest.approx(0.5)
+
+
+def test_slo_quantile_ignores_no_data_and_garbage() -> None:
+    sq = SloQuantile(99.0)
+    q0 = sq.quantile
+    for args in [(0.0, 0.0), (math.nan, 1.0), (10.0, math.inf), (-5.0, 0.0)]:
+        assert sq.update(*args) == q0
+    assert sq.attainment == 1.0
+    # A handful of requests, all fine, barely moves anything (prior pseudo-misses at the budget).
+    sq.update(3.0, 3.0)
+    assert sq.quantile == pytest.approx(q0, abs=1e-3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.floats(90.0, 99.95),
+    st.lists(
+        st.tuples(st.floats(0.0, 1e4), st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+        min_size=1,
+        max_size=200,
+    ),
+)
+def test_slo_quantile_more_burn_never_lower(slo: float, ticks: list[tuple[float, float, float]]) -> None:
+    a, b = SloQuantile(slo, window=20.0), SloQuantile(slo, window=20.0)
+    for requests, f1, f2 in ticks:
+        lo, hi = sorted((f1, f2))
+        qa = a.update(requests, requests * lo)  # a misses at least as many requests as b, every tick
+        qb = b.update(requests, requests * hi)
+        assert qa >= qb
+        assert 0.5 <= qb <= qa <= 0.999
