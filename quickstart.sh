@@ -21,6 +21,16 @@ ensure_python() {
     echo "slotwise needs Python >= 3.11 (found $("$PY" --version))" >&2; exit 1; }
 }
 
+# The tests start a real Prometheus (tests/realparts/prometheus.py) from Debian's package. The fixture installs
+# it itself when run as root and skips those tests otherwise; installing here (with sudo if needed) makes
+# `./quickstart.sh test` run them on a fresh Debian 12 either way. Skipped when both binaries are on PATH.
+ensure_prometheus() {
+  if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends prometheus
+  fi
+}
+
 ensure_venv() {
   ensure_python
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
@@ -36,6 +46,7 @@ case "${1:-demo}" in
     ;;
   test)
     ensure_venv "[test]"
+    ensure_prometheus
     shift || true
     "$VENV/bin/ruff" check .
     "$VENV/bin/python" -m pytest -q "$@"

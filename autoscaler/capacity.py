@@ -18,7 +18,7 @@ re-derives them):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -44,9 +44,13 @@ class ServiceProfile:
     concurrency: int
     slo_s: float
     percentile: float  # e.g. 95.0
+    # Variability of the arrivals (squared coefficient of variation of inter-arrival times, estimated as
+    # the index of dispersion of counts): 1 = Poisson; bursty traffic queues more at the same mean rate.
+    arrival_scv: float = 1.0
 
     # Sizing asks the same question every tick while the load is steady: remember the answers.
     _memo: dict[tuple[float, int], int] = field(default_factory=dict, compare=False, repr=False)
+    _variants: dict[float, ServiceProfile] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def mean_s(self) -> float:
@@ -63,6 +67,19 @@ class ServiceProfile:
         """Per sample point, how long a request may wait and still meet the SLO."""
         return self.slo_s - self.latency_part_s
 
+    def with_arrival_scv(self, arrival_scv: float) -> ServiceProfile:
+        """This profile under arrivals of variability ``arrival_scv``; the variants are kept, so that
+        sizing keeps its memo per variant (callers should round the value to a coarse grid)."""
+        if arrival_scv == self.arrival_scv:
+            return self
+        variant = self._variants.get(arrival_scv)
+        if variant is None:
+            if len(self._variants) > 64:
+                self._variants.clear()
+            variant = replace(self, arrival_scv=arrival_scv, _memo={}, _variants={})
+            self._variants[arrival_scv] = variant
+        return variant
+
     def scaled(self, factor: float) -> ServiceProfile:
         """A new profile whose service (occupancy and latency part) takes ``factor`` times as long.
 
@@ -76,6 +93,7 @@ class ServiceProfile:
             concurrency=self.concurrency,
             slo_s=self.slo_s,
             percentile=self.percentile,
+            arrival_scv=self.arrival_scv,
         )
 
 
@@ -232,7 +250,9 @@ def attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
         return 1.0  # no requests, none late
     if replicas <= 0:
         return 0.0
-    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, profile.scv)
+    # Allen-Cunneen's (ca^2 + cs^2) / 2: burstier arrivals stretch the wait like a more variable service.
+    scv = profile.scv + profile.arrival_scv - 1.0
+    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, scv)
     if decay <= 0:
         return 0.0  # unstable: the queue grows without bound
     return float(np.mean(within_prob(profile.budget_s, p_wait, decay)))

@@ -21,6 +21,7 @@ import numpy as np
 
 from autoscaler.capacity import ServiceProfile, profile_from_spec
 from autoscaler.forecast import FleetForecaster
+from autoscaler.learning import CapacityLearner, ColdStartEstimator, ReadyTracker, SloQuantile
 from autoscaler.plan import (
     PlaceReplica,
     Plan,
@@ -38,6 +39,7 @@ from sharing.slots import Inventory, SlotRequest
 
 _EMPTY = np.zeros(0)
 STALE_METRICS = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
+SLO_WINDOW_S = 60.0  # an SLO on a percentile is judged per window of this length
 
 
 @dataclass
@@ -55,12 +57,46 @@ class CoreConfig:
 
 
 @dataclass
+class ModelLearning:
+    """What the core learns online about one model (for policies that ask: ``learns = True``)."""
+
+    ready: ReadyTracker
+    cold_start: ColdStartEstimator  # lead time of a scale-up
+    capacity: CapacityLearner  # service-time correction of the capacity prior
+    quantile: SloQuantile  # forecast quantile to size for, corrected by error-budget burn
+
+    @classmethod
+    def start(cls, spec: ModelSpec, prior: ServiceProfile, tick_s: float) -> ModelLearning:
+        # SLO windows of a minute: the scorecard's model-minutes, and Prometheus' usual rate window
+        window_ticks = max(1, round(SLO_WINDOW_S / tick_s))
+        return cls(ReadyTracker(), ColdStartEstimator(spec.cold_start_s), CapacityLearner(prior),
+                   SloQuantile(spec.slo_percentile, ticks_per_window=window_ticks))
+
+    def observe(self, obs: ModelObservation, m: ModelMetrics, now: float, tick_s: float, step_s: float) -> None:
+        for duration in self.ready.update(obs, now):
+            self.cold_start.observe(duration)
+        if m.stale or m.rate.size == 0:
+            return
+        # The samples since the previous decision (a policy tick may span several metric steps).
+        n = max(1, min(m.rate.size, round(tick_s / step_s)))
+        rate = float(np.nanmean(m.rate[-n:])) if n > 1 else float(m.rate[-1])
+        in_flight = float(np.nanmean(m.in_flight[-n:])) if n > 1 else float(m.in_flight[-1])
+        if math.isfinite(rate) and math.isfinite(in_flight):
+            # (placement across slot kinds is not attributed yet: the model-level factor only)
+            self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s)
+        if m.within_rate is not None and math.isfinite(rate):
+            within = float(np.nansum(m.within_rate[-n:])) * step_s
+            self.quantile.update(rate * n * step_s, min(within, rate * n * step_s))
+
+
+@dataclass
 class ModelState:
     """What the controller remembers about one model between ticks."""
 
     policy_state: Any
     capacity: ServiceProfile
     next_decision_at: float = -math.inf
+    learning: ModelLearning | None = None
     last_reason: Reason | None = None
     last_desired: int = -1
 
@@ -94,11 +130,11 @@ def slot_request(spec: ModelSpec) -> SlotRequest:
 
 
 def _forecast(
-    forecaster: FleetForecaster, name: str, spec: ModelSpec, now: float, config: CoreConfig
+    forecaster: FleetForecaster, name: str, cold_start_s: float, now: float, config: CoreConfig
 ) -> Forecast | None:
     # Lead time: a replica asked for now serves only after its cold start, and the next chance to
     # correct comes one tick later; metrics arrive late by the metric lag.
-    horizon_s = spec.cold_start_s + config.policy.tick_s + config.metric_lag_s
+    horizon_s = cold_start_s + config.policy.tick_s + config.metric_lag_s
     values = forecaster.quantiles(name, now, horizon_s)
     if values is None:
         return None
@@ -134,6 +170,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     policy = config.policy
     inventory: Inventory | None = None  # copied lazily: most ticks change nothing
     uses_forecast = getattr(policy, "uses_forecast", True)
+    learns = getattr(policy, "learns", False)
     forecaster = _update_forecaster(snapshot, metrics, state, config) if uses_forecast else None
     # Within one tick free capacity only shrinks, so a request shape that failed once fails again.
     unplaceable: set[tuple] = set()
@@ -153,15 +190,22 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
         spec = obs.spec
         ms = state.models.get(name)
         if ms is None:
+            prior = state.profiles.get(name) or profile_from_spec(spec)
             ms = ModelState(
                 policy_state=policy.initial_state(spec, obs.active_replicas),
-                capacity=state.profiles.get(name) or profile_from_spec(spec),
+                capacity=prior,
+                learning=ModelLearning.start(spec, prior, policy.tick_s) if learns else None,
             )
             state.models[name] = ms
         if now < ms.next_decision_at:
             continue
         ms.next_decision_at = now + policy.tick_s - 1e-9
         m = metrics.models.get(name, STALE_METRICS)
+        learning = ms.learning
+        cold_start_s = spec.cold_start_s
+        if learning is not None:
+            learning.observe(obs, m, now, policy.tick_s, metrics.step_s)
+            cold_start_s = learning.cold_start.lead_s
         current = obs.active_replicas
         ctx = PolicyContext(
             now=now,
@@ -170,9 +214,11 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
             ready_replicas=obs.ready_replicas,
             metrics=m,
             metrics_step_s=metrics.step_s,
-            forecast=None if m.stale or forecaster is None else _forecast(forecaster, name, spec, now, config),
-            capacity=ms.capacity,
+            forecast=None if m.stale or forecaster is None else _forecast(forecaster, name, cold_start_s, now, config),
+            capacity=ms.capacity if learning is None else learning.capacity.profile(),
             state=ms.policy_state,
+            sizing_quantile=None if learning is None else learning.quantile.quantile,
+            burn=0.0 if learning is None else learning.quantile.burn,
         )
         result = apply_rails(policy, ctx)
         ms.policy_state = result.state

@@ -66,6 +66,9 @@ class ModelMetrics:
     queue_depth: float = 0.0
     stale: bool = False
     future_rate: float | None = None  # clairvoyant load for the next tick: ONLY the oracle baseline gets this
+    # requests/s settled within the SLO latency per step (Prometheus: the rate of the latency histogram's
+    # bucket at the SLO); None where the source has no such series. rate vs this = error-budget burn.
+    within_rate: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -144,6 +146,6 @@ def test_longer_lead_time_never_lowers_the_forecast() -> None:
     ff.sync(["a"], {})
     leads = [10.0, 60.0, 120.0, 240.0, 1000.0]
     qs = [ff.quantiles("a", 0.0, x) for x in leads]
-    for lo, hi in zip(qs, qs[1:], strict=False):
+    for lo, hi in itertools.pairwise(qs):
         assert lo is not None and hi is not None
         assert np.all(hi >= lo - 1e-12)

@@ -1,4 +1,6 @@
-"""Behaviour of the baseline policies (static, HPA, KPA, oracle) and slotwise's first policy.
+"""Behaviour of the baseline policies (static, HPA, KPA, oracle), the rails and the registry.
+
+slotwise's own policy (``SloPolicy``) is tested in tests/test_slo_policy.py.
 
 Contexts are built by small helpers; ``drive`` plays a load schedule through a policy tick by tick, with
 the replicas it asks for becoming ready at once (cold start is the simulator's business, not the policy's).
@@ -25,7 +27,6 @@ from autoscaler.policies import (
     HPAPolicy,
     KPAPolicy,
     OraclePolicy,
-    SimplePolicy,
     StaticPolicy,
     make_policy,
 )
@@ -358,42 +359,6 @@ def test_oracle_matches_the_real_capacity_model() -> None:
     assert p.decide(context(p, metrics(1.0, future_rate=42.0), current=1)).desired == expected
 
 
-# -- slotwise (simple) ----------------------------------------------------------------------------
-
-
-def forecast(p50: float, p90: float) -> Forecast:
-    return Forecast(quantiles=(0.5, 0.9), values=np.array([p50, p90]), horizon_s=60.0)
-
-
-def test_simple_sizes_for_the_upper_quantile_and_observed_floor(fake_slo: list[Any]) -> None:
-    p = SimplePolicy()
-    res = p.decide(context(p, metrics(1.0, rate=20.0), current=1, forecast=forecast(30.0, 55.0)))
-    assert (res.desired, res.reason) == (6, Reason.FORECAST)
-    # A forecast below what is observed now does not shed busy replicas.
-    res = p.decide(context(p, metrics(1.0, rate=80.0), current=1, forecast=forecast(10.0, 20.0)))
-    assert res.desired == 8
-    res = p.decide(context(p, metrics(1.0, rate=33.0), current=1))
-    assert (res.desired, res.reason) == (4, Reason.REACTIVE)
-
-
-def test_simple_scales_down_only_after_its_window(fake_slo: list[Any]) -> None:
-    p = SimplePolicy(scale_down_stabilization_s=120.0)
-    state, current = p.initial_state(SPEC, 10), 10
-    out: dict[float, int] = {}
-    for t in np.arange(0.0, 300.0, p.tick_s):
-        rate = 100.0 if t < 50 else 20.0  # recommendation 10, then 2
-        res = p.decide(context(p, metrics(1.0, rate=rate), current, now=float(t), state=state))
-        state, current, out[float(t)] = res.state, res.desired, res.desired
-    assert all(v == 10 for t, v in out.items() if t < 160)  # last "10" at t=40 -> out of window after 160
-    assert out[160.0] == 2
-
-
-def test_simple_without_slo_sizing_uses_utilization() -> None:
-    p = SimplePolicy(use_slo_sizing=False)
-    # 10 req/s per replica (concurrency 1, 100 ms) at 70 % -> 7 req/s each.
-    assert p.decide(context(p, metrics(1.0, rate=14.0), current=1)).desired == 2
-
-
 # -- rails and registry ---------------------------------------------------------------------------
 
 
@@ -471,9 +436,3 @@ def test_oracle_reports_an_unreachable_slo_as_bounds() -> None:
     ctx = context(p, metrics(1.0, future_rate=5.0), current=1, spec=SPEC.with_(max_replicas=7))
     res = apply_rails(p, replace(ctx, capacity=tight))
     assert (res.desired, res.reason) == (7, Reason.BOUNDS)
-
-
-def test_simple_uses_the_real_capacity_model() -> None:
-    p = SimplePolicy()
-    res = p.decide(context(p, metrics(1.0, rate=12.0), current=1, forecast=forecast(20.0, 30.0)))
-    assert res.desired == capacity.min_replicas_for_slo(30.0, PROFILE)

@@ -70,6 +70,7 @@ def poisson_log(rates: dict[str, float], duration_s: float, seed: int = 1) -> Re
 
 def run(trace, specs, policy, nodes_spec="16xH100-80GB", **cfg) -> SimResult:  # type: ignore[no-untyped-def]
     workload = build_workload(trace, specs)
+    cfg.setdefault("burn_in_s", 0.0)  # these tests check the mechanics from t = 0
     return simulate(workload, nodes_from_spec(nodes_spec), policy, SimConfig(**cfg))
 
 
@@ -237,7 +238,7 @@ def check_card(card: dict) -> None:
 def test_requests_are_conserved(mode: str) -> None:
     log = poisson_log({"a": 5.0, "b": 2.0}, 600.0)
     specs = {"a": SLICE, "b": SLICE.with_(name="b")}
-    res = run(log, specs, make_policy("slotwise"), mode=mode)
+    res = run(log, specs, make_policy("slotwise"), mode=mode, burn_in_s=0.0)
     card = scorecard(res)
     assert card["requests"] == len(log)
     counts = np.bincount(log.model_index, minlength=2)
@@ -334,7 +335,7 @@ def test_scorecard_all_policies_sane() -> None:
     nodes = nodes_from_spec("8xH100-80GB:mig")
     for name in ("slotwise", "hpa", "kpa", "oracle"):
         policy = make_policy(name)
-        res = simulate(workload, nodes, policy, SimConfig(tick_s=min(10.0, policy.tick_s)))
+        res = simulate(workload, nodes, policy, SimConfig(tick_s=min(10.0, policy.tick_s), burn_in_s=0.0))
         card = scorecard(res)
         check_card(card)
         assert card["policy"] == name and card["requests"] == len(log)
@@ -404,3 +405,16 @@ def test_shortfall_lasts_until_the_model_is_no_longer_unplaceable() -> None:
     assert cluster.shortfall[0] == 1
     cluster.apply(Plan(20.0, [UpdateStatus(name, 1, 1, Reason.STABLE)]))  # demand fell back to what fits
     assert cluster.shortfall[0] == 0
+
+
+def test_burn_in_minutes_are_not_scored() -> None:
+    log = poisson_log({"a": 5.0, "b": 2.0}, 600.0)
+    specs = {"a": SLICE, "b": SLICE.with_(name="b")}
+    full = run(log, specs, make_policy("hpa"), burn_in_s=0.0)
+    default = run(log, specs, make_policy("hpa"), burn_in_s=None)  # warmup + longest cold start, whole minutes
+    expected = 60.0 * np.ceil((60.0 + SLICE.cold_start_s) / 60.0)
+    assert default.burn_in_s == expected
+    skipped = int(expected // 60)
+    assert default.minute_arrivals.shape[1] == full.minute_arrivals.shape[1] - skipped
+    np.testing.assert_allclose(default.minute_arrivals, full.minute_arrivals[:, skipped:])
+    assert default.gpu_hours < full.gpu_hours

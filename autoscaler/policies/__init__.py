@@ -16,7 +16,7 @@ from autoscaler.policies.hpa import HPAPolicy, HPAState
 from autoscaler.policies.kpa import KPAPolicy, KPAState
 from autoscaler.policies.oracle import OraclePolicy, OracleState
 from autoscaler.policies.predictive import PredictivePolicy, PredictiveState
-from autoscaler.policies.simple import SimplePolicy, SimpleState
+from autoscaler.policies.slo import SloPolicy, SloState
 from autoscaler.policies.static import StaticPolicy, StaticState
 
 POLICIES: dict[str, Callable[..., Policy]] = {
@@ -24,7 +24,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "hpa": HPAPolicy,
     "kpa": KPAPolicy,
     "oracle": OraclePolicy,
-    "slotwise": SimplePolicy,
+    "slotwise": SloPolicy,
     "predictive": PredictivePolicy,
 }
 
@@ -52,8 +52,8 @@ __all__ = [
     "OracleState",
     "PredictivePolicy",
     "PredictiveState",
-    "SimplePolicy",
-    "SimpleState",
+    "SloPolicy",
+    "SloState",
     "StaticPolicy",
     "StaticState",
     "make_policy",

@@ -30,8 +30,18 @@ class Forecast:
     horizon_s: float
 
     def at(self, q: float) -> float:
+        """The ``q`` quantile: interpolated between the levels, and beyond the top level extrapolated with
+        an exponential tail through the top two (each 10x rarer event adds the same step), never below
+        the top level's value."""
         if q in self.quantiles:
             return float(self.values[self.quantiles.index(q)])
+        top = self.quantiles[-1]
+        q = min(q, 1.0 - 1e-9)  # the 1-quantile of a rate has no finite forecast
+        if q > top and len(self.quantiles) >= 2:
+            below = self.quantiles[-2]
+            v_top, v_below = float(self.values[-1]), float(self.values[-2])
+            per_decade = (v_top - v_below) / math.log10((1.0 - below) / (1.0 - top))
+            return v_top + max(per_decade, 0.0) * math.log10((1.0 - top) / (1.0 - q))
         return float(np.interp(q, self.quantiles, self.values))
 
 
@@ -44,8 +54,12 @@ class PolicyContext:
     metrics: ModelMetrics
     metrics_step_s: float
     forecast: Forecast | None
-    capacity: ServiceProfile  # how one replica serves (prior from spec, or measured)
+    capacity: ServiceProfile  # how one replica serves (prior from spec, or measured / learned)
     state: Any  # the policy's own state dataclass, from initial_state() or its previous result
+    # For policies that learn (``learns = True``): the forecast quantile to size for (from the SLO,
+    # corrected by error-budget burn) and the current burn rate (1 = spending the budget exactly).
+    sizing_quantile: float | None = None
+    burn: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +73,8 @@ class PolicyResult:
 class Policy(Protocol):
     """A scaling policy. ``tick_s`` is how often it decides (HPA 15 s, KPA 2 s, …);
     ``instant_start`` asks the simulator for zero cold start (only the oracle lower bound);
-    ``uses_forecast`` tells the core whether to compute a forecast for it."""
+    ``uses_forecast`` tells the core whether to compute a forecast for it. A policy may also set
+    ``learns = True`` to get learned capacity, cold start (the forecast's lead time) and sizing quantile."""
 
     name: str
     tick_s: float

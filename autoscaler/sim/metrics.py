@@ -23,17 +23,23 @@ class SimMetrics:
         m = len(self.models)
         self._rate = np.zeros((m, size))
         self._in_flight = np.zeros((m, size))
+        self._within = np.zeros((m, size))
         self._latency = np.full(m, np.nan)
         self._filled = 0
         self.warmup = warmup  # samples needed before the data counts (a fresh scrape is not a window)
         self.stale = np.zeros(m, dtype=bool)  # fault injection: a lost metric source
         self.future_rate: np.ndarray | None = None  # set only when the policy is the clairvoyant oracle
 
-    def push(self, rate: np.ndarray, in_flight: np.ndarray, latency: np.ndarray) -> None:
+    def push(
+        self, rate: np.ndarray, in_flight: np.ndarray, latency: np.ndarray, within_rate: np.ndarray | None = None
+    ) -> None:
+        """One tick's samples; ``within_rate``: requests/s settled within the SLO (default: all of them)."""
         self._rate[:, :-1] = self._rate[:, 1:]
         self._rate[:, -1] = rate
         self._in_flight[:, :-1] = self._in_flight[:, 1:]
         self._in_flight[:, -1] = in_flight
+        self._within[:, :-1] = self._within[:, 1:]
+        self._within[:, -1] = rate if within_rate is None else within_rate
         self._latency = latency
         self._filled = min(self._filled + 1, self.size)
 
@@ -45,6 +51,7 @@ class SimMetrics:
             name: ModelMetrics(
                 rate=self._rate[i, lo:],
                 in_flight=self._in_flight[i, lo:],
+                within_rate=self._within[i, lo:],
                 latency_s=float(self._latency[i]),
                 # Too little data is "no data", not "zero load": policies hold until it arrives.
                 stale=bool(self.stale[i]) or n < self.warmup,

@@ -40,6 +40,9 @@ class SimConfig:
     metrics_window_s: float = 600.0
     fragmentation_every_s: float = 300.0
     warmup_s: float = 60.0  # the controller holds replicas until it has this much metric history
+    # Not scored: before metrics warm up and a replica asked for then is Ready, no policy can have acted
+    # (the run starts from the same warm-started cluster for all). None = warmup_s + the longest cold start.
+    burn_in_s: float | None = None
 
 
 @dataclass
@@ -65,6 +68,7 @@ class SimResult:
     gpus_total: int
     sim_wall_s: float
     invalid_models: dict[str, str] = field(default_factory=dict)
+    burn_in_s: float = 0.0  # the first seconds, not scored (see SimConfig.burn_in_s)
 
 
 def _warm_start(
@@ -121,7 +125,13 @@ def simulate(
     good = served_as(specs)
     dt = cfg.tick_s
     n_ticks = int(math.ceil(workload.duration_s / dt))
-    n_min = int(math.ceil(n_ticks * dt / 60.0))
+    burn_in = cfg.burn_in_s
+    if burn_in is None:
+        burn_in = cfg.warmup_s + max((s.cold_start_s for s in good.values()), default=0.0)
+    # whole minutes, and never the whole run
+    burn_in = min(math.ceil(burn_in / 60.0) * 60.0, max(0.0, (n_ticks * dt // 60.0 - 1) * 60.0))
+    first_scored = int(math.ceil(burn_in / dt - 1e-9))
+    n_min = int(math.ceil((n_ticks - first_scored) * dt / 60.0))
 
     profiles = workload.profiles
     drain = np.array([min(cfg.drain_timeout_s, float(profiles[x].occupancy_s.max())) for x in models])
@@ -162,9 +172,11 @@ def simulate(
         else:
             routable = cluster.routable
         stats = engine.step(now, dt, routable)
-        metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct)
+        metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt)
+        if k < first_scored:
+            continue
 
-        j = min(int(now // 60.0), n_min - 1)
+        j = min(int((now - burn_in) // 60.0), n_min - 1)
         arrivals[:, j] += stats.arrivals
         within[:, j] += stats.within_slo
         replicas[:, j] += routable
@@ -202,4 +214,5 @@ def simulate(
         gpus_total=cluster.inventory.gpus_total,
         sim_wall_s=time.perf_counter() - wall0,
         invalid_models={x: str(s) for x, s in specs.items() if not isinstance(s, ModelSpec)},
+        burn_in_s=burn_in,
     )

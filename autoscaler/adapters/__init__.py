@@ -1,0 +1,1 @@
+"""Adapters between the decision core's ports and real systems (Prometheus, Kubernetes)."""

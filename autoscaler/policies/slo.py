@@ -1,0 +1,175 @@
+"""slotwise's policy: the fewest replicas whose predicted latency meets the SLO at the forecast's upper
+quantile of load over the model's lead time, inside the rails a production controller needs.
+
+Registered as ``slotwise``. What it is given (by the decision core, learned online per model):
+
+- the forecast (:mod:`autoscaler.forecast`) of the peak load over the lead time = the measured cold start
+  (a high percentile of observed scale-up-to-Ready times; the annotation is only the prior) + tick +
+  metric lag, so new replicas are Ready when the load arrives;
+- the quantile to size for (``ctx.sizing_quantile``): it follows from the SLO (a 99.9 % target needs a
+  higher quantile than a 95 % one) and rises while the model burns its error budget;
+- the capacity curve (``ctx.capacity``): the queueing model of :mod:`autoscaler.capacity` on a
+  service-time profile whose scale is learned from observed (rate, replicas, in-flight, latency).
+
+What it adds, each tick:
+
+1. **Plan**: desired = fewest replicas meeting the SLO at max(forecast quantile, observed load over the
+   stable window) -- the observed floor because a forecast that lags a ramp must not shed busy replicas.
+2. **Panic** (as KPA's): when the load over the short panic window needs more than the plan, that wins,
+   with reason ``panic``.
+3. **Scale down** only when every recommendation of the stabilization window was lower AND N-1 (the
+   target) still meets the SLO at a stricter quantile than scale-up used (hysteresis: a model does not
+   flap between two counts on forecast noise), at most ``max_scale_down_fraction`` of the replicas per
+   tick. Removal drains (the core stops routing, then removes after in-flight requests finish).
+4. Stale or lost metrics hold the replicas (the core's rails), and min/max bounds are applied there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscaler import capacity as capacity_model
+from autoscaler.capacity import ServiceProfile
+from autoscaler.learning import SloQuantile
+from autoscaler.plan import Reason
+from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
+from autoscaler.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class SloState:
+    started_at: float | None = None  # first decision: before a full window has passed, hold on scale-down
+    # (time, recommendation) as a monotone queue: the window's maximum comes first
+    recommendations: tuple[tuple[float, int], ...] = ()
+
+
+class SloPolicy:
+    """SLO-driven sizing from forecast quantiles; see the module docstring.
+
+    Knobs: ``tick_s`` (how often it decides), ``stable_window_s`` (observed-load floor),
+    ``panic_window_s``, ``scale_down_stabilization_s``, ``max_scale_down_fraction`` (per tick; at least one
+    replica), ``down_margin`` (scale-down's quantile leaves this fraction of scale-up's tail: 0.5 sizes
+    the N-1 check at 1 - (1 - q) / 2).
+    """
+
+    name = "slotwise"
+    instant_start = False
+    uses_forecast = True
+    learns = True
+
+    def __init__(
+        self,
+        tick_s: float = 10.0,
+        stable_window_s: float = 60.0,
+        panic_window_s: float = 10.0,
+        scale_down_stabilization_s: float = 120.0,
+        max_scale_down_fraction: float = 0.5,
+        down_margin: float = 0.5,
+        burstiness: bool = True,
+    ) -> None:
+        for knob, value in (("tick_s", tick_s), ("stable_window_s", stable_window_s),
+                            ("panic_window_s", panic_window_s)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{knob} must be > 0, got {value}")
+        if not scale_down_stabilization_s >= 0:
+            raise ValueError("scale_down_stabilization_s must be >= 0")
+        if not 0 < max_scale_down_fraction <= 1:
+            raise ValueError("max_scale_down_fraction must be in (0, 1]")
+        if not 0 < down_margin <= 1:
+            raise ValueError("down_margin must be in (0, 1]")
+        self.tick_s = tick_s
+        self.stable_window_s = stable_window_s
+        self.panic_window_s = panic_window_s
+        self.scale_down_stabilization_s = scale_down_stabilization_s
+        self.max_scale_down_fraction = max_scale_down_fraction
+        self.down_margin = down_margin
+        self.burstiness = burstiness
+
+    def initial_state(self, spec: ModelSpec, replicas: int) -> SloState:
+        return SloState()
+
+    def _size(self, rate: float, ctx: PolicyContext, profile: ServiceProfile) -> int:
+        if not rate > 0:
+            return 0
+        # One past the ceiling, so that "needs more than allowed" still shows as BOUNDS in the rails.
+        return capacity_model.min_replicas_for_slo(rate, profile, ctx.spec.max_replicas + 1)
+
+    def decide(self, ctx: PolicyContext) -> PolicyResult:
+        state: SloState = ctx.state if isinstance(ctx.state, SloState) else SloState()
+        now, current, spec = ctx.now, ctx.current_replicas, ctx.spec
+        first_q = SloQuantile.initial(spec.slo_percentile)
+        q = ctx.sizing_quantile if ctx.sizing_quantile is not None else first_q
+        q_down = 1.0 - (1.0 - q) * self.down_margin
+        step = ctx.metrics_step_s
+        stable = window_mean(ctx.metrics.rate, step, self.stable_window_s) or 0.0
+        short = window_mean(ctx.metrics.rate, step, self.panic_window_s) or 0.0
+
+        profile = ctx.capacity
+        if self.burstiness:
+            profile = profile.with_arrival_scv(arrival_dispersion(ctx.metrics.rate, step))
+        forecast = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
+        if math.isfinite(forecast):
+            load = max(forecast, stable)
+            reason = Reason.SLO_BURN if q > first_q + 1e-6 and ctx.burn > 1.0 else Reason.FORECAST
+        else:
+            # Without a forecast this is a reactive policy; say so rather than claim a forecast.
+            load, reason = stable, Reason.REACTIVE
+        raw = self._size(load, ctx, profile)
+        detail = f"q{q:.3g} forecast {forecast:.2f}, observed {stable:.2f} req/s ({short:.2f} short): {raw}"
+        panic = self._size(short, ctx, profile)
+        if panic > max(raw, current):
+            raw, reason = panic, Reason.PANIC
+            detail = f"short-window load {short:.2f} req/s above plan: {panic}"
+
+        started = state.started_at if state.started_at is not None else now
+        # The window's recommendations as a monotone queue (times increasing, counts strictly
+        # decreasing): its maximum is the first entry, O(1) per tick instead of a scan of the window.
+        cutoff = now - self.scale_down_stabilization_s
+        recs = state.recommendations
+        while recs and recs[-1][1] <= raw:
+            recs = recs[:-1]
+        recs = (*recs, (now, raw))
+        while len(recs) > 1 and recs[0][0] <= cutoff:  # (the newest stays: a zero window is "now")
+            recs = recs[1:]
+        new_state = SloState(started_at=started, recommendations=recs)
+
+        if raw > current:
+            return PolicyResult(raw, new_state, reason, detail)
+        if raw == current:
+            return PolicyResult(current, new_state, Reason.STABLE, detail)
+        window_max = recs[0][1]
+        if now - started < self.scale_down_stabilization_s:
+            window_max = max(window_max, current)  # a window not yet seen counts as "current"
+        desired = min(current, window_max)
+        if desired == current:
+            return PolicyResult(current, new_state, Reason.STABLE, f"{detail}; held by the scale-down window")
+        # N-1 check: the smaller count must still meet the SLO at a stricter quantile than scale-up's.
+        strict = ctx.forecast.at(q_down) if ctx.forecast is not None else math.nan
+        need = self._size(max(strict if math.isfinite(strict) else 0.0, stable, short), ctx, profile)
+        if need >= current:
+            return PolicyResult(
+                current, new_state, Reason.N_MINUS_1, f"{detail}; {current - 1} would miss the SLO at q{q_down:.3g}"
+            )
+        step_floor = current - max(1, math.floor(current * self.max_scale_down_fraction))
+        desired = max(desired, need, step_floor)
+        return PolicyResult(desired, new_state, reason, f"{detail}; down to {desired}")
+
+
+def arrival_dispersion(rate: np.ndarray, step_s: float, cap: float = 64.0) -> float:
+    """The arrivals' index of dispersion (variance / mean of the per-sample counts; 1 for Poisson) over
+    the window, from first differences so that a trend or a level shift is not read as burstiness;
+    rounded up on a geometric grid of 2^(1/4) so that sizing reuses its memo; at least 1, at most ``cap``."""
+    counts = rate[np.isfinite(rate)] * step_s
+    if counts.size < 6:
+        return 1.0
+    mean = float(counts.mean())
+    if not mean > 0:
+        return 1.0
+    d = np.diff(counts)
+    index = float(np.dot(d, d)) / (2.0 * d.size * mean)
+    if not index > 1.0:
+        return 1.0
+    return min(cap, 2.0 ** (math.ceil(math.log2(index) * 4.0) / 4.0))

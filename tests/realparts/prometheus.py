@@ -1,0 +1,193 @@
+"""A real Prometheus for tests: the Debian package's binary on 127.0.0.1, a temp TSDB, history backfilled.
+
+Use it from a test module with ``pytest_plugins = ("realparts.prometheus",)`` and the ``prometheus_factory``
+fixture, or call :func:`running_prometheus` directly.
+
+How history gets in without waiting hours: the test writes OpenMetrics text (``openmetrics_counter``) with
+samples over the last few hours, ``promtool tsdb create-blocks-from openmetrics FILE DIR`` turns it into TSDB
+blocks in the (empty) storage directory, and only then Prometheus starts and opens them.
+
+What was checked with Debian 12's prometheus 2.42.0 (and why no extra flag is needed):
+- Samples right up to "now" backfill fine: promtool cuts 2 h-aligned blocks, the last one ending at the newest
+  sample, and Prometheus serves them at once. The head is empty (nothing is scraped: the config has no scrape
+  jobs), so the blocks overlap nothing; and since 2.39 overlapping blocks are allowed anyway -- the
+  ``--storage.tsdb.allow-overlapping-blocks`` flag is gone from 2.42's help. No need to keep samples older
+  than 2 h either.
+- Backfill BEFORE start: Prometheus reads the block list when it opens the TSDB, so the history is there for
+  the first query (a running server would only notice new block folders at a later reload).
+- OpenMetrics for promtool: timestamps in seconds, the file must end with ``# EOF``.
+- ``/-/ready`` answers within a fraction of a second after start.
+
+If the binaries are missing they are installed with apt (as root, ``--no-install-recommends``, ~15 s); if
+that is impossible the tests SKIP with the reason. On a host with systemd the package also starts its own
+service on :9090; the tests never use it (they pick a free port).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+READY_TIMEOUT_S = 30.0
+_CONFIG = "global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n"  # no scrape jobs: backfill only
+
+
+@dataclass(frozen=True)
+class PrometheusServer:
+    url: str  # http://127.0.0.1:PORT
+    port: int
+    tsdb: Path
+    log: Path
+
+
+def _apt_install() -> str | None:
+    """Install the Debian package; None on success, else why not."""
+    if shutil.which("apt-get") is None:
+        return "apt-get not found (not a Debian-like system)"
+    if os.geteuid() != 0:
+        return "not root, cannot apt-get install prometheus (install it: apt-get install prometheus)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"]
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:  # stale package lists on a fresh machine: update once, try again
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"apt-get install prometheus failed: {exc}"
+    if done.returncode != 0:
+        return f"apt-get install prometheus failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
+    return None
+
+
+def ensure_binaries() -> tuple[str, str]:
+    """Paths of ``prometheus`` and ``promtool``, installing the package when missing; SKIP if impossible."""
+    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
+    if prom and tool:
+        return prom, tool
+    why = _apt_install()
+    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
+    if prom and tool:
+        return prom, tool
+    pytest.skip(f"a real Prometheus is needed and cannot be installed: {why or 'binaries still not on PATH'}")
+
+
+def openmetrics_counter(
+    metric: str, series: Mapping[str, Sequence[tuple[float, float]]], label: str = "model", help_text: str = "x"
+) -> str:
+    """OpenMetrics text for one counter family: ``{metric}_total{label="name"} value timestamp`` per sample.
+
+    ``series``: label value -> [(unix seconds, counter value)], oldest first (a gap is simply no samples).
+    """
+    family = metric.removesuffix("_total")
+    lines = [f"# HELP {family} {help_text}", f"# TYPE {family} counter"]
+    for name, samples in series.items():
+        lines.extend(f'{family}_total{{{label}="{name}"}} {v!r} {t!r}' for t, v in samples)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backfill(promtool: str, openmetrics: str, tsdb: Path) -> None:
+    tsdb.mkdir(parents=True, exist_ok=True)
+    src = tsdb.parent / "backfill.om"
+    src.write_text(openmetrics)
+    done = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(src), str(tsdb)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed (exit {done.returncode}): {done.stderr or done.stdout}")
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=1.0) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextmanager
+def running_prometheus(workdir: Path, openmetrics: str | None = None) -> Iterator[PrometheusServer]:
+    """Backfill ``openmetrics`` (if given) into a fresh TSDB under ``workdir``, start Prometheus on a free
+    loopback port, wait for ``/-/ready``, yield, stop it."""
+    prom, tool = ensure_binaries()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tsdb = workdir / "tsdb"
+    if openmetrics is not None:
+        backfill(tool, openmetrics, tsdb)
+    tsdb.mkdir(parents=True, exist_ok=True)
+    config = workdir / "prometheus.yml"
+    config.write_text(_CONFIG)
+    log = workdir / "prometheus.log"
+    for _attempt in range(3):  # the free port can be taken between probing and binding: retry
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [
+                    prom,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tsdb}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--storage.tsdb.retention.time=30d",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None and not _ready(url):
+            time.sleep(0.1)
+        if proc.poll() is None and _ready(url):
+            break
+        _stop(proc)
+        if "address already in use" not in log.read_text():
+            raise RuntimeError(f"prometheus did not become ready on {url}; log:\n{log.read_text()[-2000:]}")
+    else:
+        raise RuntimeError(f"prometheus could not bind a free port; log:\n{log.read_text()[-2000:]}")
+    try:
+        yield PrometheusServer(url=url, port=port, tsdb=tsdb, log=log)
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def prometheus_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """``start(openmetrics_text_or_None) -> PrometheusServer``: each call starts one real Prometheus with
+    that history backfilled; all are stopped when the module's tests are done."""
+    with ExitStack() as stack:
+
+        def start(openmetrics: str | None = None) -> PrometheusServer:
+            return stack.enter_context(running_prometheus(tmp_path_factory.mktemp("prometheus"), openmetrics))
+
+        yield start
