@@ -9,12 +9,13 @@ largest first), and :func:`consolidate` a planning pass that empties devices aft
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from sharing.catalog import GpuModel, MigProfile
-from sharing.slots import DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
+from sharing.slots import DeviceSignature, DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
 
 
 class Packer(Protocol):
@@ -279,8 +280,13 @@ class CostAwarePacker:
     cost picks cheap A100 slices that need more GPUs. :meth:`expect` (opt-in) keeps scarce big GPUs
     idle for pending replicas that only they can hold.
 
-    Idle devices of one node (same kind and MIG mode) are interchangeable, so only the first is
-    scored: this keeps a placement at O(used devices + nodes), not O(devices).
+    :meth:`candidates` lists every slot on every device (idle devices of one node, same kind and MIG
+    mode, are interchangeable, so only the first is scored). :meth:`place` chooses exactly the slot
+    that list's filtered minimum is (:func:`_reference_place`), without building it: devices in the
+    same state (:class:`~sharing.slots.DeviceSignature`) are one group, each group's best slot per
+    request shape is cached, and only a group's first device not excluded by anti-affinity (plus the
+    model's own devices) is ranked, so a placement costs O(device states + the model's replicas),
+    about 0.1-0.2 ms at 2,000 GPUs instead of 12-15 ms.
     """
 
     name = "cost-aware"
@@ -292,6 +298,8 @@ class CostAwarePacker:
         self.objective = objective
         self._expected: dict[str, tuple[SlotRequest, int]] | None = None
         self._fit_cache: dict[tuple, dict[str, float]] = {}
+        self._memo: dict[tuple, dict] = {}  # request shape -> DeviceSignature -> best slot (place)
+        self._whole_heads: dict[tuple, tuple] = {}
 
     def expect(self, reqs: Sequence[SlotRequest] | None) -> None:
         """Opt-in reservation: tell the packer the whole demand it is about to place (None clears).
@@ -315,15 +323,185 @@ class CostAwarePacker:
         self._expected = exp
 
     def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
-        same = self._model_counts(inv, req.model)
-        cands = list(self.candidates(inv, req, same))
+        """The best legal slot for ``req`` (the ranking above), or None; ``inv`` is not changed.
+
+        Chooses exactly what :func:`_reference_place` (every candidate on every device, then the
+        filters and the minimum) chooses, but scores one device per group of devices in the same state
+        (:meth:`Inventory.device_groups`): within a group every device offers the same slots with the
+        same ranking key up to (same-model replicas, inventory order), so the group's best device is its
+        first one that is not excluded, and each group's best slot is cached per request shape. The
+        model's replicas per device come from the Inventory's index, not a scan of the allocations.
+        """
+        if req.whole_only and "whole" not in req.kinds:
+            return None
+        if req.gpu_models:
+            allowed = {inv.catalog.resolve(m) for m in req.gpu_models if m in inv.catalog}
+            kinds = [k for k in inv.kind_node_counts() if k in allowed]
+        else:
+            kinds = list(inv.kind_node_counts())
+        same = inv.model_device_counts(req.model)
+        used: dict[int, int] = {}  # position -> replicas of the model there
+        used_by_sig: dict[DeviceSignature, list[int]] = {}
+        for (node, idx), n in same.items():
+            p = inv.position(node, idx)
+            used[p] = n
+            used_by_sig.setdefault(inv.device_at(p).signature, []).append(p)
+        # Anti-affinity (as _spread_filter): off the model's node if it has one node of several, else off
+        # its device if it has one device.
+        spread = self.anti_affinity and bool(same)
+        lo = hi = -1  # the positions of the node to leave, when leaving a node is asked for
+        if spread:
+            nodes = {n for n, _ in same}
+            counts = inv.kind_node_counts()
+            if len(nodes) == 1 and sum(counts[k] for k in kinds) > 1:
+                (node,) = nodes
+                lo = inv.position(node, 0)
+                hi = lo + inv.nodes[node].gpu_count
+        off_node = lo >= 0
+        # Candidates: (key, position, template slot or None for whole GPUs, kind, opens a device, GPUs).
+        # The key is the reference key with (node order, GPU index) replaced by the position (same
+        # order), plus a last element that puts a whole slot before a partial slot with an equal key, as
+        # the reference generates them.
+        cands: list[tuple[tuple, int, Slot | None, str, bool, int]] = []
+        if not req.whole_only:
+            memo = self._group_memo(inv, req)
+            for kind in kinds:
+                for sig, members in inv.device_groups(kind).items():
+                    hit = memo.get(sig, _MISSING)
+                    if hit is _MISSING:
+                        hit = memo[sig] = self._group_best(inv, req, inv.device_at(members[0]))
+                    if hit is None:
+                        continue
+                    head, start, tmpl = hit
+                    reps: list[int] = []
+                    if not used:
+                        reps.append(members[0])
+                    else:
+                        for p in members:
+                            if p not in used:
+                                reps.append(p)
+                                break
+                        if off_node:
+                            for p in members:
+                                if not lo <= p < hi:
+                                    if p not in reps:
+                                        reps.append(p)
+                                    break
+                        reps.extend(used_by_sig.get(sig, ()))
+                    for p in reps:
+                        cands.append(((*head, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+        if "whole" in req.kinds:
+            for kind in kinds:
+                self._whole_candidates(inv, req, kind, lo, hi, cands)
         if not cands:
             return None
-        if self.anti_affinity and same:
-            cands = self._spread_filter(inv, req, cands, same)
+        if spread:
+            kept = [c for c in cands if not lo <= c[1] < hi] if off_node else []
+            if kept:
+                cands = kept
+            elif len(same) == 1:
+                kept = [c for c in cands if c[2] is None or c[1] not in used]  # whole slots take idle GPUs
+                if kept:
+                    cands = kept
         if self._expected is not None:
-            cands = self._reserve(inv, req, cands)
-        return min(cands, key=lambda c: c[0])[1]
+            cands = self._reserve_fast(inv, req, cands)
+        best = min(cands, key=lambda c: c[0])
+        d, t = inv.device_at(best[1]), best[2]
+        if t is None:
+            return self._whole(inv, inv.nodes[d.node], inv.catalog.get(best[3]), req)
+        return Slot(d.node, (d.index,), t.kind, t.gpu_model, t.profile, t.start, t.memory_gib, t.compute_fraction)
+
+    # -- the fast path's pieces -------------------------------------------------------------------
+    def _group_memo(self, inv: Inventory, req: SlotRequest) -> dict:
+        """Per request shape and inventory rules: DeviceSignature -> the group's best partial slot."""
+        ck = (req.memory_gib, req.compute_fraction, req.kinds, inv.share_reserve_gib,
+              inv.max_compute_oversubscription, self.objective)
+        memo = self._memo.get(ck)
+        if memo is None:
+            if len(self._memo) > 2_000:
+                self._memo.clear()
+            memo = self._memo[ck] = {}
+        elif len(memo) > 20_000:  # signatures are few; the bound only guards very long runs
+            memo.clear()
+        return memo
+
+    def _group_best(self, inv: Inventory, req: SlotRequest, d: DeviceState) -> tuple | None:
+        """(key head, start, slot) of the best partial slot on ``d`` by the reference ranking, or None.
+
+        The head is the reference key less (same-model replicas, node order, GPU index, start); these
+        are the same for every candidate on one device, so the device's best slot is its first one
+        with the least (head, start), as in the reference's ``min``.
+        """
+        best: tuple | None = None
+        for slot in partial_candidates(inv, d.gpu, d, req):
+            key = self._key(inv, d.gpu, d, slot, {}, 0)
+            hk = (key[:-4], key[-1])
+            if best is None or hk < best[0]:
+                best = (hk, slot)
+        return None if best is None else (best[0][0], best[0][1], best[1])
+
+    def _whole_candidates(
+        self, inv: Inventory, req: SlotRequest, kind: str, lo: int, hi: int, cands: list
+    ) -> None:
+        """The first node of ``kind`` with ``req.gpus`` idle GPUs, and the first such node outside
+        positions ``[lo, hi)`` (the node anti-affinity leaves), as whole-slot candidates."""
+        groups = inv.device_groups(kind)
+        idle = [members for sig, members in groups.items() if sig.idle]
+        if not idle:
+            return
+        gpu = inv.device_at(idle[0][0]).gpu
+        if req.memory_gib is not None and gpu.memory_gib * req.gpus < req.memory_gib:
+            return
+        wk = ("whole", req.gpus, self.objective)
+        head = self._whole_heads.get((gpu.name, wk))
+        if head is None or head[0] is not gpu:
+            slot = Slot.whole("-", tuple(range(req.gpus)), gpu)
+            rank = self._rank(round(slot_cost(slot, gpu), _COST_DIGITS), 1, slot.gpu_fraction, 0.0, 0, 0)
+            head = (gpu, rank)
+            self._whole_heads[(gpu.name, wk)] = head
+        rank = head[1]
+        need = req.gpus
+        first = -1
+        cur, n = -1, 0
+        for p in idle[0] if len(idle) == 1 else heapq.merge(*idle):
+            nd = inv.node_ordinal(p)
+            if nd != cur:
+                cur, n = nd, 0
+            n += 1
+            if n == need:
+                p0 = p - inv.device_at(p).index  # the node's GPU 0
+                if first < 0:
+                    first = p0
+                    cands.append(((*rank, p0, -1, 0), p0, None, kind, True, need))
+                if lo < 0 or p0 != lo:
+                    if p0 != first:
+                        cands.append(((*rank, p0, -1, 0), p0, None, kind, True, need))
+                    return
+
+    def _reserve_fast(self, inv: Inventory, req: SlotRequest, cands: list) -> list:
+        """:meth:`_reserve` on the fast path's candidates (held replicas from the Inventory's index)."""
+        assert self._expected is not None
+        need: dict[str, float] = {}
+        for m, (r, n) in self._expected.items():
+            left = n - inv.model_allocation_count(m) - (1 if m == req.model else 0)
+            if left <= 0:
+                continue
+            kinds = self._fit_kinds(inv, r)
+            if len(kinds) == 1:
+                ((k, share),) = kinds.items()
+                need[k] = need.get(k, 0.0) + left * share
+        if not need:
+            return cands
+        mine = self._fit_kinds(inv, req)
+        idle: dict[str, int] = {}
+        for k in inv.kind_node_counts():
+            idle[k] = sum(len(members) for sig, members in inv.device_groups(k).items() if sig.idle)
+        out = []
+        for c in cands:
+            k = c[3]
+            taken = c[4] and len(mine) > 1 and idle.get(k, 0) - c[5] < math.ceil(need.get(k, 0.0) - 1e-9)
+            out.append(((1 if taken else 0, *c[0]), *c[1:]))
+        return out
 
     # -- reservation ----------------------------------------------------------------------------
     def _fit_kinds(self, inv: Inventory, req: SlotRequest) -> dict[str, float]:
@@ -458,12 +636,8 @@ class CostAwarePacker:
     # -- anti-affinity ------------------------------------------------------------------------
     @staticmethod
     def _model_counts(inv: Inventory, model: str) -> dict[tuple[str, int], int]:
-        out: dict[tuple[str, int], int] = {}
-        for owner, s in inv.allocations():
-            if inv.model_of(owner) == model:
-                for i in s.devices:
-                    out[(s.node, i)] = out.get((s.node, i), 0) + 1
-        return out
+        """Replicas of ``model`` per (node, device), from the Inventory's index."""
+        return dict(inv.model_device_counts(model))
 
     @staticmethod
     def _spread_filter(
@@ -481,6 +655,35 @@ class CostAwarePacker:
             if off_dev:
                 return off_dev
         return cands
+
+
+_MISSING = object()
+
+
+def _scan_model_counts(inv: Inventory, model: str) -> dict[tuple[str, int], int]:
+    """Replicas of ``model`` per (node, device) by a scan of every allocation (the reference)."""
+    out: dict[tuple[str, int], int] = {}
+    for owner, s in inv.allocations():
+        if inv.model_of(owner) == model:
+            for i in s.devices:
+                out[(s.node, i)] = out.get((s.node, i), 0) + 1
+    return out
+
+
+def _reference_place(packer: CostAwarePacker, inv: Inventory, req: SlotRequest) -> Slot | None:
+    """What :meth:`CostAwarePacker.place` chooses, the straightforward way: every candidate slot on
+    every eligible device (:meth:`CostAwarePacker.candidates`), the anti-affinity filter, the
+    reservation, then the least key. Slow (O(devices x slots) per placement); kept as the
+    specification that the fast path is tested against."""
+    same = _scan_model_counts(inv, req.model)
+    cands = list(packer.candidates(inv, req, same))
+    if not cands:
+        return None
+    if packer.anti_affinity and same:
+        cands = packer._spread_filter(inv, req, cands, same)
+    if packer._expected is not None:
+        cands = packer._reserve(inv, req, cands)
+    return min(cands, key=lambda c: c[0])[1]
 
 
 def _spread_broken(inv: Inventory, model: str) -> bool:

@@ -17,13 +17,16 @@ Three kinds of slot:
 
 The Inventory's state is one frozen :class:`DeviceState` per GPU in a dict, so :meth:`copy` is a
 shallow dict copy (copy-on-write per device): cheap enough for every controller tick at thousands
-of GPUs, and copies never see each other's changes.
+of GPUs, and copies never see each other's changes. The Inventory also keeps the indexes a packer
+reads instead of scanning every device (devices grouped by state, each model's devices), updated by
+every mutation and shared copy-on-write by copies.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -283,6 +286,31 @@ class DeviceState:
     def occupants(self, instance: tuple[str, int]) -> list[tuple[str, Slot]]:
         return [(o, s) for o, s in self.entries if s.instance == instance]
 
+    @cached_property
+    def signature(self) -> DeviceSignature:
+        """Everything about this state except which GPU it is (see :class:`DeviceSignature`)."""
+        usage = self.usage
+        sig = DeviceSignature(
+            self.gpu,
+            (
+                self.gpu_model,
+                self.memory_gib,
+                self.mig_enabled,
+                not self.entries and not self.pinned,
+                self.whole_owner is not None,
+                self._layout,
+                tuple(usage.items()) if usage else (),
+            ),
+        )
+        # Interned, so that the index's and the packer's lookups mostly compare by identity.
+        hit = _SIGNATURES.get(sig)
+        if hit is not None:
+            return hit
+        if len(_SIGNATURES) > 100_000:  # device states are few; the bound only guards very long runs
+            _SIGNATURES.clear()
+        _SIGNATURES[sig] = sig
+        return sig
+
     def can_create(self, p: MigProfile, start: int) -> bool:
         """Whether instance ``(p, start)`` could be created now (no overlap, counts, compute)."""
         return (
@@ -294,12 +322,50 @@ class DeviceState:
         )
 
 
+class DeviceSignature:
+    """A device state less its identity: GPU kind, MIG mode, idle, held whole, MIG layout and per-instance
+    usage (in the state's own order).
+
+    Two devices with equal signatures offer exactly the same slots (up to node and index) and score the
+    same in a packer, so the Inventory groups its devices by signature (:meth:`Inventory.device_groups`)
+    and a packer can evaluate one device per group. Hashable, with the hash computed once; the GPU model
+    is compared by identity (one catalog object per kind).
+    """
+
+    __slots__ = ("_hash", "gpu", "idle", "key")
+
+    def __init__(self, gpu: GpuModel, key: tuple) -> None:
+        self.gpu = gpu
+        self.key = key
+        self.idle: bool = key[3]  # no allocation and no MIG instance
+        self._hash = hash((id(gpu), key))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DeviceSignature):
+            return NotImplemented
+        return self._hash == other._hash and self.gpu is other.gpu and self.key == other.key
+
+    def __repr__(self) -> str:
+        return f"DeviceSignature{self.key!r}"
+
+
+_SIGNATURES: dict[DeviceSignature, DeviceSignature] = {}
+
+
 @dataclass(frozen=True)
 class InstanceUsage:
     share_memory_gib: float
     share_compute: float
     exclusive: int  # MIG slots (0 or 1)
     shares: int
+
+
+_NO_COUNTS: Mapping[tuple[str, int], int] = MappingProxyType({})
 
 
 def _entry_key(e: tuple[str, Slot]) -> tuple:
@@ -336,6 +402,8 @@ class Inventory:
         share_reserve_gib: float,
         max_compute_oversubscription: float,
         owner_models: dict[str, tuple[str, int]] | None = None,
+        *,
+        _index: tuple | None = None,
     ) -> None:
         # Use from_nodes or copy; this constructor trusts its arguments.
         self._nodes = nodes
@@ -347,6 +415,59 @@ class Inventory:
         # count lets release forget the owner once its last slot goes, so a reused owner name
         # never inherits a stale model. Derived data: left out of __eq__.
         self._owner_models: dict[str, tuple[str, int]] = owner_models if owner_models is not None else {}
+        # Indexes for the packer, kept up to date by every mutation (derived data, left out of __eq__):
+        # - _pos / _keys / _node_of / _kind_nodes (static, shared by copies): each device's position in
+        #   inventory order (nodes in order, then GPU index), the device at a position, the ordinal of
+        #   its node, and the number of nodes with GPUs per kind;
+        # - _groups: kind -> DeviceSignature -> sorted positions of the devices in that state (lists are
+        #   never changed in place, so copies share them until one side changes a group);
+        # - _model_devs: model -> {(node, index): entries of the model's owners on that device} and
+        #   _model_allocs: model -> allocations (inner dicts replaced on change, shared by copies).
+        if _index is None:
+            _index = self._build_index()
+        (
+            self._pos,
+            self._keys,
+            self._node_of,
+            self._kind_nodes,
+            self._groups,
+            self._model_devs,
+            self._model_allocs,
+        ) = _index
+
+    def _build_index(self) -> tuple:
+        pos: dict[tuple[str, int], int] = {}
+        keys: list[tuple[str, int]] = []
+        node_of: list[int] = []
+        kind_nodes: dict[str, int] = {}
+        for ordinal, node in enumerate(self._nodes.values()):
+            if node.gpu_count:
+                kind_nodes[node.gpu_model] = kind_nodes.get(node.gpu_model, 0) + 1
+            for i in range(node.gpu_count):
+                pos[(node.name, i)] = len(keys)
+                keys.append((node.name, i))
+                node_of.append(ordinal)
+        groups: dict[str, dict[DeviceSignature, list[int]]] = {}
+        model_devs: dict[str, dict[tuple[str, int], int]] = {}
+        model_allocs: dict[str, int] = {}
+        for p, key in enumerate(keys):
+            d = self._devices[key]
+            groups.setdefault(d.gpu_model, {}).setdefault(d.signature, []).append(p)
+            for owner, s in d.entries:
+                m = self.model_of(owner)
+                per = model_devs.setdefault(m, {})
+                per[key] = per.get(key, 0) + 1
+                if s.devices[0] == key[1]:
+                    model_allocs[m] = model_allocs.get(m, 0) + 1
+        return (
+            MappingProxyType(pos),
+            tuple(keys),
+            tuple(node_of),
+            MappingProxyType(kind_nodes),
+            groups,
+            model_devs,
+            model_allocs,
+        )
 
     @classmethod
     def from_nodes(
@@ -380,8 +501,25 @@ class Inventory:
     def copy(self) -> Inventory:
         # Node specs and device states are immutable, so sharing them is safe; only the dict of
         # device states is per-copy (O(devices) pointer copies, ~0.1 ms at 2,000 GPUs).
+        # The packer's indexes: O(kinds x device states + models) pointer copies (inner lists and dicts
+        # are shared, and replaced rather than changed).
+        index = (
+            self._pos,
+            self._keys,
+            self._node_of,
+            self._kind_nodes,
+            {k: dict(g) for k, g in self._groups.items()},
+            dict(self._model_devs),
+            dict(self._model_allocs),
+        )
         return Inventory(
-            self._nodes, dict(self._devices), self._catalog, self._reserve, self._oversub, dict(self._owner_models)
+            self._nodes,
+            dict(self._devices),
+            self._catalog,
+            self._reserve,
+            self._oversub,
+            dict(self._owner_models),
+            _index=index,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -462,6 +600,37 @@ class Inventory:
         for owner, s in self.allocations():
             out.setdefault(self.model_of(owner), []).append((owner, s))
         return out
+
+    # -- indexes (what the packer reads instead of scanning every device) -------------------------
+    def position(self, node: str, index: int) -> int:
+        """The device's position in inventory order (nodes in order, then GPU index)."""
+        return self._pos[(node, index)]
+
+    def device_at(self, position: int) -> DeviceState:
+        return self._devices[self._keys[position]]
+
+    def node_ordinal(self, position: int) -> int:
+        """The position of the device's node in :attr:`nodes` order."""
+        return self._node_of[position]
+
+    def kind_node_counts(self) -> Mapping[str, int]:
+        """GPU kind -> number of nodes with GPUs of that kind."""
+        return self._kind_nodes
+
+    def device_groups(self, gpu_model: str) -> Mapping[DeviceSignature, Sequence[int]]:
+        """The devices of one GPU kind grouped by :attr:`DeviceState.signature`: signature -> sorted
+        positions (see :meth:`position`). Every group is non-empty. Read-only."""
+        g = self._groups.get(gpu_model)
+        return MappingProxyType(g) if g is not None else MappingProxyType({})
+
+    def model_device_counts(self, model: str) -> Mapping[tuple[str, int], int]:
+        """``(node, index)`` -> number of allocations of ``model`` (by :meth:`model_of`) on that device;
+        a multi-GPU slot counts on each of its devices. Read-only."""
+        return MappingProxyType(self._model_devs.get(model, _NO_COUNTS))
+
+    def model_allocation_count(self, model: str) -> int:
+        """Allocations (slots) held by owners of ``model``."""
+        return self._model_allocs.get(model, 0)
 
     def allocated_gpu_fraction(self) -> float:
         """Sum of allocated slots' ``gpu_fraction`` over ``gpus_total`` (0 for an empty cluster)."""
@@ -664,7 +833,58 @@ class Inventory:
 
     # -- mutation -----------------------------------------------------------------------------
     def _put(self, d: DeviceState, **changes: object) -> None:
-        self._devices[(d.node, d.index)] = replace(d, **changes)  # type: ignore[arg-type]
+        key = (d.node, d.index)
+        new = replace(d, **changes)  # type: ignore[arg-type]
+        self._devices[key] = new
+        old_sig, new_sig = d.signature, new.signature
+        if old_sig != new_sig:
+            groups = self._groups[d.gpu_model]
+            p = self._pos[key]
+            members = groups[old_sig]
+            if len(members) == 1:
+                del groups[old_sig]
+            else:
+                members = members.copy()  # shared with copies of this inventory: replace, never change
+                del members[bisect_left(members, p)]
+                groups[old_sig] = members
+            members = groups.get(new_sig)
+            if members is None:
+                groups[new_sig] = [p]
+            else:
+                members = members.copy()
+                insort(members, p)
+                groups[new_sig] = members
+
+    def _count_model(self, model: str, keys: Sequence[tuple[str, int]], delta: int, allocs: int) -> None:
+        per = dict(self._model_devs.get(model, _NO_COUNTS))  # shared with copies: replace, never change
+        for k in keys:
+            n = per.get(k, 0) + delta
+            if n:
+                per[k] = n
+            else:
+                del per[k]
+        if per:
+            self._model_devs[model] = per
+        else:
+            self._model_devs.pop(model, None)
+        n = self._model_allocs.get(model, 0) + allocs
+        if n:
+            self._model_allocs[model] = n
+        else:
+            self._model_allocs.pop(model, None)
+
+    def _move_owner(self, owner: str, before: str, after: str, skip: Slot | None) -> None:
+        """The owner's model changed from ``before`` to ``after``: recount its other entries."""
+        moved: list[tuple[str, int]] = []
+        allocs = 0
+        for k in list(self._model_devs.get(before, _NO_COUNTS)):
+            for o, s in self._devices[k].entries:
+                if o == owner and s != skip:
+                    moved.append(k)
+                    allocs += s.devices[0] == k[1]
+        if moved:
+            self._count_model(before, moved, -1, -allocs)
+            self._count_model(after, moved, 1, allocs)
 
     def allocate(self, slot: Slot, owner: str, model: str | None = None) -> None:
         """Give ``slot`` to ``owner``; raises :class:`AllocationError` (a ValueError) if illegal.
@@ -688,6 +908,12 @@ class Inventory:
         if model is not None or known is not None:
             name = model if model is not None else known[0]  # type: ignore[index]
             self._owner_models[owner] = (name, (known[1] if known is not None else 0) + 1)
+        after = self.model_of(owner)
+        if known is None and model is not None:  # the owner's model may change from the one its name says
+            before = model_from_owner(owner)
+            if after != before:
+                self._move_owner(owner, before, after, slot)
+        self._count_model(after, [(slot.node, i) for i in slot.devices], 1, 1)
 
     def release(self, slot: Slot, owner: str) -> None:
         """Take ``slot`` back from ``owner``; raises KeyError if it is not allocated to them.
@@ -697,15 +923,20 @@ class Inventory:
         keys = [(slot.node, i) for i in slot.devices]
         if not all(k in self._devices and (owner, slot) in self._devices[k].entries for k in keys):
             raise KeyError(f"{slot.describe()} is not allocated to {owner!r}")
+        before = self.model_of(owner)
         for k in keys:
             d = self._devices[k]
             entries = list(d.entries)
             entries.remove((owner, slot))
             self._put(d, entries=tuple(entries))
+        self._count_model(before, keys, -1, -1)
         known = self._owner_models.get(owner)
         if known is not None:
             if known[1] <= 1:
                 del self._owner_models[owner]
+                after = model_from_owner(owner)  # the owner's model may change back to the one its name says
+                if after != before:
+                    self._move_owner(owner, before, after, None)
             else:
                 self._owner_models[owner] = (known[0], known[1] - 1)
 
