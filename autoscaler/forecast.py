@@ -34,6 +34,8 @@ class _Shard:
     batch: SlotwiseBatch | None = None
     built: list[str] = field(default_factory=list)  # the models the batch was built for, in row order
     quantiles: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))  # (M, L, H) at the last step
+    step: int | None = None  # index of the last step folded in
+    boundary_s: float = 0.0  # when that step ended (the origin of ``quantiles``)
 
 
 class FleetForecaster:
@@ -75,8 +77,7 @@ class FleetForecaster:
         self._shards: list[_Shard] = []
         self._where: dict[str, tuple[int, int]] = {}  # model -> (shard, row)
         self._pending: dict[str, np.ndarray] = {}  # warm-start history of models not yet in a shard
-        self._step = None  # index of the last step folded in (floor(time / step_s) - 1)
-        self._boundary_s = 0.0  # time the cached quantiles were computed at
+        self._clock: int | None = None  # steps completed at the last observe()
 
     # ----------------------------------------------------------------- set-up
 
@@ -161,36 +162,51 @@ class FleetForecaster:
             batch.warm_start(hist)
         shard.batch, shard.built = batch, list(shard.names)
         shard.quantiles = batch.predict_quantiles(self.horizon, self.levels)
+        shard.step = self._clock  # the history ends now: the next step folded in is the next one
+        shard.boundary_s = (self._clock or 0) * self.step_s
 
     # ----------------------------------------------------------------- online
 
     def observe(self, now: float, metrics: MetricsWindow) -> bool:
-        """Fold in the steps completed since the last call (each model's mean rate over each step, from
-        its metrics window; NaN where stale or missing). Returns True when a step was folded in."""
+        """Fold in the steps completed since each shard's last one (each model's mean rate over each step,
+        from its metrics window; NaN where stale or missing). Returns True when a shard was updated.
+
+        The shards due are spread over the ticks of a step (at most ``ceil(shards / ticks per step)`` per
+        call, the longest-waiting first), so that no tick pays for the whole fleet: a shard's forecast is
+        then up to one step's ticks late, and its samples are taken aligned to the step boundary.
+        """
         k = math.floor(now / self.step_s + 1e-9)  # steps completed by now
-        if self._step is None:
-            self._step = k
-            self._boundary_s = k * self.step_s
+        first = self._clock is None
+        self._clock = k
+        active = [sh for sh in self._shards if sh.batch is not None]
+        for sh in active:
+            if sh.step is None:
+                sh.step, sh.boundary_s = k, k * self.step_s
+        if first:
             return False
-        d = k - self._step
-        if d <= 0:
+        due = sorted((sh for sh in active if sh.step is not None and sh.step < k), key=lambda sh: sh.step or 0)
+        if not due:
             return False
-        # (after a pause longer than the metrics window the older steps are NaN: the batch's clock, and
-        # so the time of day of its seasonal members, stays right)
-        per = max(1, round(self.step_s / metrics.step_s))
-        for shard in self._shards:
-            if shard.batch is None:
-                continue
+        per = max(1, round(self.step_s / metrics.step_s))  # metric samples (~ticks) per step
+        budget = max(1, math.ceil(len(active) / per))
+        # samples taken after the boundary belong to the next step
+        offset = max(0, round((now - k * self.step_s) / metrics.step_s))
+        aggregate = step_peaks if self.peak else step_means
+        for shard in due[:budget]:
+            assert shard.batch is not None and shard.step is not None
+            # (after a pause longer than the metrics window the older steps are NaN: the batch's clock,
+            # and so the time of day of its seasonal members, stays right)
+            d = k - shard.step
             y = np.full((len(shard.names), d), np.nan)
             for i, name in enumerate(shard.names):
                 m = metrics.models.get(name)
                 if m is None or m.stale or m.rate.size == 0:
                     continue
-                y[i] = (step_peaks if self.peak else step_means)(m.rate, per, d)
+                rate = m.rate[: m.rate.size - offset] if offset else m.rate
+                y[i] = aggregate(rate, per, d)
             shard.batch.update(y)
             shard.quantiles = shard.batch.predict_quantiles(self.horizon, self.levels)
-        self._step = k
-        self._boundary_s = k * self.step_s
+            shard.step, shard.boundary_s = k, k * self.step_s
         return True
 
     def quantiles(self, name: str, now: float, lead_s: float) -> np.ndarray | None:
@@ -200,10 +216,11 @@ class FleetForecaster:
         if where is None:
             return None
         s, row = where
-        q = self._shards[s].quantiles
+        shard = self._shards[s]
+        q = shard.quantiles
         if q.size == 0:
             return None
-        h = math.ceil((now - self._boundary_s + max(lead_s, 0.0)) / self.step_s - 1e-9)
+        h = math.ceil((now - shard.boundary_s + max(lead_s, 0.0)) / self.step_s - 1e-9)
         h = min(max(h, 1), q.shape[2])
         return q[row, :, :h].max(axis=1)
 

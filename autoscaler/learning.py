@@ -490,22 +490,26 @@ class SloQuantile:
 
     An SLO on a percentile is judged per window: a window (``ticks_per_window`` ticks, a minute) meets
     it when at least the declared percentile of its requests were within the latency target, and the
-    objective is that ``objective`` (99 %) of the windows meet it; the error budget is the other 1 %.
+    objective is that windows holding ``objective`` (99.5 %) of the requests meet it; the error budget is
+    the other 0.5 % (request-weighted, so "99.5 % of requests are served in windows that met the SLO").
 
     Start (:meth:`initial`): a window is lost mostly when the load beats the quantile sized for, so the
     quantile starts at the window objective for a 95 % SLO, and a stricter percentile (less slack inside
     each window for a load surprise) moves the tail further out, in proportion to the square root of its
-    miss rate: ``1 - q = (1 - objective) * sqrt((1 - p) / 0.05)``: 95 % -> 0.99, 99 % -> 0.9955,
-    99.9 % -> 0.9986. Stricter SLO, higher quantile.
+    miss rate: ``1 - q = (1 - objective) * sqrt((1 - p) / 0.05)``: 95 % -> 0.995, 99 % -> 0.9978,
+    99.9 % -> 0.9993 (at most 0.9995, leaving the controller room above: it may go to 0.9999, beyond
+    the forecaster's top tracked level, where ``Forecast.at`` extrapolates the tail). Stricter SLO,
+    higher quantile.
 
     Then (:meth:`update`, once per tick; the controller moves once per completed window) an integral
-    controller in logit space on the burn rate = recent window-miss fraction / budget, exponentially
+    controller in logit space on the burn rate = recent share of requests in missed windows / budget
+    (request-weighted: a miss at the daily peak costs more requests than one at night), exponentially
     weighted over ``memory`` windows (6 h: a 1 % budget needs hours of windows to be measured at all),
     with ``prior_misses`` pseudo-misses at exactly the budget so that a few windows prove nothing. Per
     window it moves by ``log(burn) / windows_per_hour`` times ``gain_up`` (burning faster than 1x) or
     ``gain_down`` (slower: give capacity back). The gains are equal by default: with a faster way up than
-    down, the swings of the burn around 1 at exactly the budget ratchet the quantile up (measured: +1.5
-    logits in 2,000 windows with 3 up / 0.5 down); equal gains hold it within ~0.2 logits. Bounded in
+    down, the swings of the burn around 1 at exactly the budget ratchet the quantile up (measured: +0.8
+    logits in 2,000 windows with 3 up / 0.5 down); equal gains hold it within ~0.4 logits. Bounded in
     ``bounds``. More misses never give a lower quantile.
     """
 
@@ -513,7 +517,7 @@ class SloQuantile:
         self,
         slo_percentile: float,
         *,
-        objective: float = 0.99,
+        objective: float = 0.995,
         ticks_per_window: int = 6,
         memory: float = 360.0,
         windows_per_hour: float = 60.0,
@@ -521,7 +525,7 @@ class SloQuantile:
         gain_down: float = 1.0,
         max_burn: float = 10.0,
         prior_misses: float = 1.0,
-        bounds: tuple[float, float] = (0.5, 0.999),
+        bounds: tuple[float, float] = (0.5, 0.9999),
     ) -> None:
         if not 0.0 < slo_percentile < 100.0:
             raise ValueError(f"slo_percentile must be in (0, 100), got {slo_percentile!r}")
@@ -547,7 +551,8 @@ class SloQuantile:
         self._zlo, self._zhi = _logit(lo), _logit(hi)
         self._z = min(max(_logit(self.initial(slo_percentile, objective)), self._zlo), self._zhi)
         self._q = _expit(self._z)
-        self._windows = 0.0  # exponentially weighted counts of windows with requests, and of missed ones
+        self._windows = 0.0  # exponentially weighted count of windows with requests
+        self._served = 0.0  # ... and their requests, and the requests of the missed ones
         self._missed = 0.0
         self._requests = 0.0  # exponentially weighted request counts (attainment, for reporting)
         self._late = 0.0
@@ -556,11 +561,11 @@ class SloQuantile:
         self._win_within = 0.0
 
     @staticmethod
-    def initial(slo_percentile: float, objective: float = 0.99) -> float:
+    def initial(slo_percentile: float, objective: float = 0.995) -> float:
         """The forecast quantile to start from for an SLO of ``slo_percentile`` % (see class doc)."""
         eps = min(max(1.0 - slo_percentile / 100.0, 1e-9), 1.0)
         q = 1.0 - (1.0 - objective) * math.sqrt(eps / _REFERENCE_MISS)
-        return min(max(q, 0.5), 0.999)
+        return min(max(q, 0.5), 0.9995)
 
     @property
     def quantile(self) -> float:
@@ -574,7 +579,12 @@ class SloQuantile:
     @property
     def burn(self) -> float:
         """Error-budget burn rate over windows (1.0: losing exactly the budget), shrunk toward 1 early."""
-        return (self._missed + self._prior_misses) / (self._windows * self._budget + self._prior_misses)
+        # prior pseudo-misses in requests: so many windows of the recent mean size
+        prior = self._prior_misses * (self._served / self._windows if self._windows > 0 else 1.0)
+        denominator = self._served * self._budget + prior
+        if not denominator > 0:  # (request counts that underflow: no evidence either way)
+            return 1.0
+        return (self._missed + prior) / denominator
 
     def update(self, requests: float, requests_within: float) -> float:
         """One tick's requests and how many met the latency target; returns the quantile to size for now.
@@ -600,7 +610,8 @@ class SloQuantile:
         self._requests = g * self._requests + r
         self._late = g * self._late + (r - w)
         self._windows = g * self._windows + 1.0
-        self._missed = g * self._missed + (1.0 if w < self.target * r - 1e-9 else 0.0)
+        self._served = g * self._served + r
+        self._missed = g * self._missed + (r if w < self.target * r - 1e-9 else 0.0)
         log_burn = max(min(math.log(self.burn), self._log_max_burn), -self._log_max_burn)
         dz = (self._up if log_burn > 0 else self._down) * log_burn
         self._z = min(max(self._z + dz, self._zlo), self._zhi)

@@ -149,3 +149,28 @@ def test_longer_lead_time_never_lowers_the_forecast() -> None:
     for lo, hi in itertools.pairwise(qs):
         assert lo is not None and hi is not None
         assert np.all(hi >= lo - 1e-12)
+
+
+def test_shards_are_spread_over_the_ticks_and_aligned_to_the_boundary() -> None:
+    names = [f"m{i}" for i in range(12)]
+    ff = FleetForecaster(step_s=60.0, season_s=None, shard_size=1)
+    ff.sync(names, {})
+    # the load is 10 req/s before t = 60 and 1000 after: a late shard must still fold 10 for the first step
+    load = {n: (lambda t: 10.0 if t < 60.0 else 1000.0) for n in names}
+
+    def window_at(t: float) -> MetricsWindow:
+        times = t - STEP * np.arange(60)[::-1] - STEP  # sample k covers [t - (k+1) STEP, t - k STEP)
+        return window(t, {n: np.array([f(x) for x in times]) for n, f in load.items()})
+
+    ff.observe(0.0, window_at(0.0))
+    updated_per_tick = []
+    for t in (60.0, 70.0, 80.0, 90.0, 100.0, 110.0):
+        before = [sh.step for sh in ff._shards]
+        ff.observe(t, window_at(t))
+        updated_per_tick.append(sum(a != sh.step for a, sh in zip(before, ff._shards, strict=True)))
+    assert updated_per_tick == [2, 2, 2, 2, 2, 2]  # ceil(12 shards / 6 ticks per step) per tick
+    assert all(sh.step == 1 and sh.boundary_s == 60.0 for sh in ff._shards)
+    # every shard folded the first step's 10 req/s, not samples of the next step
+    for sh in ff._shards:
+        assert sh.batch is not None
+        assert sh.batch.history()[0, -1] == pytest.approx(10.0)

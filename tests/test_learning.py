@@ -391,6 +391,13 @@ def _z(q: float) -> float:
     return math.log(q / (1.0 - q))
 
 
+OBJECTIVE = 0.995  # SloQuantile's default window objective
+BUDGET = 1.0 - OBJECTIVE  # ...and its error budget: 0.5 % of the requests may be in missed windows
+AT_BUDGET = round(1.0 / BUDGET)  # one missed window in this many (of equal size) burns exactly the budget
+START_CAP = 0.9995  # SloQuantile.initial is clipped to [0.5, START_CAP]...
+CEILING = 0.9999  # ...below the controller's default upper bound, so a burning strict SLO can still rise
+
+
 def _windows(sq: SloQuantile, misses: list[bool], requests: float = 1000.0) -> list[float]:
     """Feed whole windows (``ticks_per_window`` ticks each): a missed one has 2 % of its requests late
     (against a p99 SLO), the others none. Returns the quantile after each window."""
@@ -402,38 +409,82 @@ def _windows(sq: SloQuantile, misses: list[bool], requests: float = 1000.0) -> l
     return out
 
 
+def _initial(p: float, objective: float = OBJECTIVE) -> float:
+    """The documented start: ``1 - q = (1 - objective) * sqrt((1 - p) / 0.05)``, clipped to [0.5, 0.9995]."""
+    return min(max(1.0 - (1.0 - objective) * math.sqrt((1.0 - p / 100.0) / 0.05), 0.5), START_CAP)
+
+
+def _expected_burn(
+    windows: list[tuple[float, bool]], memory: float = 360.0, prior: float = 1.0, budget: float = BUDGET
+) -> float:
+    """The request-weighted burn after ``windows`` (requests, missed), oldest first, computed from the
+    definition: exponentially weighted counts of windows, requests, and requests in missed windows, with
+    ``prior`` pseudo-misses of the mean window size."""
+    g = 1.0 - 1.0 / memory
+    n = len(windows)
+    count = sum(g ** (n - 1 - i) for i in range(n))
+    served = sum(g ** (n - 1 - i) * r for i, (r, _) in enumerate(windows))
+    missed = sum(g ** (n - 1 - i) * r for i, (r, m) in enumerate(windows) if m)
+    pseudo = prior * (served / count if count else 1.0)
+    return (missed + pseudo) / (served * budget + pseudo)
+
+
 @pytest.mark.parametrize(
     ("p", "expected"),
-    [(95.0, 0.99), (99.0, 1 - 0.01 * math.sqrt(0.2)), (99.9, 1 - 0.01 * math.sqrt(0.02)), (80.0, 0.98)],
+    [
+        (95.0, 0.995),  # a 95 % SLO starts at the window objective itself
+        (99.0, 1 - 0.005 * math.sqrt(0.2)),  # ~0.9978
+        (97.0, 1 - 0.005 * math.sqrt(0.6)),
+        (80.0, 0.99),
+        (99.9, 1 - 0.005 * math.sqrt(0.02)),  # ~0.99929: below the 0.9995 cap on the start
+        (99.95, 0.9995),  # exactly at the cap
+        (99.98, 0.9995),  # 1 - 0.005 * sqrt(0.008) = 0.99955: clipped to the cap
+    ],
 )
 def test_slo_quantile_initial_from_formula(p: float, expected: float) -> None:
     assert SloQuantile.initial(p) == pytest.approx(expected, abs=1e-12)
+    assert SloQuantile.initial(p) == pytest.approx(_initial(p), abs=1e-12)
     assert SloQuantile(p).quantile == pytest.approx(expected, abs=1e-12)
 
 
+def test_slo_quantile_default_objective_and_gains() -> None:
+    sq = SloQuantile(99.0)
+    assert sq.objective == OBJECTIVE
+    assert sq._up == sq._down == pytest.approx(1.0 / 60.0)  # equal gains (1.0 / 1.0) per 60 windows an hour
+    assert SloQuantile.initial(99.0) == SloQuantile.initial(99.0, OBJECTIVE)
+
+
 def test_slo_quantile_initial_values_and_bounds() -> None:
-    assert SloQuantile.initial(95.0) == pytest.approx(0.99)
-    assert SloQuantile.initial(99.0) == pytest.approx(0.9955, abs=1e-4)
-    assert SloQuantile.initial(99.9) == pytest.approx(0.9986, abs=1e-4)
+    assert SloQuantile.initial(95.0) == pytest.approx(0.995)
+    assert SloQuantile.initial(99.0) == pytest.approx(0.9978, abs=1e-4)
+    # 99.9 % starts at 0.9993: below the 0.9995 cap on the start (and the 0.9999 ceiling: the learner can raise it).
+    assert 1 - BUDGET * math.sqrt(0.001 / 0.05) == pytest.approx(0.9993, abs=1e-4)
+    assert SloQuantile.initial(99.9) == pytest.approx(1 - BUDGET * math.sqrt(0.001 / 0.05), abs=1e-15)
+    assert SloQuantile.initial(99.9) < START_CAP
     # The objective sets the scale: 1 - q = (1 - objective) * sqrt((1 - p) / 0.05).
     assert SloQuantile.initial(95.0, objective=0.95) == pytest.approx(0.95)
     assert SloQuantile.initial(99.0, objective=0.9) == pytest.approx(1 - 0.1 * math.sqrt(0.2))
-    # Clipped to [0.5, 0.999].
-    assert SloQuantile.initial(99.99) == 0.999
-    assert SloQuantile.initial(99.999) == 0.999
+    # Clipped to [0.5, 0.9995]: from 99.95 % on (1 - 0.005 * sqrt(0.0005 / 0.05) = 0.9995) the start is the cap.
+    assert SloQuantile.initial(99.95) == pytest.approx(START_CAP, abs=1e-15)
+    assert SloQuantile.initial(99.98) == START_CAP
+    assert SloQuantile.initial(99.99) == START_CAP
+    assert SloQuantile.initial(99.999) == START_CAP
     assert SloQuantile.initial(50.0, objective=0.5) == 0.5
     assert SloQuantile.initial(1e-6, objective=0.8) == 0.5
     # The starting point is also held inside the controller's own bounds.
     assert SloQuantile(95.0, bounds=(0.5, 0.98)).quantile == pytest.approx(0.98)
     assert SloQuantile(99.0, objective=0.95).quantile == pytest.approx(SloQuantile.initial(99.0, 0.95))
+    assert SloQuantile(99.9).quantile == pytest.approx(SloQuantile.initial(99.9), abs=1e-12)
+    assert SloQuantile(99.99).quantile == pytest.approx(START_CAP, abs=1e-12)  # below the 0.9999 bound: room above
+    assert SloQuantile(99.99).quantile < CEILING
 
 
 def test_slo_quantile_initial_is_monotone_in_percentile_and_objective() -> None:
     for objective in (0.9, 0.95, 0.99, 0.999):
         qs = [SloQuantile.initial(p, objective) for p in np.linspace(50.0, 99.999, 300)]
         assert all(a <= b for a, b in itertools.pairwise(qs))  # stricter SLO, higher quantile
-        assert all(0.5 <= q <= 0.999 for q in qs)
-    assert SloQuantile.initial(99.0) < SloQuantile.initial(99.9)  # strictly, below the clip
+        assert all(0.5 <= q <= START_CAP for q in qs)
+    assert SloQuantile.initial(99.0) < SloQuantile.initial(99.9) < SloQuantile.initial(99.94)  # strictly, below the cap
     for p in (80.0, 95.0, 99.0, 99.9):
         qs = [SloQuantile.initial(p, o) for o in np.linspace(0.5, 0.9999, 300)]
         assert all(a <= b for a, b in itertools.pairwise(qs))  # stricter objective, higher quantile
@@ -449,19 +500,22 @@ def test_slo_quantile_judges_whole_windows() -> None:
     for _ in range(4):
         assert sq.update(1000.0, 1000.0) == q0  # nothing moves inside a window
     qa = sq.update(1000.0, 1000.0)  # the window completes
-    assert sq.burn == pytest.approx(1.0 / 1.01)  # one window, none missed, against one prior miss
+    # One window of 6,000 requests, none in a missed window, against one prior pseudo-miss of that size.
+    assert sq.burn == pytest.approx(1.0 / (1.0 + BUDGET))
+    assert sq.burn == pytest.approx(_expected_burn([(6000.0, False)]))
     assert sq.attainment == pytest.approx(1 - 50 / 6000)
     # Burn below 1: the quantile gives a little back, by gain_down / windows_per_hour * log(burn).
     assert qa < q0
-    assert _z(qa) - z0 == pytest.approx(1.0 / 60.0 * math.log(1.0 / 1.01))
+    assert _z(qa) - z0 == pytest.approx(1.0 / 60.0 * math.log(1.0 / (1.0 + BUDGET)))
     # A window 1.2 % late in total misses: the quantile moves when (and only when) it completes.
     for _ in range(5):
         assert sq.update(1000.0, 988.0) == qa
     q1 = sq.update(1000.0, 988.0)
     assert q1 > q0
     g = 1.0 - 1.0 / 360.0  # the default memory: 360 windows
-    burn = (1 + 1) / (0.01 * (1 + g) + 1)
+    burn = (1 + 1) / (BUDGET * (1 + g) + 1)
     assert sq.burn == pytest.approx(burn)
+    assert sq.burn == pytest.approx(_expected_burn([(6000.0, False), (6000.0, True)]))
     assert _z(q1) - _z(qa) == pytest.approx(1.0 / 60.0 * math.log(burn))  # up by gain_up / windows_per_hour
 
 
@@ -482,18 +536,67 @@ def test_slo_quantile_burn_is_the_weighted_window_miss_rate_over_the_budget() ->
     assert sq.burn == 1.0  # nothing seen: exactly the budget
     pattern = [True, False, False, True, False, False, False, True, False, False]
     _windows(sq, pattern)
+    # Windows of equal size: the request-weighted burn is the window-weighted one.
     g = 1.0 - 1.0 / memory
     n = len(pattern)
     windows = sum(g ** (n - 1 - i) for i in range(n))
     missed = sum(g ** (n - 1 - i) for i, m in enumerate(pattern) if m)
-    assert sq.burn == pytest.approx((missed + prior) / (windows * 0.01 + prior))
+    assert sq.burn == pytest.approx((missed + prior) / (windows * BUDGET + prior))
+    assert sq.burn == pytest.approx(_expected_burn([(3000.0, m) for m in pattern], memory, prior))
+
+
+def test_slo_quantile_burn_is_request_weighted() -> None:
+    # Windows of different sizes: the burn counts the requests of the missed windows, not the windows.
+    memory, prior = 20.0, 0.5
+    sq = SloQuantile(99.0, ticks_per_window=2, memory=memory, prior_misses=prior)
+    history = [(200.0, False), (5000.0, True), (40.0, True), (900.0, False), (10.0, False), (3000.0, True)]
+    for requests, miss in history:
+        for _ in range(2):
+            sq.update(requests / 2, requests / 2 * (0.98 if miss else 1.0))
+        assert sq.burn == pytest.approx(_expected_burn(history[: history.index((requests, miss)) + 1], memory, prior))
+    # The window-weighted number would differ: half the windows missed, but 8,040 of 9,150 requests.
+    by_windows = _expected_burn([(1.0, m) for _, m in history], memory, prior)
+    assert sq.burn != pytest.approx(by_windows)
+
+
+def test_slo_quantile_without_misses_the_burn_does_not_depend_on_window_sizes() -> None:
+    # With no missed window, burn = prior * mean / (served * budget + prior * mean), and mean = served / windows,
+    # so burn = 1 / (windows * budget / prior + 1): the sizes cancel, and quiet nights and busy days give the
+    # quantile back at the same pace.
+    a, b = SloQuantile(99.0, ticks_per_window=1), SloQuantile(99.0, ticks_per_window=1)
+    for r in [10.0, 5000.0, 3.0, 800.0, 120.0]:
+        a.update(r, r)
+        b.update(1000.0, 1000.0)
+    assert a.burn == pytest.approx(b.burn)
+    assert a.quantile == pytest.approx(b.quantile)
+
+
+def test_slo_quantile_a_big_missed_window_moves_more_than_a_small_one() -> None:
+    # Same history of clean windows of 1,000 requests; then one missed window of 10,000 or of 1,000 requests.
+    big, small = SloQuantile(99.0, ticks_per_window=1), SloQuantile(99.0, ticks_per_window=1)
+    for _ in range(30):
+        big.update(1000.0, 1000.0)
+        small.update(1000.0, 1000.0)
+    assert big.quantile == small.quantile
+    before = big.quantile
+    q_big = big.update(10_000.0, 9_800.0)  # 2 % late against a p99 SLO: missed
+    q_small = small.update(1000.0, 980.0)
+    assert q_big > q_small > before
+    assert big.burn > small.burn > 1.0
+    clean = [(1000.0, False)] * 30
+    assert big.burn == pytest.approx(_expected_burn([*clean, (10_000.0, True)]))
+    assert small.burn == pytest.approx(_expected_burn([*clean, (1000.0, True)]))
+    # Each moved by log(burn) / windows_per_hour logits (equal gains of 1).
+    assert _z(q_big) - _z(before) == pytest.approx(math.log(big.burn) / 60.0)
+    assert _z(q_small) - _z(before) == pytest.approx(math.log(small.burn) / 60.0)
 
 
 def test_slo_quantile_steps_once_per_window_by_the_log_burn() -> None:
     sq = SloQuantile(99.0, ticks_per_window=4, memory=60.0, gain_up=3.0, windows_per_hour=60.0)
     z0 = _z(sq.quantile)
     qs = _windows(sq, [True])
-    burn = 2.0 / 1.01  # one window, missed, plus the prior miss, over 1 % of one window plus the prior
+    # One window, missed, plus the prior miss, over the budget's share of one window plus the prior.
+    burn = 2.0 / (1.0 + BUDGET)
     assert sq.burn == pytest.approx(burn)
     assert _z(qs[0]) - z0 == pytest.approx(3.0 / 60.0 * math.log(burn))
 
@@ -501,16 +604,21 @@ def test_slo_quantile_steps_once_per_window_by_the_log_burn() -> None:
 def test_slo_quantile_rises_under_burn_and_is_bounded() -> None:
     sq = SloQuantile(99.0)
     q0 = sq.quantile
-    qs = _windows(sq, [w % 100 < 3 for w in range(300)])  # 3 % of windows missed: burning 3x
+    qs = _windows(sq, [w % 100 < 3 for w in range(300)])  # 3 % of windows missed: burning ~6x the 0.5 % budget
     assert sq.burn > 1.0 and qs[-1] > q0
     sq = SloQuantile(99.0)
     qs = _windows(sq, [True] * 200)
-    # Each window at most gain_up/windows_per_hour * log(max_burn) logits up (3/60, max_burn 10), and
+    # Each window at most gain_up/windows_per_hour * log(max_burn) logits up (1/60, max_burn 10), and
     # never down while every window misses (the burn only grows).
     zs = [_z(SloQuantile.initial(99.0)), *(_z(q) for q in qs)]
     assert all(0 <= b - a <= 1.0 / 60.0 * math.log(10.0) + 1e-9 for a, b in itertools.pairwise(zs))
-    assert qs[-1] == pytest.approx(0.999)
-    assert max(qs) <= 0.999 + 1e-12
+    assert qs[-1] == pytest.approx(CEILING)
+    assert max(qs) <= CEILING + 1e-12
+    # A p99.9 model starts below the ceiling too (0.99929) and rises above its start when it burns.
+    strict = SloQuantile(99.9)
+    qs = _windows(strict, [True] * 200)
+    assert qs[0] > SloQuantile.initial(99.9)
+    assert qs[-1] == pytest.approx(CEILING) and max(qs) <= CEILING + 1e-12
 
 
 def _steps_without_misses(sq: SloQuantile, n: int) -> tuple[list[float], list[float]]:
@@ -528,7 +636,7 @@ def test_slo_quantile_falls_with_the_defaults_when_no_window_misses() -> None:
     sq = SloQuantile(99.0)
     z0 = _z(sq.quantile)
     steps, burns = _steps_without_misses(sq, 600)  # ten hours without a missed window
-    # The burn only falls, toward prior / (memory * budget + prior) = 1 / 4.6: below 1 from the first window.
+    # The burn only falls, toward prior / (memory * budget + prior) = 1 / 2.8: below 1 from the first window.
     assert all(b < a for a, b in itertools.pairwise([1.0, *burns]))
     # Each window falls by gain_down / windows_per_hour * log(burn) (burn above 1/max_burn: unclipped here),
     # so at most 1.0/60 * log(10) logits.
@@ -541,7 +649,7 @@ def test_slo_quantile_falls_with_the_defaults_when_no_window_misses() -> None:
     # ...and it reaches the lower bound within the ten hours, where it stays.
     _windows(sq, [False] * 2_400)
     assert sq.quantile == pytest.approx(0.5)
-    assert sq.burn == pytest.approx(1.0 / 4.6, rel=1e-3)
+    assert sq.burn == pytest.approx(1.0 / (360.0 * BUDGET + 1.0), rel=1e-3)
 
 
 def test_slo_quantile_falls_at_most_log_max_burn_per_window() -> None:
@@ -561,32 +669,36 @@ def test_slo_quantile_falls_at_most_log_max_burn_per_window() -> None:
 def test_slo_quantile_burn_averages_one_at_exactly_the_budget() -> None:
     sq = SloQuantile(99.0)
     burns = []
-    for w in range(3000):
-        _windows(sq, [w % 100 == 50])  # exactly 1 % of windows missed
+    for w in range(4000):
+        _windows(sq, [w % AT_BUDGET == AT_BUDGET // 2])  # exactly 0.5 % of windows (and requests) missed
         if w >= 1000:
             burns.append(sq.burn)
     assert float(np.mean(burns)) == pytest.approx(1.0, abs=0.02)
 
 
 def test_slo_quantile_holds_at_exactly_the_budget_with_symmetric_gains() -> None:
-    # One miss every 100 windows over 2,000 windows with gain_up == gain_down: the burn averages 1 (above) but
-    # swings ~0.9 .. 1.1 within each 100-window cycle, and log(burn) averages slightly below 0 (Jensen), so
-    # the quantile drifts down a little. Measured: at most 0.10 logits from the start at any window (0.08
-    # at the end); the band below is twice that. (Gains 3 up / 0.5 down ratcheted to the ceiling: hence
-    # the equal default gains, tested below.)
+    # One miss every 200 windows (the 0.5 % budget) over 2,000 windows with gain_up == gain_down: the burn
+    # averages 1 but swings ~0.83 .. 1.2 within each 200-window cycle, and log(burn) averages slightly
+    # below 0 (Jensen), so the quantile drifts down a little. Measured: at most 0.21 logits from the start
+    # at any window (0.14 at the end); the band below is twice that.
     sq = SloQuantile(99.0, gain_up=0.5, gain_down=0.5)
     z0 = _z(sq.quantile)
-    qs = _windows(sq, [w % 100 == 50 for w in range(2_000)])
-    assert all(abs(_z(q) - z0) < 0.2 for q in qs)
+    qs = _windows(sq, [w % AT_BUDGET == AT_BUDGET // 2 for w in range(2_000)])
+    assert all(abs(_z(q) - z0) < 0.42 for q in qs)
 
 
 def test_slo_quantile_holds_at_exactly_the_budget() -> None:
-    # One miss every 100 windows over 2,000 windows (~33 h) with the defaults (equal gains of 1): the
-    # quantile ends within 0.25 logits of where it started (0.9955 -> within ~[0.9943, 0.9965]).
+    # One miss every 200 windows over 2,000 windows (~33 h) with the defaults (equal gains of 1): measured,
+    # the quantile ends 0.27 logits below its start (at most 0.41 on the way); the bound is ~1.5x that.
     sq = SloQuantile(99.0)
     z0 = _z(sq.quantile)
-    qs = _windows(sq, [w % 100 == 50 for w in range(2_000)])
-    assert abs(_z(qs[-1]) - z0) < 0.25
+    pattern = [w % AT_BUDGET == AT_BUDGET // 2 for w in range(2_000)]
+    qs = _windows(sq, pattern)
+    assert abs(_z(qs[-1]) - z0) < 0.4
+    assert all(abs(_z(q) - z0) < 0.6 for q in qs)
+    # Why the gains are equal: 3 up / 0.5 down ratchets the quantile up at the same budget (measured +0.8).
+    ratchet = SloQuantile(99.0, gain_up=3.0, gain_down=0.5)
+    assert _z(_windows(ratchet, pattern)[-1]) - z0 > 0.5
 
 
 def test_slo_quantile_ignores_garbage_and_empty_windows() -> None:
@@ -608,7 +720,7 @@ def test_slo_quantile_ignores_garbage_and_empty_windows() -> None:
     # within is clipped to [0, requests]: more "within" than requests is a clean window, not a bonus.
     sq2 = SloQuantile(99.0, ticks_per_window=1)
     sq2.update(10.0, 50.0)
-    assert sq2.attainment == 1.0 and sq2.burn == pytest.approx(1 / 1.01)
+    assert sq2.attainment == 1.0 and sq2.burn == pytest.approx(1 / (1 + BUDGET))
     sq2.update(10.0, -3.0)
     g = 1.0 - 1.0 / 360.0  # the default memory: 360 windows
     assert sq2.attainment == pytest.approx(1 - 1 / (1 + g))  # request counts weighted like windows
@@ -641,7 +753,10 @@ def test_slo_quantile_rejects_bad_params() -> None:
     st.sampled_from([0.1, 1.0]),
     st.sampled_from([(3.0, 0.5), (0.5, 3.0), (0.0, 1.0), (1.0, 0.0)]),
     st.lists(
-        st.tuples(st.floats(0.0, 1e4), st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+        # Request counts: none, subnormal (the burn's underflow guard: see the test below), or any up to 1e4.
+        st.tuples(
+            st.one_of(st.just(0.0), st.just(5e-324), st.floats(0.0, 1e4)), st.floats(0.0, 1.0), st.floats(0.0, 1.0)
+        ),
         min_size=1,
         max_size=200,
     ),
@@ -671,4 +786,20 @@ def test_slo_quantile_more_misses_never_lower(
         qb = b.update(requests, requests * hi)
         assert qa >= qb
         assert a.burn >= b.burn
-        assert 0.5 <= qb <= qa <= 0.999
+        assert 0.5 <= qb <= qa <= CEILING + 1e-12
+        assert math.isfinite(a.burn) and math.isfinite(b.burn)
+
+
+def test_slo_quantile_survives_a_subnormal_request_count() -> None:
+    # Found by the property above: a window of 5e-324 requests makes served * budget and the prior's
+    # prior_misses * served / windows underflow to 0 (it used to divide 0 by 0). Such a denominator is no
+    # evidence either way: the burn is exactly 1 and the quantile does not move.
+    sq = SloQuantile(90.0, ticks_per_window=1, memory=2.0, prior_misses=0.1)
+    q0 = sq.quantile
+    q = sq.update(5e-324, 0.0)
+    assert sq.burn == 1.0
+    assert q == q0 == pytest.approx(SloQuantile.initial(90.0), abs=1e-12)
+    # ...and real windows afterwards are judged as usual.
+    q = sq.update(1000.0, 0.0)  # all late: missed
+    assert sq.burn > 1.0 and q > q0
+    assert 0.5 <= q <= CEILING + 1e-12

@@ -69,9 +69,10 @@ class SloPolicy:
         max_scale_down_fraction: float = 0.5,
         down_margin: float = 0.5,
         burstiness: bool = True,
+        drain_s: float = 60.0,
     ) -> None:
         for knob, value in (("tick_s", tick_s), ("stable_window_s", stable_window_s),
-                            ("panic_window_s", panic_window_s)):
+                            ("panic_window_s", panic_window_s), ("drain_s", drain_s)):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{knob} must be > 0, got {value}")
         if not scale_down_stabilization_s >= 0:
@@ -87,6 +88,7 @@ class SloPolicy:
         self.max_scale_down_fraction = max_scale_down_fraction
         self.down_margin = down_margin
         self.burstiness = burstiness
+        self.drain_s = drain_s
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> SloState:
         return SloState()
@@ -119,10 +121,22 @@ class SloPolicy:
             load, reason = stable, Reason.REACTIVE
         raw = self._size(load, ctx, profile)
         detail = f"q{q:.3g} forecast {forecast:.2f}, observed {stable:.2f} req/s ({short:.2f} short): {raw}"
-        panic = self._size(short, ctx, profile)
-        if panic > max(raw, current):
-            raw, reason = panic, Reason.PANIC
-            detail = f"short-window load {short:.2f} req/s above plan: {panic}"
+        # A queue already built (after a burst, or a jump the forecast missed) must drain, not only stop
+        # growing: size for the arrivals plus the backlog spread over ``drain_s`` (Little's law: the
+        # requests in the system beyond those in service at this rate).
+        in_flight = _last_finite(ctx.metrics.in_flight)
+        backlog = in_flight - max(stable, short) * profile.mean_s
+        if backlog > profile.concurrency * max(current, 1) * 0.5:
+            drain = self._size(max(stable, short) + backlog / self.drain_s, ctx, profile)
+        else:
+            drain = 0
+        panic = max(self._size(short, ctx, profile), drain)
+        if panic > raw:
+            # (also when not above the current count: then it is the floor the scale-down must respect)
+            if panic > current:
+                reason = Reason.PANIC
+            raw = panic
+            detail = f"short-window load {short:.2f} req/s, backlog {max(backlog, 0.0):.0f}: {panic}"
 
         started = state.started_at if state.started_at is not None else now
         # The window's recommendations as a monotone queue (times increasing, counts strictly
@@ -160,8 +174,11 @@ class SloPolicy:
 
 def arrival_dispersion(rate: np.ndarray, step_s: float, cap: float = 64.0) -> float:
     """The arrivals' index of dispersion (variance / mean of the per-sample counts; 1 for Poisson) over
-    the window, from first differences so that a trend or a level shift is not read as burstiness;
-    rounded up on a geometric grid of 2^(1/4) so that sizing reuses its memo; at least 1, at most ``cap``."""
+    the window, from first differences so that a trend is not read as burstiness (a single level shift
+    is, for the length of the window: a mild over-provision right after a jump). Below 2^(1/2) it is 1:
+    the estimate of a Poisson stream scatters around 1 (over 30-60 samples a quarter of the estimates
+    reach 1.4), and the stabilization window would keep the worst of them. Above, rounded to the nearest
+    step of a geometric grid of 2^(1/4) so that sizing reuses its memo; at most ``cap``."""
     counts = rate[np.isfinite(rate)] * step_s
     if counts.size < 6:
         return 1.0
@@ -170,6 +187,12 @@ def arrival_dispersion(rate: np.ndarray, step_s: float, cap: float = 64.0) -> fl
         return 1.0
     d = np.diff(counts)
     index = float(np.dot(d, d)) / (2.0 * d.size * mean)
-    if not index > 1.0:
+    if not index >= math.sqrt(2.0):
         return 1.0
-    return min(cap, 2.0 ** (math.ceil(math.log2(index) * 4.0) / 4.0))
+    return min(cap, 2.0 ** (round(math.log2(index) * 4.0) / 4.0))
+
+
+def _last_finite(samples: np.ndarray) -> float:
+    finite = samples[np.isfinite(samples)] if samples.size else samples
+    return float(finite[-1]) if finite.size else 0.0
+
