@@ -78,12 +78,13 @@ def context(
     q: float | None = None,
     burn: float = 0.0,
     profile: ServiceProfile = PROFILE,
+    ready: int | None = None,
 ) -> PolicyContext:
     return PolicyContext(
         now=now,
         spec=spec,
         current_replicas=current,
-        ready_replicas=current,
+        ready_replicas=current if ready is None else ready,
         metrics=m,
         metrics_step_s=1.0,
         forecast=fc,
@@ -168,7 +169,7 @@ def test_registered_as_slotwise_with_defaults() -> None:
     p = make_policy("slotwise")
     assert isinstance(p, SloPolicy)
     assert (p.name, p.tick_s, p.instant_start, p.uses_forecast, p.learns) == ("slotwise", 10.0, False, True, True)
-    assert (p.burstiness, p.drain_s) == (True, 60.0)
+    assert (p.burstiness, p.drain_s) == (True, None)  # None: drain within the model's SLO latency
     assert p.initial_state(SPEC, 3) == SloState()
     q = make_policy(
         "slotwise",
@@ -341,6 +342,12 @@ def test_panic_window_is_the_knob(fake_slo: list[Any]) -> None:
 
 
 # -- drain: a backlog in flight ---------------------------------------------------------------------------
+# A backlog is the in-flight count beyond Little's law at the larger of the stable and short windows' rates;
+# it drains only when the Ready replicas would need longer than the SLO latency to serve it. With SPEC and
+# PROFILE (1 s SLO, 0.1 s service, one slot) a Ready replica serves 10 req/s: more than 10 queued per Ready
+# replica is a backlog.
+
+PER_REPLICA = PROFILE.concurrency / PROFILE.mean_s  # 10 req/s: a replica's throughput
 
 
 def _with_backlog(rate: float, backlog: float, n: int = 120) -> ModelMetrics:
@@ -349,15 +356,16 @@ def _with_backlog(rate: float, backlog: float, n: int = 120) -> ModelMetrics:
 
 
 def test_drain_a_backlog_raises_the_count_with_panic(fake_slo: list[Any]) -> None:
-    p = SloPolicy()
+    p = SloPolicy(drain_s=60.0)
     rate, current = 20.0, 2
     # No backlog: the plan (reactive, 20 req/s -> 2) is what is in place.
     res = p.decide(context(p, metrics(rate), current=current))
     assert (res.desired, res.reason) == (2, Reason.STABLE)
-    # 600 requests queued: size for the arrivals plus the backlog spread over drain_s (60 s): 20 + 10 req/s.
+    # 600 requests queued (30 s of the 2 replicas' 20 req/s: a backlog): size for the arrivals plus the backlog
+    # spread over drain_s (60 s): 20 + 10 req/s.
     backlog = 600.0
     res = p.decide(context(p, _with_backlog(rate, backlog), current=current))
-    drain_load = rate + backlog / p.drain_s
+    drain_load = rate + backlog / 60.0
     assert (res.desired, res.reason) == (fake_count(drain_load), Reason.PANIC) == (3, Reason.PANIC)
     assert "backlog 600" in res.detail
     assert any(r == pytest.approx(drain_load) for r, _, _ in fake_slo)
@@ -367,8 +375,27 @@ def test_drain_a_backlog_raises_the_count_with_panic(fake_slo: list[Any]) -> Non
     assert (res.desired, res.reason) == (fake_count(rate + backlog / 20.0), Reason.PANIC) == (5, Reason.PANIC)
 
 
-def test_drain_sizes_on_the_larger_of_the_stable_and_short_windows(fake_slo: list[Any]) -> None:
+@pytest.mark.parametrize(("slo_ms", "expected"), [(1000.0, 32), (2000.0, 17), (500.0, 62)])
+def test_by_default_a_backlog_drains_within_the_slo_latency(fake_slo: list[Any], slo_ms: float, expected: int) -> None:
+    # drain_s None: the backlog is to be gone within the model's own SLO latency (a queue older than that is
+    # late requests): 300 queued at 20 req/s sizes for 20 + 300 / slo_latency_s.
+    spec = SPEC.with_(slo_latency_ms=slo_ms)
     p = SloPolicy()
+    assert p.drain_s is None
+    rate, backlog = 20.0, 300.0
+    m = _with_backlog(rate, backlog)
+    res = p.decide(context(p, m, current=2, spec=spec))
+    drain_load = rate + backlog / spec.slo_latency_s
+    assert (res.desired, res.reason) == (fake_count(drain_load), Reason.PANIC) == (expected, Reason.PANIC)
+    assert any(r == pytest.approx(drain_load) for r, _, _ in fake_slo)
+    # An explicit drain_s still overrides it, whatever the SLO latency: 20 + 300 / 60 = 25 req/s -> 3.
+    slow = SloPolicy(drain_s=60.0)
+    res = slow.decide(context(slow, m, current=2, spec=spec))
+    assert (res.desired, res.reason) == (fake_count(rate + backlog / 60.0), Reason.PANIC) == (3, Reason.PANIC)
+
+
+def test_drain_sizes_on_the_larger_of_the_stable_and_short_windows(fake_slo: list[Any]) -> None:
+    p = SloPolicy(drain_s=60.0)
     # Stable (60 s) mean 25, short (10 s) 100: the backlog beyond 100 req/s * 0.1 s in service is what drains.
     rates = [10.0] * 110 + [100.0] * 10
     in_flight = 100.0 * PROFILE.mean_s + 1200.0
@@ -376,45 +403,84 @@ def test_drain_sizes_on_the_larger_of_the_stable_and_short_windows(fake_slo: lis
     assert (res.desired, res.reason) == (fake_count(100.0 + 1200.0 / 60.0), Reason.PANIC) == (12, Reason.PANIC)
 
 
+@pytest.mark.parametrize("slo_ms", [1000.0, 2000.0])
+def test_a_backlog_is_a_queue_the_ready_replicas_need_longer_than_the_slo_latency_to_serve(
+    fake_slo: list[Any], slo_ms: float
+) -> None:
+    spec = SPEC.with_(slo_latency_ms=slo_ms)
+    p = SloPolicy()
+    for ready in (1, 2, 5):
+        # What the replicas in place serve within the SLO latency: 10 (20 at a 2 s SLO) per Ready replica.
+        threshold = spec.slo_latency_s * ready * PER_REPLICA
+        base = p.decide(context(p, metrics(20.0), current=ready, spec=spec))
+        # Just below: not a backlog; the decision is the one without any queue.
+        res = p.decide(context(p, _with_backlog(20.0, threshold - 0.01), current=ready, spec=spec))
+        assert (res.desired, res.reason) == (base.desired, base.reason) and res.reason != Reason.PANIC
+        # Just above: it drains within the SLO latency, i.e. for 20 req/s plus a little over the Ready
+        # replicas' throughput -- the plan (2) plus one more than the Ready replicas.
+        backlog = threshold + 0.01
+        res = p.decide(context(p, _with_backlog(20.0, backlog), current=ready, spec=spec))
+        expected = fake_count(20.0 + backlog / spec.slo_latency_s)
+        assert (res.desired, res.reason) == (expected, Reason.PANIC) == (2 + ready + 1, Reason.PANIC)
+
+
+def test_the_backlog_threshold_counts_the_ready_replicas_not_the_current_count(fake_slo: list[Any]) -> None:
+    # 3 replicas, only 1 Ready (2 still starting): 10.01 queued is more than the Ready one serves in the 1 s
+    # SLO latency, so it drains (20 + 10.01 req/s -> 4), although 3 Ready replicas would serve it in time.
+    p = SloPolicy()
+    m = _with_backlog(20.0, 10.01)
+    res = p.decide(context(p, m, current=3, ready=1))
+    assert (res.desired, res.reason) == (fake_count(20.0 + 10.01), Reason.PANIC) == (4, Reason.PANIC)
+    res = p.decide(context(p, m, current=3, ready=3))
+    assert (res.desired, res.reason) == (3, Reason.STABLE)  # all 3 Ready: not a backlog
+    # No Ready replica at all (all starting): the threshold is one replica's, not zero.
+    res = p.decide(context(p, _with_backlog(20.0, 9.99), current=3, ready=0))
+    assert (res.desired, res.reason) == (3, Reason.STABLE)
+    res = p.decide(context(p, m, current=3, ready=0))
+    assert (res.desired, res.reason) == (4, Reason.PANIC)
+
+
 def test_no_backlog_no_drain(fake_slo: list[Any]) -> None:
     p = SloPolicy()
-    for current in (1, 2, 5):
-        # Up to half a replica's slots queued per replica is not a backlog to drain: the decision is the
-        # one without any queue.
-        threshold = 0.5 * PROFILE.concurrency * current
-        base = p.decide(context(p, metrics(20.0), current=current))
-        res = p.decide(context(p, _with_backlog(20.0, threshold), current=current))
-        assert (res.desired, res.reason) == (base.desired, base.reason) and res.reason != Reason.PANIC
-    for current in (1, 2):
-        # Strictly more is: 20 req/s plus a sliver needs a third replica (10 req/s each).
-        res = p.decide(context(p, _with_backlog(20.0, 0.5 * current + 0.01), current=current))
-        assert (res.desired, res.reason) == (3, Reason.PANIC)
     # In flight below what is in service (the replicas are idle-ish), missing, or never scraped: nothing drains.
     for in_flight in (0.0, 1.0, math.nan):
         res = p.decide(context(p, metrics(20.0, in_flight=in_flight), current=2))
         assert (res.desired, res.reason) == (2, Reason.STABLE)
     empty = ModelMetrics(rate=np.full(120, 20.0), in_flight=np.zeros(0))
     assert p.decide(context(p, empty, current=2)).reason == Reason.STABLE
-    # Scale from zero: with no replica the threshold is half of one replica's slots.
+    # Scale from zero: with no replica the threshold is one replica's (10 queued within the 1 s SLO latency)...
+    res = p.decide(context(p, metrics(0.0, in_flight=9.99), current=0))
+    assert (res.desired, res.reason) == (0, Reason.STABLE)
+    # ...and 30 queued drain within it by default (30 req/s -> 3), or over drain_s when given (0.5 req/s -> 1).
     res = p.decide(context(p, metrics(0.0, in_flight=30.0), current=0))
+    assert (res.desired, res.reason) == (fake_count(30.0 / SPEC.slo_latency_s), Reason.PANIC) == (3, Reason.PANIC)
+    slow = SloPolicy(drain_s=60.0)
+    res = slow.decide(context(slow, metrics(0.0, in_flight=30.0), current=0))
     assert (res.desired, res.reason) == (fake_count(30.0 / 60.0), Reason.PANIC) == (1, Reason.PANIC)
 
 
 def test_real_capacity_a_steady_queue_is_not_a_backlog() -> None:
     # In flight at steady state is rate * (mean service + mean wait) (Little's law): the queue the model
-    # itself predicts at the count in place never triggers the drain.
+    # itself predicts at a count that meets the SLO never triggers the drain -- the Ready replicas serve it
+    # well within the SLO latency (its mean wait is below it).
     p = SloPolicy()
+    hair_trigger = SloPolicy(drain_s=1e-9)  # were it a backlog, this would ask for the ceiling
     for rate in (5.0, 12.0, 33.0, 60.0):
         current = capacity.min_replicas_for_slo(rate, PROFILE, SPEC.max_replicas + 1)
         p_wait, decay = capacity.wait_params(rate / current, PROFILE.concurrency, PROFILE.mean_s, PROFILE.scv)
         in_system = rate * (PROFILE.mean_s + float(p_wait / decay))
-        assert in_system > rate * PROFILE.mean_s  # some queue...
-        res = p.decide(context(p, metrics(rate, in_flight=in_system), current=current, state=SETTLED))
-        assert (res.desired, res.reason) == (current, Reason.STABLE)  # ...but nothing to drain
+        backlog = in_system - rate * PROFILE.mean_s
+        assert backlog > 0  # some queue...
+        assert backlog / (current * PER_REPLICA) < SPEC.slo_latency_s  # ...served within the SLO latency...
+        for policy in (p, hair_trigger):
+            res = policy.decide(context(policy, metrics(rate, in_flight=in_system), current=current, state=SETTLED))
+            assert (res.desired, res.reason) == (current, Reason.STABLE)  # ...so nothing to drain
+            assert "backlog" not in res.detail
 
 
-def test_real_capacity_a_bigger_backlog_never_needs_fewer_replicas() -> None:
-    p = SloPolicy()
+@pytest.mark.parametrize("drain_s", [None, 60.0])
+def test_real_capacity_a_bigger_backlog_never_needs_fewer_replicas(drain_s: float | None) -> None:
+    p = SloPolicy(drain_s=drain_s)
     for rate, current in [(20.0, 3), (20.0, 1), (45.0, 6), (0.0, 0)]:
         counts = [
             p.decide(context(p, _with_backlog(rate, backlog), current=current)).desired
@@ -422,14 +488,14 @@ def test_real_capacity_a_bigger_backlog_never_needs_fewer_replicas() -> None:
         ]
         assert all(a <= b for a, b in pairwise(counts))
         assert counts[0] >= current or rate == 0.0
-        assert counts[-1] > counts[0]  # 6,000 queued over 60 s: 100 req/s more to serve
+        assert counts[-1] > counts[0]  # 6,000 queued: 100 req/s more to serve over 60 s, 6,000 over the 1 s SLO
 
 
 def test_scale_down_does_not_shed_the_replicas_a_backlog_needs(fake_slo: list[Any]) -> None:
-    # 20 req/s (the plan: 2) and 3,600 requests queued: the drain rule sizes for 20 + 60 = 80 req/s -> 8.
-    # The drain count is a floor even when it is not above the count in place, so 8 replicas stay (it used
+    # 20 req/s (the plan: 2) and 3,600 requests queued: the drain rule (over 60 s) sizes for 20 + 60 = 80 req/s
+    # -> 8. The drain count is a floor even when it is not above the count in place, so 8 replicas stay (it used
     # to count only above it: the policy stepped 8 down to 4, where the next tick's drain panicked back to 8).
-    p = SloPolicy()
+    p = SloPolicy(drain_s=60.0)
     m = _with_backlog(20.0, 3600.0)
     res = p.decide(context(p, m, current=4, state=SETTLED))
     assert (res.desired, res.reason) == (8, Reason.PANIC)  # the drain rule, from below

@@ -15,8 +15,9 @@ What it adds, each tick:
 
 1. **Plan**: desired = fewest replicas meeting the SLO at max(forecast quantile, observed load over the
    stable window) -- the observed floor because a forecast that lags a ramp must not shed busy replicas.
-2. **Panic** (as KPA's): when the load over the short panic window needs more than the plan, that wins,
-   with reason ``panic``.
+2. **Panic** (as KPA's): the load over the short panic window, and a queue already built (sized to drain
+   within the SLO latency), are a floor under the plan; reason ``panic`` when that floor is above the
+   current count.
 3. **Scale down** only when every recommendation of the stabilization window was lower AND N-1 (the
    target) still meets the SLO at a stricter quantile than scale-up used (hysteresis: a model does not
    flap between two counts on forecast noise), at most ``max_scale_down_fraction`` of the replicas per
@@ -59,7 +60,8 @@ class SloPolicy:
     Knobs: ``tick_s`` (how often it decides), ``stable_window_s`` (observed-load floor),
     ``panic_window_s``, ``scale_down_stabilization_s``, ``max_scale_down_fraction`` (per tick; at least one
     replica), ``down_margin`` (scale-down's quantile leaves this fraction of scale-up's tail: 0.5 sizes
-    the N-1 check at 1 - (1 - q) / 2).
+    the N-1 check at 1 - (1 - q) / 2), ``burstiness`` (size with the arrivals' measured dispersion),
+    ``drain_s`` (clear a built-up queue within this long; None = the model's SLO latency).
     """
 
     name = "slotwise"
@@ -76,10 +78,10 @@ class SloPolicy:
         max_scale_down_fraction: float = 0.5,
         down_margin: float = 0.5,
         burstiness: bool = True,
-        drain_s: float = 60.0,
+        drain_s: float | None = None,
     ) -> None:
         for knob, value in (("tick_s", tick_s), ("stable_window_s", stable_window_s),
-                            ("panic_window_s", panic_window_s), ("drain_s", drain_s)):
+                            ("panic_window_s", panic_window_s), ("drain_s", 1.0 if drain_s is None else drain_s)):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{knob} must be > 0, got {value}")
         if not scale_down_stabilization_s >= 0:
@@ -134,11 +136,17 @@ class SloPolicy:
         detail = f"q{q:.3g} forecast {forecast:.2f}, observed {stable:.2f} req/s ({short:.2f} short): {raw}"
         # A queue already built (after a burst, or a jump the forecast missed) must drain, not only stop
         # growing: size for the arrivals plus the backlog spread over ``drain_s`` (Little's law: the
-        # requests in the system beyond those in service at this rate).
+        # requests in the system beyond those in service at this rate). By default the backlog is to be
+        # gone within the SLO latency -- a queue older than that is late requests. (Measured on ServeGen,
+        # 2 days: draining over 60 s instead left 1.7x the violating requests at the same GPU-hours.)
         in_flight = _last_finite(ctx.metrics.in_flight)
         backlog = in_flight - max(stable, short) * profile.mean_s
-        if backlog > profile.concurrency * max(current, 1) * 0.5:
-            drain = self._size(max(stable, short) + backlog / self.drain_s, ctx, profile)
+        # It is a backlog when the replicas in place need longer than the SLO latency to serve it (a
+        # steady queue of a count that meets the SLO never is).
+        throughput = max(ctx.ready_replicas, 1) * profile.concurrency / profile.mean_s
+        if backlog > 0 and backlog / throughput > spec.slo_latency_s:
+            drain_s = self.drain_s if self.drain_s is not None else spec.slo_latency_s
+            drain = self._size(max(stable, short) + backlog / drain_s, ctx, profile)
         else:
             drain = 0
         panic = max(self._size(short, ctx, profile), drain)
@@ -205,6 +213,8 @@ def arrival_dispersion(rate: np.ndarray, step_s: float, cap: float = 64.0) -> fl
 
 
 def _last_finite(samples: np.ndarray) -> float:
+    if samples.size and math.isfinite(last := float(samples[-1])):
+        return last  # the common case, without a numpy pass over the window
     finite = samples[np.isfinite(samples)] if samples.size else samples
     return float(finite[-1]) if finite.size else 0.0
 
