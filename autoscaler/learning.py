@@ -561,6 +561,7 @@ class SloQuantile:
         self._win_within = 0.0
 
     @staticmethod
+    @lru_cache(maxsize=256)  # (asked by the policy for every model and tick)
     def initial(slo_percentile: float, objective: float = 0.995) -> float:
         """The forecast quantile to start from for an SLO of ``slo_percentile`` % (see class doc)."""
         eps = min(max(1.0 - slo_percentile / 100.0, 1e-9), 1.0)

@@ -42,7 +42,15 @@ class Forecast:
             v_top, v_below = float(self.values[-1]), float(self.values[-2])
             per_decade = (v_top - v_below) / math.log10((1.0 - below) / (1.0 - top))
             return v_top + max(per_decade, 0.0) * math.log10((1.0 - top) / (1.0 - q))
-        return float(np.interp(q, self.quantiles, self.values))
+        # (a handful of levels: a scan beats numpy's call overhead, and every policy asks every tick)
+        qs, vs = self.quantiles, self.values
+        if q <= qs[0]:
+            return float(vs[0])
+        for i in range(1, len(qs)):
+            if q <= qs[i]:
+                lo, hi = float(vs[i - 1]), float(vs[i])
+                return lo + (hi - lo) * (q - qs[i - 1]) / (qs[i] - qs[i - 1])
+        return float(vs[-1])
 
 
 @dataclass(frozen=True)
