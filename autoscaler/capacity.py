@@ -72,10 +72,6 @@ class ServiceProfile:
         sizing keeps its memo per variant (callers should round the value to a coarse grid)."""
         return self._variant("arrival_scv", arrival_scv)
 
-    def with_percentile(self, percentile: float) -> ServiceProfile:
-        """This profile sized for another attainment target (cached like :meth:`with_arrival_scv`)."""
-        return self._variant("percentile", percentile)
-
     def _variant(self, name: str, value: float) -> ServiceProfile:
         if value == getattr(self, name):
             return self
