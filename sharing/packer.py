@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from sharing.catalog import GpuModel, MigProfile
@@ -480,16 +480,7 @@ class CostAwarePacker:
 
     def _reserve_fast(self, inv: Inventory, req: SlotRequest, cands: list) -> list:
         """:meth:`_reserve` on the fast path's candidates (held replicas from the Inventory's index)."""
-        assert self._expected is not None
-        need: dict[str, float] = {}
-        for m, (r, n) in self._expected.items():
-            left = n - inv.model_allocation_count(m) - (1 if m == req.model else 0)
-            if left <= 0:
-                continue
-            kinds = self._fit_kinds(inv, r)
-            if len(kinds) == 1:
-                ((k, share),) = kinds.items()
-                need[k] = need.get(k, 0.0) + left * share
+        need = self._reserved_need(inv, req, inv.model_allocation_count)
         if not need:
             return cands
         mine = self._fit_kinds(inv, req)
@@ -504,6 +495,21 @@ class CostAwarePacker:
         return out
 
     # -- reservation ----------------------------------------------------------------------------
+    def _reserved_need(self, inv: Inventory, req: SlotRequest, held: Callable[[str], int]) -> dict[str, float]:
+        """Per GPU kind, the GPUs the expected replicas not yet placed will need there (only models that
+        fit one kind alone count: the others can go elsewhere). ``held(model)``: replicas placed."""
+        assert self._expected is not None
+        need: dict[str, float] = {}
+        for m, (r, n) in self._expected.items():
+            left = n - held(m) - (1 if m == req.model else 0)  # this one is being placed now
+            if left <= 0:
+                continue
+            kinds = self._fit_kinds(inv, r)
+            if len(kinds) == 1:
+                ((k, share),) = kinds.items()
+                need[k] = need.get(k, 0.0) + left * share
+        return need
+
     def _fit_kinds(self, inv: Inventory, req: SlotRequest) -> dict[str, float]:
         """GPU kinds that can hold one replica of ``req``, each with the least share of a GPU it takes."""
         # Cached per request and cluster shape: this runs for every expected model on every place.
@@ -529,20 +535,11 @@ class CostAwarePacker:
         return out
 
     def _reserve(self, inv: Inventory, req: SlotRequest, cands: list[tuple[tuple, Slot]]) -> list[tuple[tuple, Slot]]:
-        assert self._expected is not None
         held: dict[str, int] = {}
         for owner, _ in inv.allocations():
             m = inv.model_of(owner)
             held[m] = held.get(m, 0) + 1
-        need: dict[str, float] = {}
-        for m, (r, n) in self._expected.items():
-            left = n - held.get(m, 0) - (1 if m == req.model else 0)  # this one is being placed now
-            if left <= 0:
-                continue
-            kinds = self._fit_kinds(inv, r)
-            if len(kinds) == 1:
-                ((k, share),) = kinds.items()
-                need[k] = need.get(k, 0.0) + left * share
+        need = self._reserved_need(inv, req, lambda m: held.get(m, 0))
         if not need:
             return cands
         mine = self._fit_kinds(inv, req)
