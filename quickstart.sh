@@ -42,7 +42,9 @@ case "${1:-demo}" in
   demo)
     ensure_venv ""
     shift || true
-    exec "$VENV/bin/slotwise" simulate --out slotwise-report "$@"
+    # The first 15 minutes of the bundled hour are the controller's history (its forecaster's warm
+    # start, as Prometheus history is in a cluster); the rest is simulated and scored.
+    exec "$VENV/bin/slotwise" simulate --history-hours 0.25 --out slotwise-report "$@"
     ;;
   test)
     ensure_venv "[test]"
