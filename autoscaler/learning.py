@@ -351,6 +351,14 @@ class CapacityLearner:
         self._h_tab: list[float] | None = None  # latency table, built on the first latency reading
         self._hx_tab: list[float] = []
 
+    def declare_speed(self, kind: str, speed: float) -> None:
+        """Declare how fast ``kind`` is relative to the reference (as ``declared_speed`` does), e.g. when
+        the model first runs there: the kinds in use are known only then."""
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed of {kind!r} must be finite and > 0, got {speed!r}")
+        self._speed_log[kind] = math.log(speed)
+        self._profiles.pop(kind, None)  # a cached profile of the kind was for the old speed
+
     # -- reading ------------------------------------------------------------------------------
 
     @property

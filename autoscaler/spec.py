@@ -50,6 +50,8 @@ class ModelSpec:
     Service-time fields are priors for the capacity model (and drive the simulator): a request's
     service time is ``service_time_ms`` or, with token counts, ``prefill_ms_per_1k_tokens * in/1000 +
     decode_ms_per_token * out``; ``concurrency`` requests share one replica at a time.
+    ``slot_speeds`` says how fast slot kinds run relative to the hardware those service times were
+    measured on (``(("L4", 0.4), ("1g.10gb", 0.25))``; how keys match a replica's slot: ``docs/annotations.md``).
     """
 
     name: str
@@ -63,6 +65,7 @@ class ModelSpec:
     gpu_compute_share: float = 1.0
     gpus_per_replica: int = 1
     slot_kinds: tuple[str, ...] = SLOT_KINDS
+    slot_speeds: tuple[tuple[str, float], ...] = ()  # (slot-kind key or pattern, relative speed > 0)
     team: str = "default"
     priority: int = 0
     cold_start_s: float = 60.0
@@ -165,6 +168,37 @@ def _kinds(v: str) -> tuple[str, ...]:
     return kinds
 
 
+def _slot_speeds(v: str) -> tuple[tuple[str, float], ...]:
+    """``KIND=SPEED,...`` -> ``((KIND, SPEED), ...)`` in the given order; every bad entry is named."""
+    out: list[tuple[str, float]] = []
+    seen: set[str] = set()
+    errors: list[str] = []
+    for item in (i.strip() for i in v.split(",")):
+        if not item:
+            continue
+        kind, eq, raw = (x.strip() for x in item.partition("="))
+        if not eq:
+            errors.append(f"entry {item!r} is not KIND=SPEED")
+            continue
+        if not kind:
+            errors.append(f"entry {item!r} has an empty slot kind")
+            continue
+        try:
+            speed = float(raw)
+        except ValueError:
+            speed = math.nan
+        if not (math.isfinite(speed) and speed > 0):
+            errors.append(f"{kind}: speed {raw!r} must be a number > 0")
+        elif kind.casefold() in seen:
+            errors.append(f"{kind}: given twice")
+        else:
+            seen.add(kind.casefold())
+            out.append((kind, speed))
+    if errors:
+        raise ValueError("; ".join(errors) + " (format: KIND=SPEED,..., e.g. L4=0.4,1g.10gb=0.25)")
+    return tuple(out)
+
+
 def _name(v: str) -> str:
     v = v.strip()
     if not v or len(v) > 63:
@@ -184,6 +218,7 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
     "gpu-compute-share": ("gpu_compute_share", _share),
     "gpus-per-replica": ("gpus_per_replica", _positive_int),
     "slot-kinds": ("slot_kinds", _kinds),
+    "slot-speeds": ("slot_speeds", _slot_speeds),
     "team": ("team", _name),
     "priority": ("priority", _int),
     "cold-start-seconds": ("cold_start_s", _nonneg_float),

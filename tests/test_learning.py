@@ -803,3 +803,15 @@ def test_slo_quantile_survives_a_subnormal_request_count() -> None:
     q = sq.update(1000.0, 0.0)  # all late: missed
     assert sq.burn > 1.0 and q > q0
     assert 0.5 <= q <= CEILING + 1e-12
+
+
+def test_declare_speed_later_equals_declaring_it_up_front() -> None:
+    later = CapacityLearner(_prior())
+    assert later.scale_for("L4/whole") == pytest.approx(1.0)
+    before = later.profile("L4/whole")  # cached at speed 1 ...
+    later.declare_speed("L4/whole", 0.5)
+    upfront = CapacityLearner(_prior(), declared_speed={"L4/whole": 0.5})
+    assert later.scale_for("L4/whole") == pytest.approx(upfront.scale_for("L4/whole")) == pytest.approx(2.0)
+    assert later.profile("L4/whole").mean_s == pytest.approx(2.0 * before.mean_s, rel=0.01)  # not reused (1 % grid)
+    with pytest.raises(ValueError, match="L4"):
+        later.declare_speed("L4/whole", 0.0)
