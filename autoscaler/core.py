@@ -144,6 +144,14 @@ class ModelLearning:
         if speed != 1.0:
             self.capacity.declare_speed(kind, speed)
 
+    def relative_speed(self, slot: Slot) -> float:
+        """How much of a replica of the sizing kind a replica on ``slot`` is worth (its speed relative to
+        :attr:`kind`'s, from the learned / declared per-kind factors; 1 without a sizing kind)."""
+        kind = slot_kind(slot)
+        if kind not in self.kinds_seen:
+            self._first_sight(kind)
+        return self.capacity.scale_for(self.kind) / self.capacity.scale_for(kind) if self.kind else 1.0
+
     def _scan_kinds(self, obs: ModelObservation) -> str | None:
         """Set :attr:`kind`; return the kind all ready replicas run on (None: mixed, or none ready)."""
         counts: dict[str, int] = {}
@@ -327,8 +335,11 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
                 inventory = snapshot.inventory.copy()
             request = slot_request(spec)
             shape = (request.memory_gib, request.compute_fraction, request.gpus, request.kinds)
-            placed = 0
-            for _ in range(target - current):
+            # The policy sized in replicas of the kind it was sized for; a replica the packer puts on a
+            # slower kind (the cheaper or the only one free) counts for its speed, and more are placed
+            # until the capacity asked for is there (within max replicas).
+            wanted, units, placed = float(target - current), 0.0, 0
+            while units < wanted - 1e-9 and current + placed < spec.max_replicas:
                 slot = None if shape in unplaceable else config.packer.place(inventory, request)
                 if slot is None:
                     unplaceable.add(shape)
@@ -338,11 +349,14 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
                 inventory.allocate(slot, rid)
                 plan.actions.append(PlaceReplica(name, rid, slot))
                 placed += 1
-            if placed < target - current:
-                missing = target - current - placed
+                units += 1.0 if learning is None else learning.relative_speed(slot)
+            if units < wanted - 1e-9:
+                missing = math.ceil(wanted - units - 1e-9)
                 plan.actions.append(Shortfall(name, missing, "no free GPU slot fits the replica"))
                 reason, detail = Reason.UNPLACEABLE, f"{missing} replica(s) unplaceable; {detail}".strip("; ")
-                target = current + placed
+            elif placed > wanted + 1e-9:
+                detail = f"{detail}; {placed} placed on slower slots for {int(wanted)}".strip("; ")
+            target = current + placed
         elif target < current:
             for rid in _choose_removals(obs, current - target):
                 plan.actions.append(RemoveReplica(name, rid, config.drain_timeout_s))

@@ -208,3 +208,58 @@ def test_ties_size_with_the_slower_kind_and_no_replicas_with_the_reference() -> 
     assert learning is not None and learning.kind is None
     assert policy.seen[-1].capacity is learning.capacity.profile(None)
     assert math.isclose(policy.seen[-1].capacity.mean_s, profile_from_spec(SPEC).mean_s)
+
+
+# -- placing on a slower kind: more replicas for the same capacity ----------------------------------------
+
+
+@dataclass
+class Wants:
+    """A learning policy that asks for ``extra`` more replicas than it has."""
+
+    extra: int
+    learns: bool = True
+    uses_forecast: bool = False
+    name: str = "wants"
+    tick_s: float = 10.0
+
+    def initial_state(self, spec: ModelSpec, replicas: int) -> None:
+        return None
+
+    def decide(self, ctx: PolicyContext) -> PolicyResult:
+        return PolicyResult(ctx.current_replicas + self.extra, None, Reason.FORECAST)
+
+
+def _scale_up(spec: ModelSpec, cluster: str, extra: int) -> list:
+    """A model running one ready replica on a whole H100 asks for ``extra`` more on ``cluster``."""
+    inventory = Inventory.from_nodes(nodes_from_spec(cluster))
+    rep = Replica("m-0", WHOLE, ready=True, started_at=0.0)
+    obs = ModelObservation("m", spec, 1, (rep,))
+    snap = ClusterSnapshot(now=10.0, models={"m": obs}, inventory=inventory)
+    m = ModelMetrics(rate=np.zeros(30), in_flight=np.zeros(30))  # no load: nothing learned, declared speeds only
+    plan = decide(snap, MetricsWindow(now=10.0, step_s=10.0, models={"m": m}), fresh_state(), CoreConfig(Wants(extra)))
+    return plan.plan.actions  # type: ignore[arg-type]
+
+
+def test_replicas_on_a_declared_slower_kind_count_for_their_speed() -> None:
+    from autoscaler.plan import PlaceReplica, ScaleModel
+
+    spec = ModelSpec(name="m", slot_kinds=("whole",), slot_speeds=(("L4", 0.5),), max_replicas=100)
+    actions = _scale_up(spec, "4xL4-24GB", extra=2)
+    placed = [a for a in actions if isinstance(a, PlaceReplica)]
+    assert len(placed) == 4 and all(slot_kind(a.slot) == "L4-24GB/whole" for a in placed)  # 2 x (1 / 0.5)
+    (scale,) = [a for a in actions if isinstance(a, ScaleModel)]
+    assert scale.replicas == 5 and "slower" in scale.detail
+    # on the sizing kind itself, one for one
+    same = [a for a in _scale_up(spec, "4xH100-80GB", extra=2) if isinstance(a, PlaceReplica)]
+    assert len(same) == 2
+
+
+def test_slower_kind_placement_stops_at_max_replicas_and_reports_the_shortfall() -> None:
+    from autoscaler.plan import PlaceReplica, Shortfall
+
+    spec = ModelSpec(name="m", slot_kinds=("whole",), slot_speeds=(("L4", 0.5),), max_replicas=3)
+    actions = _scale_up(spec, "8xL4-24GB", extra=2)
+    assert len([a for a in actions if isinstance(a, PlaceReplica)]) == 2  # the ceiling: 1 + 2
+    (short,) = [a for a in actions if isinstance(a, Shortfall)]
+    assert short.missing == 1  # 2 asked, 2 x 0.5 placed
