@@ -150,7 +150,12 @@ class ModelLearning:
         kind = slot_kind(slot)
         if kind not in self.kinds_seen:
             self._first_sight(kind)
-        return self.capacity.scale_for(self.kind) / self.capacity.scale_for(kind) if self.kind else 1.0
+        if not self.kind or kind == self.kind:
+            return 1.0
+        speed = self.capacity.scale_for(self.kind) / self.capacity.scale_for(kind)
+        # Learned factors of two kinds differ by noise: within 10 % a replica is a replica (else a 0.98
+        # would place two replicas for one).
+        return 1.0 if abs(math.log(speed)) < math.log(1.1) else speed
 
     def _scan_kinds(self, obs: ModelObservation) -> str | None:
         """Set :attr:`kind`; return the kind all ready replicas run on (None: mixed, or none ready)."""
