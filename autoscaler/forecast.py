@@ -51,8 +51,9 @@ class FleetForecaster:
     replay: steps of history replayed through the full online updates on a rebuild.
     peak: forecast each step's peak metric sample (True) or its mean (False, the default). The queue a
         burst builds depends on the rate over seconds, not over the minute; the sizing policy accounts
-        for that with the arrivals' measured dispersion on top of the mean (peak=True counted Poisson
-        noise twice: 1.5x the GPU-hours on the Azure LLM trace for the same SLO).
+        for that with the arrivals' measured dispersion on top of the mean (peak=True counts Poisson noise
+        twice: on the Azure LLM trace 11.0 GPU-h vs 8.3 with the mean and the dispersion, for 0.949 vs
+        0.936 of the minutes met).
     """
 
     def __init__(
