@@ -12,6 +12,8 @@ ROWS = (
     ("requests", "{:,.0f}"),
     ("slo_attainment", "{:.4f}"),
     ("slo_windows_met", "{:.4f}"),
+    ("slo_requests_met", "{:.4f}"),
+    ("violating_requests", "{:,.0f}"),
     ("gpu_hours", "{:,.2f}"),
     ("gpu_hours_vs_oracle", "{:.3f}"),
     ("lent_gpu_hours", "{:.1f}"),
