@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from autoscaler.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
-from autoscaler.core import ControllerState, CoreConfig, decide, fresh_state, slot_kind, slot_speed
+from autoscaler.core import ControllerState, CoreConfig, decide, fresh_state
 from autoscaler.learning import CapacityLearner
+from autoscaler.model_learning import slot_kind, slot_speed
 from autoscaler.plan import Reason
 from autoscaler.policies.base import PolicyContext, PolicyResult
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
