@@ -50,7 +50,7 @@ class ServiceProfile:
 
     # Sizing asks the same question every tick while the load is steady: remember the answers.
     _memo: dict[tuple[float, int], int] = field(default_factory=dict, compare=False, repr=False)
-    _variants: dict[tuple[str, float], ServiceProfile] = field(default_factory=dict, compare=False, repr=False)
+    _variants: dict[float, ServiceProfile] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def mean_s(self) -> float:
@@ -70,18 +70,14 @@ class ServiceProfile:
     def with_arrival_scv(self, arrival_scv: float) -> ServiceProfile:
         """This profile under arrivals of variability ``arrival_scv``; the variants are kept, so that
         sizing keeps its memo per variant (callers should round the value to a coarse grid)."""
-        return self._variant("arrival_scv", arrival_scv)
-
-    def _variant(self, name: str, value: float) -> ServiceProfile:
-        if value == getattr(self, name):
+        if arrival_scv == self.arrival_scv:
             return self
-        key = (name, value)
-        variant = self._variants.get(key)
+        variant = self._variants.get(arrival_scv)
         if variant is None:
             if len(self._variants) > 64:
                 self._variants.clear()
-            variant = replace(self, **{name: value}, _memo={}, _variants={})
-            self._variants[key] = variant
+            variant = replace(self, arrival_scv=arrival_scv, _memo={}, _variants={})
+            self._variants[arrival_scv] = variant
         return variant
 
     def scaled(self, factor: float) -> ServiceProfile:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from autoscaler.capacity import ServiceProfile
 from autoscaler.learning import CapacityLearner, ColdStartEstimator, ReadyTracker, SloQuantile
+from autoscaler.policies.base import window_mean
 from autoscaler.snapshot import ModelMetrics, ModelObservation
 from autoscaler.spec import ModelSpec
 from sharing.catalog import load_catalog
@@ -156,11 +155,11 @@ class ModelLearning:
             return
         # The samples since the previous decision (a policy tick may span several metric steps).
         n = max(1, min(m.rate.size, round(tick_s / step_s)))
-        rate = float(np.nanmean(m.rate[-n:])) if n > 1 else float(m.rate[-1])
-        in_flight = float(np.nanmean(m.in_flight[-n:])) if n > 1 else float(m.in_flight[-1])
-        if math.isfinite(rate) and math.isfinite(in_flight):
+        rate = window_mean(m.rate, step_s, n * step_s)
+        in_flight = window_mean(m.in_flight, step_s, n * step_s)
+        if rate is not None and in_flight is not None:
             self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s, kind=ready_kind)
-        if m.within_rate is not None and math.isfinite(rate):
+        if m.within_rate is not None and rate is not None:
             last = m.within_rate[-n:].tolist()
             within = sum(v for v in last if math.isfinite(v)) * step_s
             self.quantile.update(rate * n * step_s, min(within, rate * n * step_s))

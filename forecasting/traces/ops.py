@@ -5,9 +5,24 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import numpy as np
-
+from forecasting.traces.convert import to_rate_series
 from forecasting.traces.model import RateSeries, RequestLog, Trace
+
+
+def _requests(log: RequestLog, part: slice, shift_s: float = 0.0) -> RequestLog:
+    """The requests ``part`` of ``log`` (with every per-request column), their times moved by ``-shift_s``."""
+
+    def cut(a):  # type: ignore[no-untyped-def]
+        return None if a is None else a[part]
+
+    return replace(
+        log,
+        t=log.t[part] - shift_s if shift_s else log.t[part],
+        model_index=log.model_index[part],
+        input_tokens=cut(log.input_tokens),
+        output_tokens=cut(log.output_tokens),
+        service_s=cut(log.service_s),
+    )
 
 
 def head(trace: Trace, seconds: float) -> Trace:
@@ -15,19 +30,7 @@ def head(trace: Trace, seconds: float) -> Trace:
     if seconds <= 0:
         raise ValueError("the slice length must be positive")
     if isinstance(trace, RequestLog):
-        n = int((trace.t < seconds).sum())
-
-        def cut(a):  # type: ignore[no-untyped-def]
-            return None if a is None else a[:n]
-
-        return replace(
-            trace,
-            t=trace.t[:n],
-            model_index=trace.model_index[:n],
-            input_tokens=cut(trace.input_tokens),
-            output_tokens=cut(trace.output_tokens),
-            service_s=cut(trace.service_s),
-        )
+        return _requests(trace, slice(0, int((trace.t < seconds).sum())))
     assert isinstance(trace, RateSeries)
     steps = max(1, math.ceil(seconds / trace.step_s))
     return replace(trace, rates=trace.rates[:, :steps])
@@ -45,22 +48,8 @@ def split(trace: Trace, seconds: float, step_s: float = 60.0) -> tuple[RateSerie
         steps = max(1, int(seconds // step_s))
         cut = steps * step_s
         n = int((trace.t < cut).sum())
-        counts = np.zeros((len(trace.models), steps))
-        np.add.at(counts, (trace.model_index[:n], (trace.t[:n] // step_s).astype(np.int64)), 1.0)
-        past = RateSeries(rates=counts / step_s, models=trace.models, step_s=step_s, source=trace.source)
-
-        def rest_of(a):  # type: ignore[no-untyped-def]
-            return None if a is None else a[n:]
-
-        rest = replace(
-            trace,
-            t=trace.t[n:] - cut,
-            model_index=trace.model_index[n:],
-            input_tokens=rest_of(trace.input_tokens),
-            output_tokens=rest_of(trace.output_tokens),
-            service_s=rest_of(trace.service_s),
-        )
-        return past, rest
+        past = to_rate_series(trace, step_s, n_steps=steps)
+        return past, _requests(trace, slice(n, None), shift_s=cut)
     assert isinstance(trace, RateSeries)
     steps = max(1, int(round(seconds / trace.step_s)))
     past = replace(trace, rates=trace.rates[:, :steps])
