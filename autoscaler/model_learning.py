@@ -128,7 +128,7 @@ class ModelLearning:
         ready_kind: str | None = None
         mixed = False
         for r in obs.replicas:
-            if r.draining:
+            if r.draining or r.slot is None:
                 continue
             k = slot_kind(r.slot)
             counts[k] = counts.get(k, 0) + 1

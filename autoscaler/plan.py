@@ -78,9 +78,58 @@ class UpdateStatus:
     forecast_rps: float | None = None
     message: str = ""
     condition_ok: bool = True
+    # predicted latency at the SLO percentile for ``desired`` replicas at the forecast load (None: no forecast)
+    predicted_latency_ms: float | None = None
+    slo_latency_ms: float | None = None
 
 
-Action = ScaleModel | PlaceReplica | RemoveReplica | Shortfall | UpdateStatus
+@dataclass(frozen=True)
+class SetMigLayout:
+    """Re-partition the MIG instances of some GPUs of ``node``.
+
+    ``layouts`` maps every GPU index of the node to its wanted instances (``(profile key, start)``; None =
+    MIG off); ``changed`` lists the GPUs whose layout differs from now; ``busy`` maps each MIG resource
+    (``nvidia.com/mig-3g.40gb``) to how many pods on the node may keep using it through the change (those on
+    instances that stay): the safety gate waits until the node's pods use no more than that.
+    ``config_name`` is the mig-parted entry (and ``nvidia.com/mig.config`` label value), ``config`` the
+    mig-parted document holding it.
+    """
+
+    node: str
+    config_name: str
+    config: dict
+    layouts: dict[int, tuple[tuple[str, int], ...] | None]
+    changed: tuple[int, ...]
+    busy: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SetTimeSlicing:
+    """The device plugin's time-slicing config: ``replicas[resource]`` shares per GPU or MIG instance."""
+
+    replicas: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SetSlotTemplate:
+    """Change a model's pod template to request ``resources`` (container ``resources`` dict) on nodes matching
+    ``node_selector``: how a model's slot kind reaches Kubernetes (its pods are then scheduled by kube-scheduler)."""
+
+    model: str
+    resources: dict
+    node_selector: dict
+
+
+Action = (
+    ScaleModel
+    | PlaceReplica
+    | RemoveReplica
+    | Shortfall
+    | UpdateStatus
+    | SetMigLayout
+    | SetTimeSlicing
+    | SetSlotTemplate
+)
 
 
 @dataclass
@@ -106,4 +155,10 @@ class Plan:
                     lines.append(f"shortfall {a.model}: {a.missing} replica(s) unplaceable: {a.reason}")
                 case UpdateStatus():
                     lines.append(f"status {a.model}: {a.current}/{a.desired} {a.reason} {a.message}".rstrip())
+                case SetMigLayout():
+                    lines.append(f"mig-layout {a.node}: GPUs {list(a.changed)} -> {a.config_name}")
+                case SetTimeSlicing():
+                    lines.append(f"time-slicing {dict(sorted(a.replicas.items()))}")
+                case SetSlotTemplate():
+                    lines.append(f"template {a.model}: resources {a.resources} nodeSelector {a.node_selector}")
         return lines

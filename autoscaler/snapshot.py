@@ -18,7 +18,7 @@ from sharing.slots import Inventory, Slot
 @dataclass(frozen=True)
 class Replica:
     replica_id: str
-    slot: Slot
+    slot: Slot | None  # None: not placed on a known GPU slot (a Pending pod, or one on a node outside the inventory)
     ready: bool
     started_at: float  # when it was placed (scale-up decision time)
     draining: bool = False
@@ -46,10 +46,29 @@ class ModelObservation:
 
 
 @dataclass(frozen=True)
+class TrainingWorkload:
+    """A preemptible training workload running on (or waiting for) GPU capacity inference lends.
+
+    ``kind`` is where it came from (``Pod``, ``Job``, ``Workload`` for Kueue); ``gpus`` its GPU-equivalents;
+    ``grace_s`` its termination grace period (the reclaim contract caps lending by it).
+    """
+
+    name: str  # namespace/name
+    kind: str
+    gpus: float
+    nodes: tuple[str, ...] = ()
+    running: bool = False
+    grace_s: float = 30.0
+    started_at: float | None = None
+    last_checkpoint_at: float | None = None
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     now: float
     models: dict[str, ModelObservation]
     inventory: Inventory  # GPU devices and what is allocated on them; the core copies before changing it
+    training: tuple[TrainingWorkload, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,11 @@
+"""The Kubernetes adapters (kubernetes_asyncio): what the live controller observes and how it acts.
+
+| module | role |
+|---|---|
+| ``objects.py`` | label/annotation names, ``ManagedModel``, ``NodeInfo``, ``ClusterView`` |
+| ``informer.py`` | list+watch caches of any resource (resourceVersion, 410 re-list, jittered backoff) |
+| ``translate.py`` | pure: cached Deployments, Pods, Nodes, training workloads -> ``ClusterView`` |
+| ``leader.py`` | leader election on a ``coordination.k8s.io/v1`` Lease |
+| ``actuator.py`` | applies a plan: scale subresource, templates, time-slicing ConfigMap, status, Events |
+| ``mig_gate.py`` | the MIG re-layout safety gate (cordon, wait free, relabel, wait success, uncordon) |
+"""
