@@ -258,6 +258,35 @@ def attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
     return float(np.mean(within_prob(profile.budget_s, p_wait, decay)))
 
 
+def predicted_latency_s(rate: float, replicas: int, profile: ServiceProfile) -> float:
+    """Steady-state latency at the profile's percentile with ``replicas`` at ``rate`` (inf when unstable).
+
+    What the status reports next to the SLO: the L with mean_k P(latency_part_k + W <= L) = percentile,
+    found by bisection (the left side is non-decreasing in L).
+    """
+    target = profile.percentile / 100.0
+    parts = profile.latency_part_s
+    if rate <= 0:
+        return float(np.quantile(parts, target))
+    if replicas <= 0:
+        return math.inf
+    scv = profile.scv + profile.arrival_scv - 1.0
+    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, scv)
+    if decay <= 0:
+        return math.inf
+
+    def met(latency: float) -> bool:
+        return float(np.mean(within_prob(latency - parts, p_wait, decay))) >= target
+
+    lo, hi = float(np.min(parts)), float(np.max(parts)) + 1.0 / float(decay)
+    while not met(hi):
+        lo, hi = hi, 2.0 * hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if met(mid) else (mid, hi)
+    return hi
+
+
 def min_replicas_for_slo(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> int:
     """Fewest replicas whose steady-state attainment at ``rate`` meets ``profile.percentile``.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.capacity import ServiceProfile, profile_from_spec
+from autoscaler.capacity import ServiceProfile, predicted_latency_s, profile_from_spec
 from autoscaler.forecast import FleetForecaster
 from autoscaler.model_learning import ModelLearning
 from autoscaler.plan import (
@@ -53,6 +53,9 @@ class CoreConfig:
     upper_quantile: float = 0.9
     drain_timeout_s: float = 30.0
     metric_lag_s: float = 0.0
+    # The live controller reports every decision (status, metrics: forecast and predicted latency); the
+    # simulator only asks for a status when the decision changes (the prediction costs a bisection).
+    report_every_decision: bool = False
 
 
 @dataclass
@@ -83,6 +86,9 @@ class ControllerState:
 class Decision:
     plan: Plan
     state: ControllerState
+    # The inventory after this tick's placements (None: nothing placed). The live controller diffs it
+    # against the snapshot's to plan MIG re-layouts and the time-slicing config.
+    inventory: Inventory | None = None
 
 
 def slot_request(spec: ModelSpec) -> SlotRequest:
@@ -223,19 +229,26 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
 
         if target != current:
             plan.actions.append(ScaleModel(name, target, current, reason, detail))
-        if target != ms.last_desired or reason is not ms.last_reason:
+        if config.report_every_decision or target != ms.last_desired or reason is not ms.last_reason:
+            forecast_rps = None if ctx.forecast is None else ctx.forecast.at(config.upper_quantile)
+            predicted_ms = None
+            if forecast_rps is not None:
+                latency_s = predicted_latency_s(forecast_rps, target, ctx.capacity)
+                predicted_ms = latency_s * 1000.0 if math.isfinite(latency_s) else None
             plan.actions.append(
                 UpdateStatus(
                     name,
                     desired=target,
                     current=obs.ready_replicas,
                     reason=reason,
-                    forecast_rps=None if ctx.forecast is None else ctx.forecast.at(config.upper_quantile),
+                    forecast_rps=forecast_rps,
                     message=detail,
+                    predicted_latency_ms=predicted_ms,
+                    slo_latency_ms=spec.slo_latency_ms,
                 )
             )
         ms.last_desired, ms.last_reason = target, reason
-    return Decision(plan=plan, state=state)
+    return Decision(plan=plan, state=state, inventory=inventory)
 
 
 def fresh_state(

@@ -83,3 +83,18 @@ def test_profile_from_samples_keeps_mean() -> None:
     assert p.mean_s == pytest.approx(occ.mean(), rel=1e-3)  # bins differ by one sample at most
     true_scv = occ.var() / occ.mean() ** 2
     assert 0.7 * true_scv < p.scv <= true_scv
+
+
+def test_predicted_latency_meets_slo_exactly_at_the_sized_replicas() -> None:
+    from autoscaler.capacity import min_replicas_for_slo, predicted_latency_s
+
+    spec = ModelSpec(name="m", slo_latency_ms=300, service_time_ms=100, concurrency=4)
+    prof = profile_from_spec(spec)
+    n = min_replicas_for_slo(50.0, prof)
+    # sized replicas meet the SLO, one fewer does not: the predicted latency brackets the SLO the same way
+    assert predicted_latency_s(50.0, n, prof) <= prof.slo_s + 1e-6
+    assert predicted_latency_s(50.0, n - 1, prof) > prof.slo_s
+    # more replicas never predict a higher latency; no load is the service time's percentile
+    assert predicted_latency_s(50.0, n + 3, prof) <= predicted_latency_s(50.0, n, prof)
+    assert predicted_latency_s(0.0, 1, prof) <= prof.slo_s
+    assert predicted_latency_s(1000.0, 1, prof) == float("inf")
