@@ -9,14 +9,20 @@ blocks in the (empty) storage directory, and only then Prometheus starts and ope
 
 What was checked with Debian 12's prometheus 2.42.0 (and why no extra flag is needed):
 - Samples right up to "now" backfill fine: promtool cuts 2 h-aligned blocks, the last one ending at the newest
-  sample, and Prometheus serves them at once. The head is empty (nothing is scraped: the config has no scrape
-  jobs), so the blocks overlap nothing; and since 2.39 overlapping blocks are allowed anyway -- the
+  sample, and Prometheus serves them at once. Without scrape targets the head is empty (nothing is
+  scraped), so the blocks overlap nothing; and since 2.39 overlapping blocks are allowed anyway -- the
   ``--storage.tsdb.allow-overlapping-blocks`` flag is gone from 2.42's help. No need to keep samples older
   than 2 h either.
 - Backfill BEFORE start: Prometheus reads the block list when it opens the TSDB, so the history is there for
   the first query (a running server would only notice new block folders at a later reload).
 - OpenMetrics for promtool: timestamps in seconds, the file must end with ``# EOF``.
 - ``/-/ready`` answers within a fraction of a second after start.
+
+Scraping live targets: ``scrape_targets`` (a list of ``("host:port", {label: value})``) become one scrape
+job with a static config per target, its labels attached to every series scraped from it (so a test gives
+each model server its ``namespace``, as a Kubernetes ServiceMonitor would), every ``scrape_interval_s``
+(1 s in tests; the scrape timeout is the interval, at most 10 s). ``PrometheusServer.stop()`` stops it
+early (a test of an unreachable Prometheus).
 
 If the binaries are missing they are installed with apt (as root, ``--no-install-recommends``, ~15 s); if
 that is impossible the tests SKIP with the reason. On a host with systemd the package also starts its own
@@ -25,6 +31,7 @@ service on :9090; the tests never use it (they pick a free port).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -34,13 +41,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 READY_TIMEOUT_S = 30.0
-_CONFIG = "global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n"  # no scrape jobs: backfill only
+DEFAULT_SCRAPE_INTERVAL_S = 15.0
+ScrapeTarget = tuple[str, Mapping[str, str]]  # ("host:port", labels attached to everything scraped there)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,43 @@ class PrometheusServer:
     port: int
     tsdb: Path
     log: Path
+    process: subprocess.Popen | None = field(default=None, compare=False, repr=False)
+
+    def stop(self) -> None:
+        """Stop the server now (idempotent); the fixture's own stop at the end is then a no-op."""
+        if self.process is not None:
+            _stop(self.process)
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _yaml_str(s: str) -> str:
+    # JSON strings are valid YAML flow scalars: any label value or target is quoted safely
+    return json.dumps(str(s))
+
+
+def prometheus_config(
+    scrape_targets: Sequence[ScrapeTarget] | None = None, scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+) -> str:
+    """The config file: global intervals and, with targets, one job ``models`` with a static config each."""
+    interval = _duration(scrape_interval_s)
+    lines = ["global:", f"  scrape_interval: {interval}", f"  evaluation_interval: {interval}"]
+    if scrape_targets:
+        lines += [
+            "scrape_configs:",
+            "  - job_name: models",
+            f"    scrape_interval: {interval}",
+            f"    scrape_timeout: {_duration(min(scrape_interval_s, 10.0))}",
+            "    static_configs:",
+        ]
+        for target, labels in scrape_targets:
+            lines.append(f"      - targets: [{_yaml_str(target)}]")
+            if labels:
+                lines.append("        labels:")
+                lines += [f"          {_yaml_str(k)}: {_yaml_str(v)}" for k, v in labels.items()]
+    return "\n".join(lines) + "\n"
 
 
 def _apt_install() -> str | None:
@@ -127,9 +172,15 @@ def _ready(url: str) -> bool:
 
 
 @contextmanager
-def running_prometheus(workdir: Path, openmetrics: str | None = None) -> Iterator[PrometheusServer]:
+def running_prometheus(
+    workdir: Path,
+    openmetrics: str | None = None,
+    scrape_targets: Sequence[ScrapeTarget] | None = None,
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+) -> Iterator[PrometheusServer]:
     """Backfill ``openmetrics`` (if given) into a fresh TSDB under ``workdir``, start Prometheus on a free
-    loopback port, wait for ``/-/ready``, yield, stop it."""
+    loopback port scraping ``scrape_targets`` (if any) every ``scrape_interval_s``, wait for ``/-/ready``,
+    yield, stop it."""
     prom, tool = ensure_binaries()
     workdir.mkdir(parents=True, exist_ok=True)
     tsdb = workdir / "tsdb"
@@ -137,7 +188,7 @@ def running_prometheus(workdir: Path, openmetrics: str | None = None) -> Iterato
         backfill(tool, openmetrics, tsdb)
     tsdb.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
-    config.write_text(_CONFIG)
+    config.write_text(prometheus_config(scrape_targets, scrape_interval_s))
     log = workdir / "prometheus.log"
     for _attempt in range(3):  # the free port can be taken between probing and binding: retry
         port = free_port()
@@ -166,7 +217,7 @@ def running_prometheus(workdir: Path, openmetrics: str | None = None) -> Iterato
     else:
         raise RuntimeError(f"prometheus could not bind a free port; log:\n{log.read_text()[-2000:]}")
     try:
-        yield PrometheusServer(url=url, port=port, tsdb=tsdb, log=log)
+        yield PrometheusServer(url=url, port=port, tsdb=tsdb, log=log, process=proc)
     finally:
         _stop(proc)
 
@@ -183,11 +234,17 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def prometheus_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """``start(openmetrics_text_or_None) -> PrometheusServer``: each call starts one real Prometheus with
-    that history backfilled; all are stopped when the module's tests are done."""
+    """``start(openmetrics_text_or_None, scrape_targets=None, scrape_interval_s=15) -> PrometheusServer``:
+    each call starts one real Prometheus with that history backfilled, scraping those targets; all are
+    stopped when the module's tests are done."""
     with ExitStack() as stack:
 
-        def start(openmetrics: str | None = None) -> PrometheusServer:
-            return stack.enter_context(running_prometheus(tmp_path_factory.mktemp("prometheus"), openmetrics))
+        def start(
+            openmetrics: str | None = None,
+            scrape_targets: Sequence[ScrapeTarget] | None = None,
+            scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+        ) -> PrometheusServer:
+            workdir = tmp_path_factory.mktemp("prometheus")
+            return stack.enter_context(running_prometheus(workdir, openmetrics, scrape_targets, scrape_interval_s))
 
         yield start

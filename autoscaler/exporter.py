@@ -1,0 +1,357 @@
+"""The controller's own observability: Prometheus metrics, liveness and readiness over HTTP.
+
+:class:`ControllerMetrics` holds the ``slotwise_*`` metrics in its OWN ``CollectorRegistry`` (two
+controllers in one process, or a test, never collide on the global one) and is fed once per tick
+(:meth:`~ControllerMetrics.record_tick`: the plan, the snapshot and the metrics window the core decided on)
+and once per actuation (:meth:`~ControllerMetrics.record_actuation`). :class:`Health` is the loop's
+heartbeat and readiness bookkeeping. :func:`start_http` serves ``/metrics`` (text exposition format),
+``/healthz`` and ``/readyz`` (200, or 503 with the reason as the body) from an aiohttp app.
+
+Label cardinality stays bounded: labels are model keys (the managed models, whose series are REMOVED when
+a model leaves the snapshot: no stale series forever), reasons (the core's :class:`~autoscaler.plan.Reason`
+values; shortfall reasons are the core's fixed texts), GPU kinds, and action kinds / outcomes, which come
+from the actuator's report lines and are capped at :data:`MAX_LABEL_VALUES` distinct values each (beyond,
+``other``).
+
+Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or share its compute fraction):
+
+=====================================================  =====================================================
+``slotwise_decisions_total{model,reason}``              decision reports (one per model with a status update
+                                                        or a scale action in a tick), by reason
+``slotwise_desired_replicas{model}``                    the replica count the plan wants (else the
+                                                        Deployment's current scale)
+``slotwise_current_replicas{model}``                    replicas placed and not draining
+``slotwise_forecast_requests_per_second{model}``        the forecast's upper quantile (absent: no forecast)
+``slotwise_observed_requests_per_second{model}``        the metrics window's last step (absent: stale)
+``slotwise_predicted_latency_seconds{model}``           predicted latency at the SLO percentile
+``slotwise_slo_latency_seconds{model}``                 the model's SLO latency
+``slotwise_gpu_slots{gpu_model,state}``                 ``used`` / ``free`` by inference, ``lent`` to training
+``slotwise_fragmentation_ratio``                        stranded share of free GPU memory (Inventory)
+``slotwise_shortfall_replicas{model,reason}``           replicas the cluster cannot place this tick
+``slotwise_metrics_stale{model}``                       1 while the model's metrics are stale
+``slotwise_tick_duration_seconds``                      histogram of the decision tick's duration
+``slotwise_errors_total{kind}``                         errors by kind (``metrics``, ``kube``, ``actuation``, ...)
+``slotwise_is_leader``                                  1 while this replica holds the leader Lease
+``slotwise_actions_total{kind,outcome}``                actuation: ``applied``, ``error`` or the skip reason
+=====================================================  =====================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from autoscaler.plan import Plan, ScaleModel, Shortfall, UpdateStatus
+from autoscaler.snapshot import ClusterSnapshot, MetricsWindow
+from sharing.slots import Inventory
+
+MAX_LABEL_VALUES = 32  # distinct action kinds / outcomes / error kinds kept before folding into "other"
+TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_WORD = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+
+
+class _Bounded:
+    """Maps free label text to at most ``limit`` distinct values (a short lowercase word, else ``other``)."""
+
+    def __init__(self, limit: int = MAX_LABEL_VALUES) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, text: str) -> str:
+        word = (text.strip().split() or ["other"])[0].lower().rstrip(":,;")
+        if not _WORD.fullmatch(word):
+            return "other"
+        if word in self.seen:
+            return word
+        if len(self.seen) >= self.limit:
+            return "other"
+        self.seen.add(word)
+        return word
+
+
+def gpu_slots(inventory: Inventory) -> dict[str, tuple[float, float]]:
+    """GPU kind -> (used, free) in GPU-equivalents: per device, 1 under a whole slot, else the sum of its
+    slots' compute fractions (capped at 1: time-slicing may oversubscribe compute); free = devices - used."""
+    out: dict[str, list[float]] = {}
+    for d in inventory.devices.values():
+        acc = out.setdefault(d.gpu_model, [0.0, 0.0])
+        if d.whole_owner is not None:  # a whole slot (of one or several GPUs) takes each of its devices
+            used = 1.0
+        else:
+            used = min(1.0, sum(s.compute_fraction for _, s in d.entries))
+        acc[0] += used
+        acc[1] += 1.0 - used
+    return {k: (used, free) for k, (used, free) in out.items()}
+
+
+def lent_gpus(snapshot: ClusterSnapshot) -> dict[str, float]:
+    """GPU kind -> GPU-equivalents running preemptible training, spread evenly over a workload's nodes
+    (a workload on no known node counts under ``unknown``)."""
+    out: dict[str, float] = {}
+    nodes = snapshot.inventory.nodes
+    for w in snapshot.training:
+        if not w.running or w.gpus <= 0:
+            continue
+        kinds = [nodes[n].gpu_model if n in nodes else "unknown" for n in w.nodes] or ["unknown"]
+        for kind in kinds:
+            out[kind] = out.get(kind, 0.0) + w.gpus / len(kinds)
+    return out
+
+
+class ControllerMetrics:
+    """The controller's Prometheus metrics, in their own registry (``registry``: share one, else new)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "slotwise_decisions", "Decision reports per model and reason.", ["model", "reason"], registry=r
+        )
+        self.desired = Gauge("slotwise_desired_replicas", "Replicas the plan wants.", ["model"], registry=r)
+        self.current = Gauge(
+            "slotwise_current_replicas", "Replicas placed and not draining.", ["model"], registry=r
+        )
+        self.forecast = Gauge(
+            "slotwise_forecast_requests_per_second", "Forecast load (upper quantile).", ["model"], registry=r
+        )
+        self.observed = Gauge(
+            "slotwise_observed_requests_per_second", "Observed load, last metrics step.", ["model"], registry=r
+        )
+        self.predicted = Gauge(
+            "slotwise_predicted_latency_seconds",
+            "Predicted latency at the SLO percentile for the desired replicas at the forecast load.",
+            ["model"],
+            registry=r,
+        )
+        self.slo = Gauge("slotwise_slo_latency_seconds", "The model's SLO latency.", ["model"], registry=r)
+        self.gpu_slots = Gauge(
+            "slotwise_gpu_slots",
+            "GPU-equivalents used and free by inference, and lent to preemptible training.",
+            ["gpu_model", "state"],
+            registry=r,
+        )
+        self.fragmentation = Gauge(
+            "slotwise_fragmentation_ratio", "Share of free GPU memory that is stranded.", registry=r
+        )
+        self.shortfall = Gauge(
+            "slotwise_shortfall_replicas", "Replicas the cluster cannot place.", ["model", "reason"], registry=r
+        )
+        self.stale = Gauge("slotwise_metrics_stale", "1 while a model's metrics are stale.", ["model"], registry=r)
+        self.tick_duration = Histogram(
+            "slotwise_tick_duration_seconds", "Duration of a decision tick.", buckets=TICK_BUCKETS, registry=r
+        )
+        self.errors = Counter("slotwise_errors", "Errors by kind.", ["kind"], registry=r)
+        self.leader = Gauge("slotwise_is_leader", "1 while this replica is the leader.", registry=r)
+        self.actions = Counter(
+            "slotwise_actions", "Actuation outcomes per action kind.", ["kind", "outcome"], registry=r
+        )
+        self._models: set[str] = set()
+        self._shortfalls: set[tuple[str, str]] = set()
+        self._decision_labels: set[tuple[str, str]] = set()
+        self._gpu_kinds: set[str] = set()
+        self._action_kind = _Bounded()
+        self._outcome = _Bounded()
+        self._error_kind = _Bounded()
+
+    # -- per tick ---------------------------------------------------------------------------------------
+    def record_tick(self, plan: Plan, snapshot: ClusterSnapshot, window: MetricsWindow, seconds: float) -> None:
+        """One decision tick: per-model gauges, decisions, shortfalls, GPU slots, the tick's duration."""
+        models = set(snapshot.models)
+        for gone in self._models - models:
+            self._forget(gone)
+        self._models = models
+
+        scales = {a.model: a for a in plan.of_type(ScaleModel)}
+        statuses = {a.model: a for a in plan.of_type(UpdateStatus)}
+        for name, obs in snapshot.models.items():
+            scale, status = scales.get(name), statuses.get(name)
+            desired = scale.replicas if scale else status.desired if status else obs.desired_replicas
+            self.desired.labels(name).set(desired)
+            self.current.labels(name).set(obs.active_replicas)
+            reason = status.reason if status else scale.reason if scale else None
+            if reason is not None:
+                self.decisions.labels(name, str(reason)).inc()
+                self._decision_labels.add((name, str(reason)))
+            slo_ms = status.slo_latency_ms if status and status.slo_latency_ms is not None else None
+            if slo_ms is None and obs.spec is not None:
+                slo_ms = obs.spec.slo_latency_ms
+            self._set_or_remove(self.slo, name, None if slo_ms is None else slo_ms / 1000.0)
+            if status is not None:  # a status update carries the decision's numbers; between them they hold
+                self._set_or_remove(self.forecast, name, status.forecast_rps)
+                pred = status.predicted_latency_ms
+                self._set_or_remove(self.predicted, name, None if pred is None else pred / 1000.0)
+            m = window.models.get(name)
+            stale = m is None or m.stale
+            self.stale.labels(name).set(1.0 if stale else 0.0)
+            observed = None
+            if not stale and m is not None and m.rate.size and math.isfinite(float(m.rate[-1])):
+                observed = float(m.rate[-1])
+            self._set_or_remove(self.observed, name, observed)
+
+        shortfalls: dict[tuple[str, str], int] = {}
+        for a in plan.of_type(Shortfall):
+            key = (a.model, a.reason)
+            shortfalls[key] = shortfalls.get(key, 0) + a.missing
+        for key in self._shortfalls - set(shortfalls):
+            self._remove(self.shortfall, *key)
+        for key, missing in shortfalls.items():
+            self.shortfall.labels(*key).set(missing)
+        self._shortfalls = set(shortfalls)
+
+        inv = snapshot.inventory
+        slots = gpu_slots(inv)
+        lent = lent_gpus(snapshot)
+        kinds = set(slots) | set(lent)
+        for kind in self._gpu_kinds - kinds:
+            for state in ("used", "free", "lent"):
+                self._remove(self.gpu_slots, kind, state)
+        for kind in kinds:
+            used, free = slots.get(kind, (0.0, 0.0))
+            self.gpu_slots.labels(kind, "used").set(used)
+            self.gpu_slots.labels(kind, "free").set(free)
+            self.gpu_slots.labels(kind, "lent").set(lent.get(kind, 0.0))
+        self._gpu_kinds = kinds
+        self.fragmentation.set(inv.fragmentation())
+        self.tick_duration.observe(max(0.0, seconds))
+
+    def _forget(self, model: str) -> None:
+        """Remove every per-model series of a model that left (its counters too: a key that comes back
+        starts from zero, which ``rate()`` reads as a counter reset)."""
+        for g in (self.desired, self.current, self.forecast, self.observed, self.predicted, self.slo, self.stale):
+            self._remove(g, model)
+        for labels in [k for k in self._decision_labels if k[0] == model]:
+            self._remove(self.decisions, *labels)
+            self._decision_labels.discard(labels)
+        for key in [k for k in self._shortfalls if k[0] == model]:
+            self._remove(self.shortfall, *key)
+            self._shortfalls.discard(key)
+
+    @staticmethod
+    def _remove(metric: Any, *labels: str) -> None:
+        with contextlib.suppress(KeyError):  # never set: nothing to remove
+            metric.remove(*labels)
+
+    def _set_or_remove(self, gauge: Gauge, model: str, value: float | None) -> None:
+        if value is None or not math.isfinite(value):
+            self._remove(gauge, model)
+        else:
+            gauge.labels(model).set(value)
+
+    # -- per actuation and events ---------------------------------------------------------------------
+    def record_actuation(self, report: Any) -> None:
+        """Count an actuation report (duck-typed: ``applied`` lines, ``skipped`` (line, why) pairs,
+        ``errors`` lines); an action's kind is its line's first word (``scale``, ``template``, ...)."""
+        for line in getattr(report, "applied", ()) or ():
+            self.actions.labels(self._action_kind(str(line)), "applied").inc()
+        for item in getattr(report, "skipped", ()) or ():
+            line, why = (item[0], item[1]) if isinstance(item, tuple | list) and len(item) >= 2 else (item, "")
+            self.actions.labels(self._action_kind(str(line)), self._outcome(str(why))).inc()
+        for line in getattr(report, "errors", ()) or ():
+            self.actions.labels(self._action_kind(str(line)), "error").inc()
+
+    def error(self, kind: str) -> None:
+        self.errors.labels(self._error_kind(kind)).inc()
+
+    def set_leader(self, leader: bool) -> None:
+        self.leader.set(1.0 if leader else 0.0)
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format (what ``/metrics`` serves)."""
+        return generate_latest(self.registry)
+
+
+class Health:
+    """Liveness and readiness of the control loop.
+
+    Alive while the loop beat within ``max_missed_ticks`` ticks of ``tick_s`` (counted from construction
+    before the first beat, so a slow start is not a death). Ready once :meth:`set_ready` said so (caches
+    synced) AND the loop has run a tick. ``clock`` gives ``now`` when a caller passes none; beat and ask on
+    the same clock.
+    """
+
+    def __init__(self, tick_s: float, *, max_missed_ticks: int = 3, clock: Callable[[], float] = time.time) -> None:
+        if not (tick_s > 0 and math.isfinite(tick_s)):
+            raise ValueError(f"tick_s must be positive, got {tick_s!r}")
+        self.tick_s = tick_s
+        self.max_missed_ticks = max(1, max_missed_ticks)
+        self.clock = clock
+        self.started_at = clock()
+        self.last_beat: float | None = None
+        self.beats = 0
+        self._ready = False
+        self._why_not_ready = "caches not synced yet"
+
+    def beat(self, now: float | None = None) -> None:
+        self.last_beat = self.clock() if now is None else now
+        self.beats += 1
+
+    def set_ready(self, ready: bool, why: str = "") -> None:
+        """``ready``: the caches are synced; else ``why`` not (e.g. "informer pods not synced")."""
+        self._ready = ready
+        self._why_not_ready = why or "caches not synced"
+
+    def healthz(self, now: float | None = None) -> tuple[bool, str]:
+        now = self.clock() if now is None else now
+        limit = self.max_missed_ticks * self.tick_s
+        since = self.last_beat if self.last_beat is not None else self.started_at
+        age = now - since
+        if age > limit:
+            what = "last tick" if self.last_beat is not None else "start, and no tick yet"
+            return False, f"control loop stalled: {age:.1f}s since {what} (limit {limit:.1f}s)"
+        if self.last_beat is None:
+            return True, f"starting ({age:.1f}s, no tick yet)"
+        return True, f"ok: last tick {age:.1f}s ago"
+
+    def readyz(self) -> tuple[bool, str]:
+        if not self._ready:
+            return False, f"not ready: {self._why_not_ready}"
+        if self.beats == 0:
+            return False, "not ready: the control loop has not run a tick yet"
+        return True, "ok"
+
+
+def _answer(result: tuple[bool, str]) -> web.Response:
+    ok, why = result
+    return web.Response(status=200 if ok else 503, text=why + "\n")
+
+
+def build_app(metrics: ControllerMetrics, health: Health) -> web.Application:
+    async def serve_metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return _answer(health.healthz())
+
+    async def readyz(_request: web.Request) -> web.Response:
+        return _answer(health.readyz())
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def start_http(metrics: ControllerMetrics, health: Health, host: str, port: int) -> web.AppRunner:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; read it
+    from the runner's ``addresses``). Stop with ``await runner.cleanup()``."""
+    runner = web.AppRunner(build_app(metrics, health), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The TCP port a runner from :func:`start_http` listens on."""
+    return int(runner.addresses[0][1])

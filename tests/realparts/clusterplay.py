@@ -1,0 +1,225 @@
+"""Plays the parts a bare kube-apiserver lacks, so a controller test sees a cluster that moves.
+
+The test apiserver (``realparts.kube``) stores and serves objects but runs no controllers. The controller under
+test only scales Deployments, patches templates, labels and cordons nodes; something must turn that into pods
+and MIG layouts. :class:`ClusterPlay` does, through the same real API, one ``step()`` at a time:
+
+- **ReplicaSet controller**: keeps ``spec.replicas`` pods per Deployment (labels and spec from the template);
+  scale-down removes pods with the lowest ``controller.kubernetes.io/pod-deletion-cost`` first, then the newest;
+- **scheduler**: binds a pending pod to a schedulable node whose allocatable GPU resource (``nvidia.com/gpu``,
+  ``nvidia.com/mig-*``) still has room and whose labels match the pod's ``nodeSelector``;
+- **kubelet**: marks a bound pod Ready ``ready_after_s`` after it was bound;
+- **NVIDIA MIG manager**: when a node's ``nvidia.com/mig.config`` label names an entry of the mig-parted
+  ConfigMap that differs from what the node has, sets ``nvidia.com/mig.config.state=pending``, and on the next
+  step applies it -- capacities ``nvidia.com/mig-<profile>`` become the entry's counts -- and sets ``success``
+  (or ``failed`` for config names listed in ``fail_configs``).
+
+It is an emulator for missing components, not a stand-in for the apiserver: every read and write goes to the
+real server, so optimistic concurrency, watches and validation are real.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.rest import ApiException
+
+GPU_PREFIX = "nvidia.com/"
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_STATE = "nvidia.com/mig.config.state"
+
+
+def _gpu_requests(pod_spec: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in pod_spec.get("containers") or []:
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            for k, v in (res.get(part) or {}).items():
+                if k.startswith(GPU_PREFIX):
+                    out[k] = max(out.get(k, 0), int(v))
+    return out
+
+
+def _selector_matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+@dataclass
+class ClusterPlay:
+    api: client.ApiClient
+    namespace: str
+    ready_after_s: float = 0.0
+    mig_configmap: tuple[str, str] = ("gpu-operator", "slotwise-mig-parted-config")
+    fail_configs: set[str] = field(default_factory=set)
+    node_prefix: str = ""  # only nodes whose name starts with this are scheduled onto / MIG-managed
+    log: list[str] = field(default_factory=list)
+    _seq: int = 0
+
+    def _sanitize(self, obj: Any) -> dict:
+        return self.api.sanitize_for_serialization(obj)
+
+    async def nodes(self) -> list[dict]:
+        got = await client.CoreV1Api(self.api).list_node()
+        return [n for n in (self._sanitize(x) for x in got.items) if n["metadata"]["name"].startswith(self.node_prefix)]
+
+    async def pods(self) -> list[dict]:
+        got = await client.CoreV1Api(self.api).list_namespaced_pod(self.namespace)
+        return [self._sanitize(p) for p in got.items]
+
+    async def ensure_service_account(self) -> None:
+        """The ServiceAccount admission plugin wants a ``default`` ServiceAccount; no controller makes it here."""
+        body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
+        try:
+            await client.CoreV1Api(self.api).create_namespaced_service_account(self.namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    async def step(self) -> None:
+        await self._replicasets()
+        await self._schedule()
+        await self._kubelet()
+        await self._mig_manager()
+
+    # -- ReplicaSet controller --------------------------------------------------------------------------------
+    async def _replicasets(self) -> None:
+        core = client.CoreV1Api(self.api)
+        deps = await client.AppsV1Api(self.api).list_namespaced_deployment(self.namespace)
+        pods = await self.pods()
+        for d in (self._sanitize(x) for x in deps.items):
+            name = d["metadata"]["name"]
+            match = d["spec"]["selector"].get("matchLabels") or {}
+            mine = [p for p in pods if _selector_matches(match, p["metadata"].get("labels") or {})
+                    and not p["metadata"].get("deletionTimestamp")]
+            want = int(d["spec"].get("replicas", 1))
+            template = d["spec"]["template"]
+            for _ in range(want - len(mine)):
+                self._seq += 1
+                body = {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"{name}-{self._seq}",
+                                 "labels": dict(template["metadata"].get("labels") or {})},
+                    # no token controller here: do not ask for a service-account token volume
+                    "spec": {**template["spec"], "automountServiceAccountToken": False},
+                }
+                await core.create_namespaced_pod(self.namespace, body)
+                self.log.append(f"create pod {name}-{self._seq}")
+            if len(mine) > want:
+                def cost(p: dict) -> tuple:
+                    ann = p["metadata"].get("annotations") or {}
+                    return (int(ann.get("controller.kubernetes.io/pod-deletion-cost", "0")),
+                            -_ts(p["metadata"]["creationTimestamp"]))
+                for p in sorted(mine, key=cost)[: len(mine) - want]:
+                    # no kubelet to finish a graceful delete: delete at once
+                    await core.delete_namespaced_pod(p["metadata"]["name"], self.namespace, grace_period_seconds=0)
+                    self.log.append(f"delete pod {p['metadata']['name']}")
+
+    # -- scheduler --------------------------------------------------------------------------------------------
+    async def _schedule(self) -> None:
+        nodes = await self.nodes()
+        pods = await self.pods()
+        all_pods = [self._sanitize(p) for p in (await client.CoreV1Api(self.api).list_pod_for_all_namespaces()).items]
+        used: dict[str, dict[str, int]] = {}
+        for p in all_pods:
+            node = p["spec"].get("nodeName")
+            if node and p["status"].get("phase") not in ("Succeeded", "Failed"):
+                for k, v in _gpu_requests(p["spec"]).items():
+                    used.setdefault(node, {})[k] = used.setdefault(node, {}).get(k, 0) + v
+        core = client.CoreV1Api(self.api)
+        for p in pods:
+            if p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp"):
+                continue
+            need = _gpu_requests(p["spec"])
+            for n in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+                nname = n["metadata"]["name"]
+                if n["spec"].get("unschedulable"):
+                    continue
+                if not _selector_matches(p["spec"].get("nodeSelector") or {}, n["metadata"].get("labels") or {}):
+                    continue
+                alloc = (n.get("status") or {}).get("allocatable") or {}
+                have = used.get(nname, {})
+                if all(int(alloc.get(k, 0)) - have.get(k, 0) >= v for k, v in need.items()):
+                    binding = {"apiVersion": "v1", "kind": "Binding",
+                               "metadata": {"name": p["metadata"]["name"]},
+                               "target": {"apiVersion": "v1", "kind": "Node", "name": nname}}
+                    await core.create_namespaced_binding(self.namespace, binding, _preload_content=False)
+                    for k, v in need.items():
+                        used.setdefault(nname, {})[k] = used.setdefault(nname, {}).get(k, 0) + v
+                    self.log.append(f"bind {p['metadata']['name']} -> {nname}")
+                    break
+
+    # -- kubelet ----------------------------------------------------------------------------------------------
+    async def _kubelet(self) -> None:
+        core = client.CoreV1Api(self.api)
+        now = time.time()
+        for p in await self.pods():
+            if not p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp"):
+                continue
+            conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or []}
+            if conds.get("Ready") == "True":
+                continue
+            if now - _ts(p["metadata"]["creationTimestamp"]) < self.ready_after_s:
+                continue
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+            status = {"status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": stamp}]}}
+            await core.patch_namespaced_pod_status(p["metadata"]["name"], self.namespace, status)
+            self.log.append(f"ready {p['metadata']['name']}")
+
+    # -- MIG manager ------------------------------------------------------------------------------------------
+    async def _mig_manager(self) -> None:
+        core = client.CoreV1Api(self.api)
+        ns, name = self.mig_configmap
+        try:
+            cm = await core.read_namespaced_config_map(name, ns)
+            configs = yaml.safe_load((cm.data or {}).get("config.yaml") or "{}").get("mig-configs") or {}
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            configs = {}
+        for n in await self.nodes():
+            labels = n["metadata"].get("labels") or {}
+            wanted = labels.get(MIG_CONFIG)
+            state = labels.get(MIG_STATE)
+            applied = (n["metadata"].get("annotations") or {}).get("test.slotwise.io/applied-mig-config")
+            if not wanted or wanted == applied or wanted not in configs:
+                continue
+            nname = n["metadata"]["name"]
+            if state != "pending":
+                await core.patch_node(nname, {"metadata": {"labels": {MIG_STATE: "pending"}}})
+                self.log.append(f"mig pending {nname} {wanted}")
+                continue
+            if wanted in self.fail_configs:
+                done = {"labels": {MIG_STATE: "failed"}, "annotations": {"test.slotwise.io/applied-mig-config": wanted}}
+                await core.patch_node(nname, {"metadata": done})
+                self.log.append(f"mig failed {nname} {wanted}")
+                continue
+            count = int(labels.get("nvidia.com/gpu.count", "0"))
+            capacity: dict[str, int] = {}
+            for entry in configs[wanted]:
+                devs = entry.get("devices")
+                ndev = count if devs == "all" else len(devs)
+                if entry.get("mig-enabled"):
+                    for prof, k in (entry.get("mig-devices") or {}).items():
+                        capacity[f"nvidia.com/mig-{prof}"] = capacity.get(f"nvidia.com/mig-{prof}", 0) + k * ndev
+            status = n.get("status") or {}
+            old = {k: v for k, v in (status.get("capacity") or {}).items() if not k.startswith("nvidia.com/mig-")}
+            new = {**old, **{k: str(v) for k, v in capacity.items()}}
+            # a merge patch would keep profiles that are gone: replace the status' capacity as a whole
+            node_obj = await core.read_node(nname)
+            node_obj.status.capacity = new
+            node_obj.status.allocatable = new
+            await core.replace_node_status(nname, node_obj)
+            await core.patch_node(nname, {"metadata": {"labels": {MIG_STATE: "success"},
+                                                       "annotations": {"test.slotwise.io/applied-mig-config": wanted}}})
+            self.log.append(f"mig success {nname} {wanted} {capacity}")
+
+
+def _ts(stamp: str) -> float:
+    import calendar
+
+    return float(calendar.timegm(time.strptime(stamp.replace(".000000", "")[:19], "%Y-%m-%dT%H:%M:%S")))
