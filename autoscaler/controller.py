@@ -50,13 +50,14 @@ class ControllerSettings:
     namespace: str | None = None
     label_selector: str | None = None
     policy: str = "slotwise"
+    policy_knobs: dict = field(default_factory=dict)  # the policy's constructor parameters (HPA/KPA-style names)
     tick_s: float = 5.0  # how often the loop runs; each policy decides on its own tick_s within it
     prometheus_url: str | None = None
     metric_names: MetricNames = field(default_factory=lambda: MetricNames.preset("vllm"))
     metrics_step_s: float = 15.0
     metrics_window_s: float = 900.0
     stale_after_s: float = 90.0
-    history_hours: float = 0.0  # forecaster warm start from Prometheus history (0: none)
+    history_hours: float = 24.0  # forecaster warm start from Prometheus history (0: none)
     lease_namespace: str = "default"
     lease_name: str = "slotwise-controller"
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{time.time_ns() % 10**9}")
@@ -126,7 +127,7 @@ class Controller:
                 settings.prometheus_url, settings.metric_names, step_s=settings.metrics_step_s,
                 window_s=settings.metrics_window_s, stale_after_s=settings.stale_after_s,
             )
-        self.core = CoreConfig(policy=make_policy(settings.policy), report_every_decision=True,
+        self.core = CoreConfig(policy=make_policy(settings.policy, **settings.policy_knobs), report_every_decision=True,
                                metric_lag_s=settings.metrics_step_s)
         self.state: ControllerState = fresh_state()
         self.time_slicing: dict[str, int] = {}

@@ -122,6 +122,13 @@ def _update_forecaster(
         forecaster = state.forecaster = config.forecaster_factory()
     valid = frozenset(n for n, o in snapshot.models.items() if o.spec is not None)
     if valid != state.forecast_models:
+        # A model joining with a metrics window that already spans forecast steps (a controller restart,
+        # a fixed annotation: Prometheus kept its past) starts from that past, not from its prior.
+        for name in valid - state.forecast_models:
+            m = metrics.models.get(name)
+            if (m is not None and not m.stale and m.rate.size * metrics.step_s >= forecaster.step_s
+                    and not forecaster.has_history(name)):
+                forecaster.warm_start({name: m.rate}, metrics.step_s)
         priors = {n: o.spec.expected_rps for n, o in snapshot.models.items() if o.spec is not None}
         forecaster.sync(sorted(valid), priors)
         state.forecast_models = valid

@@ -100,6 +100,10 @@ class FleetForecaster:
         for name, series in history.items():
             self._pending[name] = resample(np.asarray(series, dtype=float), history_step_s, self.step_s)
 
+    def has_history(self, name: str) -> bool:
+        """Whether ``name`` already has warm-start history waiting, or is forecast already."""
+        return name in self._pending or name in self._where
+
     def sync(self, names: Sequence[str], priors: Mapping[str, float | None]) -> None:
         """Make the shards hold exactly ``names``: drop the missing, add the new (rebuilding only the
         shards that change). ``priors``: a load hint per model (req/s) for models without history."""

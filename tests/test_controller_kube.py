@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 import pytest_asyncio
-from autoscaler.adapters.kube.actuator import ActuatorConfig
 from kubernetes_asyncio import client
 from realparts.clusterplay import ClusterPlay
 
+from autoscaler.adapters.kube.actuator import ActuatorConfig
 from autoscaler.adapters.kube.objects import STATUS_ANNOTATION
 from autoscaler.controller import Controller, ControllerSettings
 from autoscaler.plan import ScaleModel, SetMigLayout

@@ -174,3 +174,32 @@ def test_shards_are_spread_over_the_ticks_and_aligned_to_the_boundary() -> None:
     for sh in ff._shards:
         assert sh.batch is not None
         assert sh.batch.history()[0, -1] == pytest.approx(10.0)
+
+
+def test_a_model_joining_with_a_metrics_window_starts_from_that_past() -> None:
+    """A live controller (re)starting sees Prometheus' past in its first window: the forecast starts from it,
+    not from the wide prior of a model with no history."""
+    import numpy as np
+
+    from autoscaler.core import CoreConfig, decide, fresh_state
+    from autoscaler.policies import make_policy
+    from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
+    from autoscaler.spec import ModelSpec
+    from sharing.slots import Inventory, NodeSpec
+
+    spec = ModelSpec(name="m", slo_latency_ms=500, service_time_ms=100, expected_rps=40.0)
+    inv = Inventory.from_nodes([NodeSpec("n", "L4", 64)])
+    now = 6000.0
+    snap = ClusterSnapshot(now, {"m": ModelObservation("m", spec, 2)}, inv)
+
+    def first_forecast(window_rates: np.ndarray) -> float:
+        state = fresh_state()
+        cfg = CoreConfig(policy=make_policy("slotwise"), report_every_decision=True)
+        win = MetricsWindow(now, 15.0, {"m": ModelMetrics(rate=window_rates, in_flight=window_rates * 0.1)})
+        decide(snap, win, state, cfg)
+        return state.forecaster.quantiles("m", now, 60.0)[-1]
+
+    steady = np.full(60, 10.0)  # 15 minutes at 10 req/s
+    from_window = first_forecast(steady)
+    from_prior = first_forecast(steady[:2])  # 30 s: less than one forecast step, the prior (40 req/s) rules
+    assert from_window < 20.0 < from_prior

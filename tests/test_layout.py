@@ -38,7 +38,7 @@ def test_new_instance_asks_for_a_relayout_of_that_gpu_only() -> None:
     assert action.config_name.startswith("slotwise-gpu-a-")
     entries = action.config["mig-configs"][action.config_name]
     assert {e["mig-devices"]["3g.40gb"] for e in entries} == {1, 2}
-    for i, layout in action.layouts.items():
+    for layout in action.layouts.values():
         check_layout(gpu, list(layout or ()))  # every wanted layout is legal
     # the same layout always gets the same name; a different one a different name
     again = mig_layout_actions(before, after)[0]

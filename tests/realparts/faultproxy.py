@@ -136,9 +136,7 @@ class FaultProxy:
         """A ``kubernetes_asyncio`` ``Configuration`` that talks to the apiserver through this proxy."""
         from kubernetes_asyncio.client import Configuration
 
-        return Configuration(
-            host=self.url, api_key={"BearerToken": token}, api_key_prefix={"BearerToken": "Bearer"}
-        )
+        return Configuration(host=self.url, api_key={"BearerToken": token}, api_key_prefix={"BearerToken": "Bearer"})
 
     # --- faults ---------------------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ Cancelling :meth:`Informer.run` closes the open response; the cache stays readab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -181,10 +182,8 @@ class Informer:
         return self._resource_version
 
     async def wait_synced(self, timeout: float) -> bool:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._synced.wait(), timeout)
-        except TimeoutError:
-            pass
         return self._synced.is_set()
 
     def items(self) -> list[dict[str, Any]]:
@@ -227,7 +226,7 @@ class Informer:
                     await asyncio.sleep(self._backoff.next())
             except _Gone as exc:
                 self.stats.gone += 1
-                self.stats.watch_restarts += watching
+                self.stats.watch_restarts += int(watching)
                 need_list = True
                 log.info("informer %s: %s; re-listing", self.name, exc)
                 if self._events_since_list == 0:
@@ -239,7 +238,7 @@ class Informer:
                 self.stats.watch_restarts += 1
                 need_list = True
             except Exception as exc:  # network, HTTP, decoding: all retried the same way (CancelledError is not one)
-                self.stats.watch_restarts += watching
+                self.stats.watch_restarts += int(watching)
                 self.stats.errors += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
                 delay = self._backoff.next()
