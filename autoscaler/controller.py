@@ -38,6 +38,7 @@ from autoscaler.exporter import ControllerMetrics, Health, start_http
 from autoscaler.layout import mig_layout_actions, time_slicing_action
 from autoscaler.plan import Plan
 from autoscaler.policies import make_policy
+from autoscaler.ports import AsyncMetricsPort
 from autoscaler.snapshot import MetricsWindow
 
 log = logging.getLogger("slotwise.controller")
@@ -93,7 +94,7 @@ class Controller:
         api_client: object,
         settings: ControllerSettings,
         *,
-        metrics_source: PrometheusMetrics | None = None,
+        metrics_source: AsyncMetricsPort | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.api = api_client
@@ -121,7 +122,7 @@ class Controller:
         # Alive while the loop beat within a minute (or three ticks): a slow tick is not a dead loop.
         self.health = Health(settings.tick_s, max_missed_ticks=max(3, math.ceil(60.0 / settings.tick_s)),
                              clock=clock)
-        self.prometheus = metrics_source
+        self.prometheus: AsyncMetricsPort | None = metrics_source
         if self.prometheus is None and settings.prometheus_url:
             self.prometheus = PrometheusMetrics(
                 settings.prometheus_url, settings.metric_names, step_s=settings.metrics_step_s,

@@ -138,6 +138,7 @@ async def test_controller_scales_from_real_prometheus(
         dep = await apps.read_namespaced_deployment("chat", ns)
         status = json.loads(dep.metadata.annotations[STATUS_ANNOTATION])
     finally:
+        await core.delete_node(node["metadata"]["name"])  # cluster-wide: it would serve other tests' models
         server.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=10)

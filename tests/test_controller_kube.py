@@ -125,6 +125,9 @@ async def cluster(api: client.ApiClient) -> AsyncIterator[dict]:
     for _ in range(3):
         await play.step()
     yield {"ns": ns, "l4": l4, "h100": h100, "play": play, "suffix": suffix}
+    # Nodes are cluster-wide: left behind, they would take the next test's placements (and MIG re-layouts).
+    for name in (l4, h100):
+        await core.delete_node(name)
 
 
 def _settings(ns: str, suffix: str, **actuator: object) -> ControllerSettings:
@@ -245,10 +248,15 @@ async def test_mig_relayout_goes_through_the_safety_gate(api: client.ApiClient, 
     elector = await _lead(ctl)
     seen: list[tuple[bool, str | None, str | None]] = []
     relayouts: list[SetMigLayout] = []
+    notes: list[str] = []
     try:
         for _ in range(40):
             result = await ctl.tick()
             relayouts += result.plan.of_type(SetMigLayout)
+            if result.report is not None:
+                notes += [x for x in result.report.applied if x.startswith("mig")]
+                notes += [f"{x} ({why})" for x, why in result.report.skipped if x.startswith("mig")]
+                notes += list(result.report.errors) + list(getattr(result.report, "pending", []))
             node = await core.read_node(h100)
             labels = node.metadata.labels or {}
             seen.append((bool(node.spec.unschedulable), labels.get("nvidia.com/mig.config"),
@@ -259,6 +267,7 @@ async def test_mig_relayout_goes_through_the_safety_gate(api: client.ApiClient, 
             await asyncio.sleep(0.3)
         assert relayouts, "no re-layout was planned"
         target = relayouts[0].config_name
+        assert any(s[0] for s in seen), f"never cordoned: {notes[:8]}"
         first_cordon = next(i for i, s in enumerate(seen) if s[0])
         relabel = next(i for i, s in enumerate(seen) if s[1] == target)
         assert first_cordon <= relabel, seen
@@ -267,6 +276,31 @@ async def test_mig_relayout_goes_through_the_safety_gate(api: client.ApiClient, 
         assert not seen[-1][0], f"node left cordoned: {seen}"
         cap = (await core.read_node(h100)).status.capacity
         assert int(cap.get("nvidia.com/mig-2g.20gb", "0")) >= 1, cap
+    finally:
+        elector.cancel()
+        await asyncio.gather(elector, return_exceptions=True)
+        await _stop(ctl)
+
+
+async def test_lost_metric_source_holds_replicas(api: client.ApiClient, cluster: dict) -> None:
+    """Prometheus unreachable: every model is stale; nothing is scaled, the status says why."""
+    from realparts.kube import free_port
+
+    ns = cluster["ns"]
+    apps = client.AppsV1Api(api)
+    settings = _settings(ns, cluster["suffix"])
+    settings.prometheus_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    ctl = Controller(api, settings)
+    await _synced(ctl)
+    elector = await _lead(ctl)
+    try:
+        result = await ctl.tick()
+        assert not result.plan.of_type(ScaleModel), result.plan.describe()
+        assert ctl.prometheus is not None and ctl.prometheus.last_error
+        dep = await apps.read_namespaced_deployment("chat", ns)
+        assert dep.spec.replicas == 1
+        assert json.loads(dep.metadata.annotations[STATUS_ANNOTATION])["reason"] == "metrics_stale"
+        assert b"slotwise_errors_total" in ctl.exporter.exposition()
     finally:
         elector.cancel()
         await asyncio.gather(elector, return_exceptions=True)

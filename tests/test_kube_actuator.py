@@ -12,6 +12,7 @@ The pure pieces (gate transitions, merges, status/event rendering) are tested wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections import Counter
@@ -509,9 +510,25 @@ async def test_deleted_deployment_is_gone_and_errors_stay_per_action(api: client
 # -- the MIG gate against real Node objects ------------------------------------------------------------------------
 
 
+_CREATED_NODES: list[str] = []
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def _delete_created_nodes(kube_apiserver) -> AsyncIterator[None]:
+    """Nodes are cluster-wide: delete this test's, so later tests' controllers do not place on them."""
+    yield
+    if _CREATED_NODES:
+        async with kube_apiserver.api_client() as api:
+            for name in _CREATED_NODES:
+                with contextlib.suppress(client.ApiException):
+                    await client.CoreV1Api(api).delete_node(name)
+        _CREATED_NODES.clear()
+
+
 async def make_node(api: client.ApiClient, name: str, labels: dict[str, str], unschedulable: bool = False,
                     capacity: dict[str, str] | None = None) -> str:
     core = client.CoreV1Api(api)
+    _CREATED_NODES.append(name)
     labels = {GPU_PRODUCT: H100, "nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed", **labels}
     await core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
                             "spec": {"unschedulable": unschedulable}})
