@@ -68,6 +68,9 @@ class ControllerSettings:
     http_host: str = "0.0.0.0"
     http_port: int = 8080
     actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
+    # USD per GPU-hour by GPU kind (any catalog name or GFD product label), overriding the catalog's rough
+    # defaults: the price table cost attribution uses
+    prices: dict = field(default_factory=dict)
     # preemptible training workloads (the lending issue acts on them; here they are observed)
     training_paths: tuple[str, ...] = ("/api/v1/pods", "/apis/batch/v1/jobs")
     kueue_workloads_path: str = "/apis/kueue.x-k8s.io/v1beta1/workloads"

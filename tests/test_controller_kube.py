@@ -9,6 +9,7 @@ under test here; tests/test_controller_e2e.py reads the load from a real Prometh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -156,6 +157,19 @@ async def _lead(controller: Controller) -> asyncio.Task:
     return task
 
 
+@contextlib.asynccontextmanager
+async def leading(controller: Controller) -> AsyncIterator[None]:
+    """The controller's caches synced and its Lease held for the block; both stopped after it."""
+    await _synced(controller)
+    elector = await _lead(controller)
+    try:
+        yield
+    finally:
+        elector.cancel()
+        await asyncio.gather(elector, return_exceptions=True)
+        await _stop(controller)
+
+
 async def _events(api: client.ApiClient, ns: str, name: str) -> list:
     got = await client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
     return got.items
@@ -177,9 +191,7 @@ async def test_controller_scales_reports_and_isolates_a_bad_annotation(api: clie
     apps = client.AppsV1Api(api)
     ctl = Controller(api, _settings(ns, cluster["suffix"]),
                      metrics_source=ScriptedLoad({f"{ns}/chat": 20.0, f"{ns}/embed": 2.0}))
-    await _synced(ctl)
-    elector = await _lead(ctl)
-    try:
+    async with leading(ctl):
         result = await ctl.tick()
         scales = {a.model: a for a in result.plan.of_type(ScaleModel)}
         assert f"{ns}/chat" in scales, result.plan.describe()
@@ -204,10 +216,6 @@ async def test_controller_scales_reports_and_isolates_a_bad_annotation(api: clie
         again = await ctl.tick()
         assert not [a for a in again.plan.of_type(ScaleModel) if a.model == f"{ns}/chat" and a.replicas > wanted]
         assert ctl.pods.items(), "the pod informer saw no pods"
-    finally:
-        elector.cancel()
-        await asyncio.gather(elector, return_exceptions=True)
-        await _stop(ctl)
 
 
 async def test_dry_run_changes_nothing_but_reports(api: client.ApiClient, cluster: dict) -> None:
@@ -217,9 +225,7 @@ async def test_dry_run_changes_nothing_but_reports(api: client.ApiClient, cluste
               for d in (await apps.list_namespaced_deployment(ns)).items}
     ctl = Controller(api, _settings(ns, cluster["suffix"], dry_run=True),
                      metrics_source=ScriptedLoad({f"{ns}/chat": 30.0, f"{ns}/embed": 2.0}))
-    await _synced(ctl)
-    elector = await _lead(ctl)
-    try:
+    async with leading(ctl):
         result = await ctl.tick()
         assert result.plan.of_type(ScaleModel), result.plan.describe()
         assert result.report is not None and any(why == "dry-run" for _, why in result.report.skipped)
@@ -230,10 +236,6 @@ async def test_dry_run_changes_nothing_but_reports(api: client.ApiClient, cluste
         assert json.loads(dep.metadata.annotations[STATUS_ANNOTATION])["dryRun"] is True
         events = await _until(lambda: _events(api, ns, "chat"))
         assert any(e.reason.startswith("DryRun") for e in events), [e.reason for e in events]
-    finally:
-        elector.cancel()
-        await asyncio.gather(elector, return_exceptions=True)
-        await _stop(ctl)
 
 
 async def test_mig_relayout_goes_through_the_safety_gate(api: client.ApiClient, cluster: dict) -> None:
@@ -244,12 +246,10 @@ async def test_mig_relayout_goes_through_the_safety_gate(api: client.ApiClient, 
     ctl = Controller(api, _settings(ns, cluster["suffix"], mig_relayout=True, max_nodes_relayout=1,
                                     mig_parted_configmap="gpu-operator/slotwise-mig-parted-config"),
                      metrics_source=ScriptedLoad({f"{ns}/chat": 1.0, f"{ns}/embed": 40.0}))
-    await _synced(ctl)
-    elector = await _lead(ctl)
     seen: list[tuple[bool, str | None, str | None]] = []
     relayouts: list[SetMigLayout] = []
     notes: list[str] = []
-    try:
+    async with leading(ctl):
         for _ in range(40):
             result = await ctl.tick()
             relayouts += result.plan.of_type(SetMigLayout)
@@ -276,10 +276,6 @@ async def test_mig_relayout_goes_through_the_safety_gate(api: client.ApiClient, 
         assert not seen[-1][0], f"node left cordoned: {seen}"
         cap = (await core.read_node(h100)).status.capacity
         assert int(cap.get("nvidia.com/mig-2g.20gb", "0")) >= 1, cap
-    finally:
-        elector.cancel()
-        await asyncio.gather(elector, return_exceptions=True)
-        await _stop(ctl)
 
 
 async def test_lost_metric_source_holds_replicas(api: client.ApiClient, cluster: dict) -> None:
@@ -291,9 +287,7 @@ async def test_lost_metric_source_holds_replicas(api: client.ApiClient, cluster:
     settings = _settings(ns, cluster["suffix"])
     settings.prometheus_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     ctl = Controller(api, settings)
-    await _synced(ctl)
-    elector = await _lead(ctl)
-    try:
+    async with leading(ctl):
         result = await ctl.tick()
         assert not result.plan.of_type(ScaleModel), result.plan.describe()
         assert ctl.prometheus is not None and ctl.prometheus.last_error
@@ -301,7 +295,3 @@ async def test_lost_metric_source_holds_replicas(api: client.ApiClient, cluster:
         assert dep.spec.replicas == 1
         assert json.loads(dep.metadata.annotations[STATUS_ANNOTATION])["reason"] == "metrics_stale"
         assert b"slotwise_errors_total" in ctl.exporter.exposition()
-    finally:
-        elector.cancel()
-        await asyncio.gather(elector, return_exceptions=True)
-        await _stop(ctl)
