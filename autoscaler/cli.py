@@ -10,7 +10,7 @@ from forecasting.traces.model import TraceFormatError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoscaler.commands import backtest, migbench, packbench, run, simulate, trace
+    from autoscaler.commands import backtest, migbench, packbench, report, run, simulate, trace
 
     parser = argparse.ArgumentParser(prog="slotwise", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.register(sub)
     migbench.register(sub)
     run.register(sub)
+    report.register(sub)
     return parser
 
 

@@ -34,12 +34,14 @@ from autoscaler.adapters.kube.templates import template_actions
 from autoscaler.adapters.kube.translate import build_view
 from autoscaler.adapters.prometheus_metrics import MetricNames, PrometheusMetrics
 from autoscaler.core import STALE_METRICS, ControllerState, CoreConfig, decide, fresh_state
+from autoscaler.cost import CostMetrics
 from autoscaler.exporter import ControllerMetrics, Health, start_http
 from autoscaler.layout import mig_layout_actions, time_slicing_action
 from autoscaler.plan import Plan
 from autoscaler.policies import make_policy
 from autoscaler.ports import AsyncMetricsPort
 from autoscaler.snapshot import MetricsWindow
+from sharing.catalog import load_catalog
 
 log = logging.getLogger("slotwise.controller")
 
@@ -122,6 +124,9 @@ class Controller:
         )
         self.actuator = KubeActuator(api_client, settings.actuator)
         self.exporter = ControllerMetrics()
+        # GPU-slot-seconds and cost per team/namespace/model, on the same /metrics registry
+        self.cost = CostMetrics(self.exporter.registry, load_catalog(), settings.prices)
+        self._cost_at: float | None = None  # when cost was last recorded (None: not since leading)
         # Alive while the loop beat within a minute (or three ticks): a slow tick is not a dead loop.
         self.health = Health(settings.tick_s, max_missed_ticks=max(3, math.ceil(60.0 / settings.tick_s)),
                              clock=clock)
@@ -192,6 +197,12 @@ class Controller:
                 self.exporter.error("actuation")
         seconds = time.perf_counter() - started
         self.exporter.record_tick(plan, view.snapshot, window, seconds)
+        # Charge the time since the last record, capped: a gap (a follower's wait, a stall) charges a few ticks at
+        # most, never the time nobody observed.
+        now = view.snapshot.now
+        held = 0.0 if self._cost_at is None else min(max(0.0, now - self._cost_at), 3.0 * self.settings.tick_s)
+        self.cost.record(view.snapshot, held)
+        self._cost_at = now
         self.ticks += 1
         self.health.beat(self.clock())
         return TickResult(plan, view, window, report, seconds)
@@ -199,6 +210,7 @@ class Controller:
     # -- the process ------------------------------------------------------------------------------------------
     def _leadership_changed(self, leader: bool) -> None:
         self.exporter.set_leader(leader)
+        self._cost_at = None  # a new term of leadership charges from its first tick
         log.info("%s %s the lease %s/%s", self.settings.identity, "acquired" if leader else "lost",
                  self.settings.lease_namespace, self.settings.lease_name)
 

@@ -55,6 +55,19 @@ class SimCluster:
         self._obs: list[ModelObservation | None] = [None] * len(self.models)
         self.routable = np.zeros(len(self.models), dtype=int)
         self._gpus_held = 0.0  # sum of gpu_fraction over held slots, kept incrementally
+        # Cost accounting, also incremental (updated on allocate/release only, so a tick reads arrays):
+        # GPU-equivalents held per (model, GPU kind), and per node what replicas hold there, for the idle
+        # reserved capacity (free GPU-equivalents on nodes with at least one replica; see autoscaler/cost.py).
+        nodes_ = [n for n in self.inventory.nodes.values() if n.gpu_count]
+        self.gpu_kinds: tuple[str, ...] = tuple(sorted({n.gpu_model for n in nodes_}))
+        kind_index = {k: j for j, k in enumerate(self.gpu_kinds)}
+        self._node_index = {n.name: j for j, n in enumerate(nodes_)}
+        self._node_kind = np.array([kind_index[n.gpu_model] for n in nodes_], dtype=int)
+        self._node_gpus = np.array([float(n.gpu_count) for n in nodes_])
+        self._node_held = np.zeros(len(nodes_))
+        self._node_replicas = np.zeros(len(nodes_), dtype=int)
+        self.held = np.zeros((len(self.models), len(self.gpu_kinds)))  # GPU-equivalents by model and kind
+        self._idle: np.ndarray | None = None  # cached idle_by_kind(); None after a change
         self._events: list[tuple[float, int, int, str]] = []  # (time, kind, model, replica) heap
 
     # -- ClusterPort ---------------------------------------------------------------------------
@@ -91,7 +104,7 @@ class SimCluster:
                     spec = self.specs[a.model]
                     assert isinstance(spec, ModelSpec)
                     self.inventory.allocate(a.slot, a.replica_id)
-                    self._gpus_held += a.slot.gpu_fraction
+                    self._hold(i, a.slot, 1)
                     ready_at = now if self.instant_start else now + spec.cold_start_s
                     self.replicas[i][a.replica_id] = SimReplica(a.replica_id, a.slot, now, ready_at)
                     heapq.heappush(self._events, (ready_at, _READY, i, a.replica_id))
@@ -126,8 +139,18 @@ class SimCluster:
 
     def _release(self, i: int, r: SimReplica) -> None:
         self.inventory.release(r.slot, r.replica_id)
-        self._gpus_held -= r.slot.gpu_fraction
+        self._hold(i, r.slot, -1)
         del self.replicas[i][r.replica_id]
+
+    def _hold(self, i: int, slot: Slot, sign: int) -> None:
+        """Account a slot taken (+1) or given back (-1) by model ``i``."""
+        f = slot.gpu_fraction * sign
+        self._gpus_held += f
+        n = self._node_index[slot.node]
+        self.held[i, self._node_kind[n]] += f
+        self._node_held[n] += f
+        self._node_replicas[n] += sign
+        self._idle = None
 
     # -- time ----------------------------------------------------------------------------------
     def advance(self, now: float) -> np.ndarray:
@@ -152,13 +175,22 @@ class SimCluster:
         """GPU-equivalents held by replicas (starting, serving or draining): what the fleet pays for."""
         return self._gpus_held
 
+    def idle_by_kind(self) -> np.ndarray:
+        """Per GPU kind (``gpu_kinds`` order): idle reserved GPU-equivalents, the free capacity on nodes that
+        hold at least one replica. Every slot here is a replica's and compute is not oversubscribed (the
+        inventory's default), so a node's free capacity is its GPUs less what its replicas hold."""
+        if self._idle is None:
+            free = np.where(self._node_replicas > 0, np.maximum(self._node_gpus - self._node_held, 0.0), 0.0)
+            self._idle = np.bincount(self._node_kind, weights=free, minlength=len(self.gpu_kinds))
+        return self._idle
+
     def preplace(self, model: str, slots: Sequence[Slot], now: float = 0.0) -> None:
         """Start the run with a warm cluster: replicas already Ready on ``slots`` (not scale events)."""
         i = self.index[model]
         for n, slot in enumerate(slots):
             rid = f"{model}-init{n}"
             self.inventory.allocate(slot, rid)
-            self._gpus_held += slot.gpu_fraction
+            self._hold(i, slot, 1)
             self.replicas[i][rid] = SimReplica(rid, slot, now, now)
             self.routable[i] += 1
         self.desired[i] = len(self.replicas[i])

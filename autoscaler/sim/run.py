@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoscaler.core import CoreConfig, decide, fresh_state
+from autoscaler.cost import UNKNOWN_TEAM, price_table
 from autoscaler.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from autoscaler.sim.cluster import SimCluster
@@ -69,6 +70,14 @@ class SimResult:
     sim_wall_s: float
     invalid_models: dict[str, str] = field(default_factory=dict)
     burn_in_s: float = 0.0  # the first seconds, not scored (see SimConfig.burn_in_s)
+    # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/cost.py for the units):
+    gpu_kinds: tuple[str, ...] = ()  # the cluster's GPU kinds (canonical names), the columns below
+    model_gpu_seconds: np.ndarray | None = None  # (M, K) GPU-equivalent seconds held per model and kind
+    idle_gpu_seconds: np.ndarray | None = None  # (K,) idle reserved GPU-equivalent seconds per kind
+    prices: dict[str, float] = field(default_factory=dict)  # USD per GPU-hour of the cluster's kinds
+    teams: tuple[str, ...] = ()  # per model: the spec's team (cost.UNKNOWN_TEAM for an invalid spec)
+    namespaces: tuple[str, ...] = ()  # per model: the spec's namespace
+    scored_s: float = 0.0  # simulated seconds scored (after the burn-in): the period the costs cover
 
 
 def _warm_start(
@@ -153,6 +162,9 @@ def simulate(
     latency = np.full(shape, np.nan)
     ticks_in_min = np.zeros(n_min)
     gpu_seconds = 0.0
+    # per tick two array adds: the cluster keeps both arrays up to date as slots are taken and released
+    model_gpu_s = np.zeros_like(cluster.held)
+    idle_s = np.zeros(len(cluster.gpu_kinds))
     unplaced_s = 0.0
     frag_sum, frag_n = 0.0, 0
     next_frag = 0.0
@@ -184,6 +196,8 @@ def simulate(
         latency[:, j] = np.fmax(latency[:, j], stats.latency_at_slo_pct)
         ticks_in_min[j] += 1
         gpu_seconds += cluster.gpus_allocated() * dt
+        model_gpu_s += cluster.held * dt
+        idle_s += cluster.idle_by_kind() * dt
         unplaced_s += float(cluster.shortfall.sum()) * dt
         if now >= next_frag:
             frag_sum += cluster.inventory.fragmentation()
@@ -215,4 +229,11 @@ def simulate(
         sim_wall_s=time.perf_counter() - wall0,
         invalid_models={x: str(s) for x, s in specs.items() if not isinstance(s, ModelSpec)},
         burn_in_s=burn_in,
+        gpu_kinds=cluster.gpu_kinds,
+        model_gpu_seconds=model_gpu_s,
+        idle_gpu_seconds=idle_s,
+        prices={k: v for k, v in price_table(cluster.inventory.catalog).items() if k in cluster.gpu_kinds},
+        teams=tuple(s.team if isinstance(s, ModelSpec) else UNKNOWN_TEAM for s in (specs[x] for x in models)),
+        namespaces=tuple(good[x].namespace for x in models),
+        scored_s=max(0, n_ticks - first_scored) * dt,
     )

@@ -1,0 +1,87 @@
+"""``slotwise report``: the PoC scorecard -- cost per team and model, idle reserved cost, lent value, waiting,
+SLO attainment and fragmentation -- from a simulation's JSON or from Prometheus history.
+
+    slotwise report --sim scorecard.json [--price H100=2.9 ...] [--out DIR]
+    slotwise report --prometheus http://prometheus:9090 --hours 24 [--end TIME] [--out DIR]
+
+Prints tables; with ``--out`` also writes ``report.json``, ``report.png`` and a self-contained ``report.html``.
+Bad input (a missing file, a JSON that is not a simulation's, an unreachable Prometheus) is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from datetime import datetime
+
+from autoscaler.report.data import Section, load_simulation, sections_from_simulation
+from autoscaler.report.render import print_report, write_all
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="cost per team/model, idle and lent capacity, SLO attainment (PoC report)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sim", default=None, metavar="FILE", help="the JSON `slotwise simulate --json` wrote")
+    src.add_argument("--prometheus", default=None, metavar="URL", help="Prometheus holding slotwise's metrics")
+    p.add_argument("--hours", type=float, default=24.0, help="with --prometheus: the range to report (default 24)")
+    p.add_argument("--end", default=None,
+                   help="with --prometheus: end of the range, unix seconds or ISO 8601 (default: now)")
+    p.add_argument("--price", action="append", default=[], metavar="KIND=USD",
+                   help="USD per GPU-hour for a GPU kind (any accepted name), repeatable: re-prices the report")
+    p.add_argument("--out", default=None, metavar="DIR", help="write report.json, report.png and report.html here")
+    p.set_defaults(func=run)
+
+
+def parse_prices(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not sep or not kind.strip() or not (math.isfinite(price) and price >= 0):
+            raise ValueError(f"--price {item!r}: expected KIND=USD with a non-negative number, e.g. H100=2.9")
+        out[kind.strip()] = price
+    return out
+
+
+def parse_end(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--end {text!r}: expected unix seconds or an ISO 8601 time") from None
+    return dt.timestamp()  # a naive time is local time, as `date` prints it
+
+
+def build(args: argparse.Namespace) -> tuple[list[Section], dict[str, object]]:
+    """The report's sections and its metadata, from the arguments (no output)."""
+    prices = parse_prices(args.price)
+    if args.sim is not None:
+        doc = load_simulation(args.sim)
+        meta = {"source": "simulation", "input": args.sim, "trace": doc.get("trace")}
+        return sections_from_simulation(doc, prices, source=args.sim), meta
+    from autoscaler.report.prometheus import section_from_prometheus
+
+    end = parse_end(args.end)
+    end = time.time() if end is None else end
+    section = section_from_prometheus(args.prometheus, args.hours, end=end, prices=prices)
+    meta = {"source": "prometheus", "input": args.prometheus, "hours": args.hours, "end": end}
+    return [section], meta
+
+
+def run(args: argparse.Namespace) -> int:
+    sections, meta = build(args)
+    print_report(sections)
+    if args.out:
+        paths = write_all(sections, meta, args.out)
+        for p in paths.values():
+            print(f"wrote {p}")
+    return 0
