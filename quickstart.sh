@@ -49,6 +49,9 @@ case "${1:-demo}" in
   test)
     ensure_venv "[test]"
     ensure_prometheus
+    # helm for the chart's tests (a pinned static binary, cached in ~/.cache/slotwise/helm); the tests fetch it
+    # themselves too, this only does it up front
+    PYTHON="$VENV/bin/python" bash scripts/ensure-helm.sh >/dev/null || echo "helm unavailable: the chart tests will skip" >&2
     shift || true
     "$VENV/bin/ruff" check .
     "$VENV/bin/python" -m pytest -q "$@"

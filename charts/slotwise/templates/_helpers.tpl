@@ -1,0 +1,104 @@
+{{/* Names and labels, the usual Helm shapes. */}}
+
+{{- define "slotwise.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "slotwise.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "slotwise.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "slotwise.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "slotwise.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "slotwise.labels" -}}
+helm.sh/chart: {{ include "slotwise.chart" . }}
+{{ include "slotwise.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "slotwise.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "slotwise.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "slotwise.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The Lease's namespace, as `slotwise run` resolves it (autoscaler/commands/run.py): the settings' lease_namespace,
+but "default" (or unset) is replaced by POD_NAMESPACE, which the Deployment sets to the release namespace.
+The lease Role must live there.
+*/}}
+{{- define "slotwise.leaseNamespace" -}}
+{{- $ns := .Values.config.lease_namespace | default "" }}
+{{- if or (eq $ns "") (eq $ns "default") }}
+{{- .Release.Namespace }}
+{{- else }}
+{{- $ns }}
+{{- end }}
+{{- end }}
+
+{{/*
+The ConfigMaps the actuator writes, grouped by namespace, as YAML {namespace: [name, ...]}: the time-slicing
+ConfigMap unless dry-run, the MIG manager's mig-parted ConfigMap only with mig_relayout (and not dry-run).
+"ns/name", or a bare name in "default" (actuator.split_key).
+*/}}
+{{- define "slotwise.actuatorConfigMaps" -}}
+{{- $act := .Values.config.actuator }}
+{{- $refs := list }}
+{{- if not $act.dry_run }}
+{{- $refs = append $refs $act.time_slicing_configmap }}
+{{- if $act.mig_relayout }}
+{{- $refs = append $refs $act.mig_parted_configmap }}
+{{- end }}
+{{- end }}
+{{- $byNs := dict }}
+{{- range $ref := $refs }}
+{{- $parts := splitList "/" $ref }}
+{{- $ns := ternary (first $parts) "default" (gt (len $parts) 1) }}
+{{- $name := ternary (rest $parts | join "/") $ref (gt (len $parts) 1) }}
+{{- $names := get $byNs $ns | default list }}
+{{- if not (has $name $names) }}
+{{- $_ := set $byNs $ns (append $names $name) }}
+{{- end }}
+{{- end }}
+{{- toYaml $byNs }}
+{{- end }}
+
+{{/*
+The settings file: .Values.config without empty strings (the controller's defaults apply), plus http_port.
+Go renders a float such as 1e-06 without a decimal point, which YAML 1.1 (PyYAML) reads as a STRING: such plain
+scalars get ".0" in their mantissa (1.0e-06) so the controller reads a number.
+*/}}
+{{- define "slotwise.settings" -}}
+{{- $cfg := dict }}
+{{- range $k, $v := .Values.config }}
+{{- if not (or (kindIs "invalid" $v) (and (kindIs "string" $v) (eq $v ""))) }}
+{{- $_ := set $cfg $k $v }}
+{{- end }}
+{{- end }}
+{{- $_ := set $cfg "http_port" (int .Values.listenPort) }}
+{{- regexReplaceAll "(?m)((?:^|:|-)\\s+-?[0-9]+)([eE][-+]?[0-9]+)$" (toYaml $cfg) "${1}.0${2}" }}
+{{- end }}
