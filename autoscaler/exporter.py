@@ -7,6 +7,27 @@ and once per actuation (:meth:`~ControllerMetrics.record_actuation`). :class:`He
 heartbeat and readiness bookkeeping. :func:`start_http` serves ``/metrics`` (text exposition format),
 ``/healthz`` and ``/readyz`` (200, or 503 with the reason as the body) from an aiohttp app.
 
+SLO accounting: ``slotwise_requests_total`` / ``slotwise_requests_late_total`` count the requests each metrics
+step of the window finished, and those settled beyond the model's SLO latency (``rate - within_rate``, see
+:class:`~autoscaler.snapshot.ModelMetrics`), so that Prometheus can compute the error ratio over ANY window
+(the burn-rate alerts in ``charts/slotwise/rules/``). Successive windows overlap (each tick reads the last
+``window_s`` again), so the exporter remembers per model the time of the last step it counted and adds only
+newer steps; the window's steps sit on the grid ``floor(now / step_s) * step_s - k * step_s`` (the
+Prometheus adapter's ``grid`` aligns them so; a window whose newest sample is taken at ``now`` itself, one
+per step, floors to the same times tick after tick). A model seen for the first time (or again after this
+replica regained the lease) counts only its newest step: its history is not dumped into a counter at once,
+which ``rate()`` would read as a burst.
+Steps where the rate or the within-SLO rate is not a number are skipped, and so are stale models and models
+whose server has no latency histogram (``within_rate`` None: nothing to judge lateness by, and a request
+count without late counts would read as a perfect SLO).
+
+Only the leader ticks, so a replica that lost the lease keeps exporting its last tick's gauges, frozen,
+until it leads again or restarts (its counters freeze too: rate 0, so sums over replicas stay right).
+Queries about the cluster's decisions read the leader's series: ``X and on (job, instance)
+(slotwise_is_leader == 1)``, as the chart's alert rules do. A tick still under way when the lease goes
+records its duration only, and a replica that regains the lease counts requests from the newest step on
+(the other leader counted the steps in between).
+
 Label cardinality stays bounded: labels are model keys (the managed models, whose series are REMOVED when
 a model leaves the snapshot: no stale series forever), reasons (the core's :class:`~autoscaler.plan.Reason`
 values; shortfall reasons are the core's fixed texts), GPU kinds, and action kinds / outcomes, which come
@@ -33,6 +54,9 @@ Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or sha
 ``slotwise_errors_total{kind}``                         errors by kind (``metrics``, ``kube``, ``actuation``, ...)
 ``slotwise_is_leader``                                  1 while this replica holds the leader Lease
 ``slotwise_actions_total{kind,outcome}``                actuation: ``applied``, ``error`` or the skip reason
+``slotwise_requests_total{model}``                      requests finished, per metrics step, each step once
+``slotwise_requests_late_total{model}``                 of those, settled beyond the model's SLO latency
+``slotwise_slo_objective_ratio{model}``                 the SLO's objective: percentile / 100 (e.g. 0.95)
 =====================================================  =====================================================
 """
 
@@ -45,6 +69,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -55,6 +80,14 @@ from sharing.slots import Inventory
 MAX_LABEL_VALUES = 32  # distinct action kinds / outcomes / error kinds kept before folding into "other"
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _WORD = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+_GRID_EPS = 1e-6  # in steps: two step times closer than this are the same step (float noise of now / step_s)
+
+
+def step_times(now: float, step_s: float, n: int) -> np.ndarray:
+    """The times of a window's ``n`` steps (oldest first) on the grid of ``step_s`` ending at or before ``now``
+    (what :meth:`~autoscaler.adapters.prometheus_metrics.PrometheusMetrics.grid` builds)."""
+    end = math.floor(now / step_s + 1e-9) * step_s
+    return end - step_s * np.arange(n - 1, -1, -1, dtype=float)
 
 
 class _Bounded:
@@ -152,6 +185,19 @@ class ControllerMetrics:
         self.actions = Counter(
             "slotwise_actions", "Actuation outcomes per action kind.", ["kind", "outcome"], registry=r
         )
+        self.requests = Counter(
+            "slotwise_requests", "Requests finished per model (each metrics step counted once).", ["model"],
+            registry=r,
+        )
+        self.requests_late = Counter(
+            "slotwise_requests_late", "Requests settled beyond the model's SLO latency.", ["model"], registry=r
+        )
+        self.objective = Gauge(
+            "slotwise_slo_objective_ratio", "Share of requests that must meet the SLO latency (percentile / 100).",
+            ["model"], registry=r,
+        )
+        self._counted_until: dict[str, float] = {}  # model -> time of the newest metrics step counted
+        self._follower = False  # told it lost the lease (never told anything: a single replica, a test)
         self._models: set[str] = set()
         self._shortfalls: set[tuple[str, str]] = set()
         self._decision_labels: set[tuple[str, str]] = set()
@@ -162,7 +208,13 @@ class ControllerMetrics:
 
     # -- per tick ---------------------------------------------------------------------------------------
     def record_tick(self, plan: Plan, snapshot: ClusterSnapshot, window: MetricsWindow, seconds: float) -> None:
-        """One decision tick: per-model gauges, decisions, shortfalls, GPU slots, the tick's duration."""
+        """One decision tick: per-model gauges, decisions, shortfalls, GPU slots, the tick's duration.
+
+        A tick that finishes after this replica lost the lease records its duration only: its numbers are
+        no longer the cluster's decisions (see :meth:`set_leader`)."""
+        if self._follower:
+            self.tick_duration.observe(max(0.0, seconds))
+            return
         models = set(snapshot.models)
         for gone in self._models - models:
             self._forget(gone)
@@ -183,6 +235,8 @@ class ControllerMetrics:
             if slo_ms is None and obs.spec is not None:
                 slo_ms = obs.spec.slo_latency_ms
             self._set_or_remove(self.slo, name, None if slo_ms is None else slo_ms / 1000.0)
+            objective = None if obs.spec is None else obs.spec.slo_percentile / 100.0
+            self._set_or_remove(self.objective, name, objective)
             if status is not None:  # a status update carries the decision's numbers; between them they hold
                 self._set_or_remove(self.forecast, name, status.forecast_rps)
                 pred = status.predicted_latency_ms
@@ -194,6 +248,8 @@ class ControllerMetrics:
             if not stale and m is not None and m.rate.size and math.isfinite(float(m.rate[-1])):
                 observed = float(m.rate[-1])
             self._set_or_remove(self.observed, name, observed)
+            if not stale and m is not None:
+                self._count_requests(name, m.rate, m.within_rate, window)
 
         shortfalls: dict[tuple[str, str], int] = {}
         for a in plan.of_type(Shortfall):
@@ -221,11 +277,40 @@ class ControllerMetrics:
         self.fragmentation.set(inv.fragmentation())
         self.tick_duration.observe(max(0.0, seconds))
 
+    def _count_requests(self, model: str, rate: np.ndarray, within: np.ndarray | None, window: MetricsWindow) -> None:
+        """Add the requests (and the late ones) of the window's steps not counted yet (module docstring)."""
+        step = float(window.step_s)
+        if within is None or not (math.isfinite(step) and step > 0):
+            return
+        n = min(rate.size, within.size)
+        if n == 0:
+            return
+        rate_s = np.asarray(rate[-n:], dtype=float)  # both arrays end at the newest step
+        within_s = np.asarray(within[-n:], dtype=float)
+        times = step_times(window.now, step, n)
+        last = self._counted_until.get(model)
+        new = np.zeros(n, dtype=bool)
+        if last is None:
+            new[-1] = True  # first sight: the newest step only, no history dumped into the counter
+        else:
+            new = times > last + _GRID_EPS * step
+        ok = new & np.isfinite(rate_s) & np.isfinite(within_s) & (rate_s >= 0)
+        finished = float(np.sum(rate_s[ok])) * step
+        # within can exceed rate by a little: the histogram and the request counter are separate series
+        late = float(np.sum(np.clip(rate_s[ok] - within_s[ok], 0.0, rate_s[ok]))) * step
+        self.requests.labels(model).inc(finished)  # inc(0) still creates the series: rate() starts at 0
+        self.requests_late.labels(model).inc(late)
+        self._counted_until[model] = float(times[-1]) if last is None else max(last, float(times[-1]))
+
     def _forget(self, model: str) -> None:
         """Remove every per-model series of a model that left (its counters too: a key that comes back
         starts from zero, which ``rate()`` reads as a counter reset)."""
-        for g in (self.desired, self.current, self.forecast, self.observed, self.predicted, self.slo, self.stale):
+        for g in (self.desired, self.current, self.forecast, self.observed, self.predicted, self.slo, self.stale,
+                  self.objective):
             self._remove(g, model)
+        for c in (self.requests, self.requests_late):
+            self._remove(c, model)
+        self._counted_until.pop(model, None)
         for labels in [k for k in self._decision_labels if k[0] == model]:
             self._remove(self.decisions, *labels)
             self._decision_labels.discard(labels)
@@ -260,7 +345,14 @@ class ControllerMetrics:
         self.errors.labels(self._error_kind(kind)).inc()
 
     def set_leader(self, leader: bool) -> None:
+        """Leadership changed. Gauges stay as they are (a replica shutting down gives the lease up and its
+        last numbers are still worth a scrape; queries tell the leader by ``slotwise_is_leader``). What
+        was counted is forgotten: after regaining the lease only new steps count, the other leader counted
+        the ones in between (the counters themselves never go back)."""
         self.leader.set(1.0 if leader else 0.0)
+        self._follower = not leader
+        if not leader:
+            self._counted_until.clear()
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (what ``/metrics`` serves)."""

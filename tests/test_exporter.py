@@ -42,6 +42,9 @@ CONTRACT = (
     "slotwise_errors_total",
     "slotwise_is_leader",
     "slotwise_actions_total",
+    "slotwise_requests_total",
+    "slotwise_requests_late_total",
+    "slotwise_slo_objective_ratio",
 )
 A100 = load_catalog().get("A100-80GB")
 L4 = load_catalog().get("L4-24GB")
@@ -86,7 +89,9 @@ def _plan() -> Plan:
 def _window(models: tuple[str, ...] = ("ns/a", "ns/b")) -> MetricsWindow:
     ms = {}
     if "ns/a" in models:
-        ms["ns/a"] = ModelMetrics(rate=np.array([10.0, 11.5]), in_flight=np.array([4.0, 5.0]))
+        ms["ns/a"] = ModelMetrics(
+            rate=np.array([10.0, 11.5]), in_flight=np.array([4.0, 5.0]), within_rate=np.array([10.0, 10.5])
+        )
     if "ns/b" in models:
         ms["ns/b"] = ModelMetrics(rate=np.zeros(0), in_flight=np.zeros(0), stale=True)
     return MetricsWindow(now=100.0, step_s=15.0, models=ms)
@@ -156,6 +161,13 @@ async def test_metrics_after_a_tick_carry_every_contract_metric(served) -> None:
     assert _value(got, "slotwise_observed_requests_per_second", model="ns/b") is None
     assert _value(got, "slotwise_metrics_stale", model="ns/a") == 0
     assert _value(got, "slotwise_metrics_stale", model="ns/b") == 1
+    # SLO accounting: first sight counts the newest step only (11.5 req/s x 15 s, 1 req/s of it late);
+    # a stale model counts nothing yet, but its objective is known from the spec (default p95)
+    assert _value(got, "slotwise_requests_total", model="ns/a") == pytest.approx(172.5)
+    assert _value(got, "slotwise_requests_late_total", model="ns/a") == pytest.approx(15.0)
+    assert _value(got, "slotwise_requests_total", model="ns/b") is None
+    assert _value(got, "slotwise_slo_objective_ratio", model="ns/a") == pytest.approx(0.95)
+    assert _value(got, "slotwise_slo_objective_ratio", model="ns/b") == pytest.approx(0.95)
     # GPU-equivalents: the L4 is whole; one A100 holds a 3g.40gb instance (3/7), the other is idle
     assert _value(got, "slotwise_gpu_slots", gpu_model="L4-24GB", state="used") == 1
     assert _value(got, "slotwise_gpu_slots", gpu_model="L4-24GB", state="free") == 0
@@ -283,3 +295,139 @@ def test_gpu_accounting_helpers() -> None:
     nowhere = TrainingWorkload("ml/t4", "Pod", gpus=1.0, running=True)
     snap = ClusterSnapshot(snap.now, snap.models, snap.inventory, (*snap.training, two, idle, nowhere))
     assert lent_gpus(snap) == {"A100-80GB": 2.0, "L4-24GB": 1.0, "unknown": 1.0}
+
+
+# -- SLO accounting: requests and late requests, each metrics step counted once ---------------------------
+
+
+def _one_model(percentile: float = 99.0) -> ClusterSnapshot:
+    snap = _snapshot(("ns/a",))
+    obs = snap.models["ns/a"]
+    spec = ModelSpec("a", "ns", slo_latency_ms=500, slo_percentile=percentile)
+    models = {"ns/a": ModelObservation(obs.name, spec, obs.desired_replicas, obs.replicas)}
+    return ClusterSnapshot(now=snap.now, models=models, inventory=snap.inventory)
+
+
+def _tick(m: ControllerMetrics, now: float, rate, within, *, stale: bool = False, snap=None) -> None:
+    mm = ModelMetrics(
+        rate=np.asarray(rate, dtype=float),
+        in_flight=np.zeros(len(rate)),
+        within_rate=None if within is None else np.asarray(within, dtype=float),
+        stale=stale,
+    )
+    snap = snap if snap is not None else _one_model()
+    m.record_tick(Plan(now=now), snap, MetricsWindow(now=now, step_s=15.0, models={"ns/a": mm}), seconds=0.01)
+
+
+def _counts(m: ControllerMetrics, model: str = "ns/a") -> tuple[float | None, float | None]:
+    get = m.registry.get_sample_value
+    return get("slotwise_requests_total", {"model": model}), get("slotwise_requests_late_total", {"model": model})
+
+
+def test_requests_count_each_step_once_across_overlapping_windows() -> None:
+    m = ControllerMetrics()
+    # now=100 on a 15 s grid: steps at 45, 60, 75, 90. First sight: only the newest (4 req/s, 1 of them late)
+    _tick(m, 100.0, [1, 2, 3, 4], [1, 1, 1, 3])
+    assert _counts(m) == (60.0, 15.0)
+    assert m.registry.get_sample_value("slotwise_slo_objective_ratio", {"model": "ns/a"}) == pytest.approx(0.99)
+    # a faster tick inside the same step: the same window again, nothing new
+    _tick(m, 103.0, [1, 2, 3, 4], [1, 1, 1, 3])
+    assert _counts(m) == (60.0, 15.0)
+    # two steps later (75..120): 105 is new (all in time); 120's within-rate is unknown: skipped, not guessed
+    _tick(m, 121.0, [3, 4, 5, 6], [1, 3, 5, math.nan])
+    assert _counts(m) == (60.0 + 75.0, 15.0)
+    # next step (90..135): only 135 (7 req/s, 6 in time); 120 was seen already and stays uncounted
+    _tick(m, 135.0, [4, 5, 6, 7], [3, 5, 6, 6])
+    assert _counts(m) == (60.0 + 75.0 + 105.0, 15.0 + 15.0)
+    # within above rate (histogram and request counter are separate series): never negative late counts
+    _tick(m, 150.0, [5, 6, 7, 2], [5, 6, 6, 2.5])
+    assert _counts(m) == (60.0 + 75.0 + 105.0 + 30.0, 30.0)
+    # a NaN rate step counts nothing
+    _tick(m, 165.0, [6, 7, 2, math.nan], [6, 6, 2.5, 1.0])
+    assert _counts(m) == (270.0, 30.0)
+
+
+def test_stale_and_histogramless_models_count_nothing_and_catch_up_within_the_window() -> None:
+    m = ControllerMetrics()
+    _tick(m, 90.0, [2, 2], [2, 2])  # first sight at 90: 30 requests
+    assert _counts(m) == (30.0, 0.0)
+    _tick(m, 105.0, [2, 2], [2, 2], stale=True)  # stale: hold, count nothing
+    _tick(m, 120.0, [], [], stale=True)
+    assert _counts(m) == (30.0, 0.0)
+    # fresh again at 135 (window 75..135): the steps since 90 that the window still holds are counted
+    _tick(m, 135.0, [2, 2, 1, 0, 4], [2, 2, 0, 0, 4])
+    assert _counts(m) == (30.0 + 15.0 + 0.0 + 60.0, 15.0)
+    # a server without a latency histogram: no SLO accounting at all for a new model
+    m2 = ControllerMetrics()
+    _tick(m2, 90.0, [2, 2], None)
+    assert _counts(m2) == (None, None)
+
+
+def test_counters_match_the_series_whatever_the_tick_timing() -> None:
+    """Ticks faster than the step, slower (skipping steps the window still holds) and jittered: the
+    counters end at exactly the sum over the steps from the first-seen one on, no step twice or lost."""
+    rng = np.random.default_rng(7)
+    step, points = 15.0, 8
+    grid = np.arange(0, 200) * step
+    rate = rng.uniform(0, 20, grid.size)
+    within = rate * rng.uniform(0.5, 1.0, grid.size)
+    m = ControllerMetrics()
+    now, first = 200.0, None
+    while now < grid[-1]:
+        end = int(math.floor(now / step + 1e-9))
+        lo = end - points + 1
+        _tick(m, now, rate[lo:end + 1], within[lo:end + 1])
+        first = end if first is None else first
+        last = end
+        now += rng.choice([3.0, 7.5, 15.0, 31.0, 60.0, 100.0])  # never more than the window (120 s) at once
+    requests, late = _counts(m)
+    assert requests == pytest.approx(float(np.sum(rate[first:last + 1])) * step)
+    assert late == pytest.approx(float(np.sum(rate[first:last + 1] - within[first:last + 1])) * step)
+
+
+def test_slo_series_leave_with_the_model_and_restart_from_the_newest_step() -> None:
+    m = ControllerMetrics()
+    _tick(m, 90.0, [2, 2], [1, 1])
+    assert _counts(m) == (30.0, 15.0)
+    empty = ClusterSnapshot(now=105.0, models={}, inventory=_inventory())
+    m.record_tick(Plan(now=105.0), empty, MetricsWindow(now=105.0, step_s=15.0), seconds=0.01)
+    assert _counts(m) == (None, None)
+    assert m.registry.get_sample_value("slotwise_slo_objective_ratio", {"model": "ns/a"}) is None
+    _tick(m, 120.0, [2, 2, 3], [1, 1, 3])  # back: a new first sight, the newest step only
+    assert _counts(m) == (45.0, 0.0)
+
+
+def test_a_replica_that_loses_the_lease_freezes_and_counts_anew_when_it_leads_again() -> None:
+    m = ControllerMetrics()
+    m.set_leader(True)
+    m.record_tick(_plan(), _snapshot(), _window(), seconds=0.01)
+    get = m.registry.get_sample_value
+    assert get("slotwise_desired_replicas", {"model": "ns/a"}) == 3
+    assert get("slotwise_requests_total", {"model": "ns/a"}) == pytest.approx(172.5)
+    m.set_leader(False)
+    assert get("slotwise_is_leader") == 0
+    # a tick that was under way when the lease went finishes after it: its duration counts, nothing else
+    # (the gauges keep the last leading tick's numbers: queries pick the leader by slotwise_is_leader)
+    moved = MetricsWindow(now=115.0, step_s=15.0, models={
+        "ns/a": ModelMetrics(rate=np.array([11.5, 50.0]), in_flight=np.zeros(2), within_rate=np.zeros(2)),
+    })
+    m.record_tick(Plan(now=115.0), _snapshot(("ns/a",)), moved, seconds=0.01)
+    assert get("slotwise_desired_replicas", {"model": "ns/a"}) == 3
+    assert get("slotwise_observed_requests_per_second", {"model": "ns/a"}) == 11.5
+    assert get("slotwise_desired_replicas", {"model": "ns/b"}) == 1  # not forgotten by a follower's tick
+    assert get("slotwise_requests_total", {"model": "ns/a"}) == pytest.approx(172.5)
+    assert get("slotwise_decisions_total", {"model": "ns/a", "reason": "unplaceable"}) == 1
+    assert get("slotwise_tick_duration_seconds_count") == 2
+    # leader again, three steps later: only the newest step is added (the other leader counted the ones
+    # in between), and the gauges follow the ticks again
+    m.set_leader(True)
+    later = MetricsWindow(now=145.0, step_s=15.0, models={
+        "ns/a": ModelMetrics(rate=np.array([11.5, 8.0, 9.0, 2.0]), in_flight=np.zeros(4),
+                             within_rate=np.array([10.5, 8.0, 9.0, 2.0])),
+        "ns/b": ModelMetrics(rate=np.zeros(0), in_flight=np.zeros(0), stale=True),
+    })
+    m.record_tick(Plan(now=145.0), _snapshot(), later, seconds=0.01)
+    assert get("slotwise_desired_replicas", {"model": "ns/a"}) == 1
+    assert get("slotwise_observed_requests_per_second", {"model": "ns/a"}) == 2.0
+    assert get("slotwise_requests_total", {"model": "ns/a"}) == pytest.approx(172.5 + 30.0)
+    assert get("slotwise_requests_late_total", {"model": "ns/a"}) == pytest.approx(15.0)
