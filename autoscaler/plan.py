@@ -120,6 +120,30 @@ class SetSlotTemplate:
     node_selector: dict
 
 
+@dataclass(frozen=True)
+class LendGpus:
+    """Lend whole GPUs (``devices`` of ``node``) to preemptible training until reclaimed."""
+
+    node: str
+    devices: tuple[int, ...]
+    gpu_model: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ReclaimGpus:
+    """Take lent GPUs back: preempt ``workloads`` (training workloads on them, in preemption order) so that the
+    GPUs are free within ``deadline_s`` (the reclaim contract). ``reason``: ``forecast`` (inference will need them
+    within the horizon), ``buffer`` (the warm buffer fell short), ``shortfall`` (replicas unplaceable now),
+    ``hysteresis`` (the surplus is gone), ``disabled``."""
+
+    node: str
+    devices: tuple[int, ...]
+    workloads: tuple[str, ...]
+    reason: str
+    deadline_s: float
+
+
 Action = (
     ScaleModel
     | PlaceReplica
@@ -129,6 +153,8 @@ Action = (
     | SetMigLayout
     | SetTimeSlicing
     | SetSlotTemplate
+    | LendGpus
+    | ReclaimGpus
 )
 
 
@@ -159,6 +185,12 @@ class Plan:
                     lines.append(f"mig-layout {a.node}: GPUs {list(a.changed)} -> {a.config_name}")
                 case SetTimeSlicing():
                     lines.append(f"time-slicing {dict(sorted(a.replicas.items()))}")
+                case LendGpus():
+                    gpus = ",".join(map(str, a.devices))
+                    lines.append(f"lend {a.node}/gpu{gpus} ({a.gpu_model}) {a.reason}".rstrip())
+                case ReclaimGpus():
+                    lines.append(f"reclaim {a.node}/gpu{','.join(map(str, a.devices))} ({a.reason}): preempt "
+                                 f"{', '.join(a.workloads) or 'nothing'} within {a.deadline_s:.0f}s")
                 case SetSlotTemplate():
                     lines.append(f"template {a.model}: resources {a.resources} nodeSelector {a.node_selector}")
         return lines

@@ -6,6 +6,7 @@ the decision core never does I/O and never reads a clock: ``now`` is in the snap
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -69,6 +70,9 @@ class ClusterSnapshot:
     models: dict[str, ModelObservation]
     inventory: Inventory  # GPU devices and what is allocated on them; the core copies before changing it
     training: tuple[TrainingWorkload, ...] = ()
+    # GPUs lent to training now: (node, device) -> when lent. In the inventory they are allocated whole to the
+    # owner ``sharing.lending.lent_owner(node, device)`` under the model ``sharing.lending.LENT_MODEL``.
+    lent: Mapping[tuple[str, int], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
