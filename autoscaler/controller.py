@@ -42,6 +42,7 @@ from autoscaler.policies import make_policy
 from autoscaler.ports import AsyncMetricsPort
 from autoscaler.snapshot import MetricsWindow
 from sharing.catalog import load_catalog
+from sharing.lending import LendingPolicy
 
 log = logging.getLogger("slotwise.controller")
 
@@ -70,6 +71,7 @@ class ControllerSettings:
     http_host: str = "0.0.0.0"
     http_port: int = 8080
     actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
+    lending: LendingPolicy = field(default_factory=LendingPolicy)  # off by default
     # USD per GPU-hour by GPU kind (any catalog name or GFD product label), overriding the catalog's rough
     # defaults: the price table cost attribution uses
     prices: dict = field(default_factory=dict)

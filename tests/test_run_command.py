@@ -50,3 +50,16 @@ def test_settings_file_flags_override_and_typos_fail(tmp_path: Path) -> None:
     cfg.write_text("actuator: {dryrun: true}\n")
     with pytest.raises(ValueError, match=r"unknown actuator setting.*dryrun"):
         build_settings(_args("--config", str(cfg)))
+
+
+def test_lending_settings_are_parsed_and_checked(tmp_path: Path) -> None:
+    cfg = tmp_path / "slotwise.yaml"
+    cfg.write_text("lending: {enabled: true, mode: kueue, max_reclaim_s: 90}\n")
+    s = build_settings(_args("--config", str(cfg)))
+    assert s.lending.enabled and s.lending.mode == "kueue" and s.lending.max_reclaim_s == 90
+    cfg.write_text("lending: {enable: true}\n")
+    with pytest.raises(ValueError, match=r"unknown lending setting.*enable"):
+        build_settings(_args("--config", str(cfg)))
+    cfg.write_text("lending: {mode: volcano}\n")
+    with pytest.raises(ValueError, match="pods' or 'kueue'"):
+        build_settings(_args("--config", str(cfg)))

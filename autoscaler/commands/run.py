@@ -21,6 +21,7 @@ import yaml
 from autoscaler.adapters.kube.actuator import ActuatorConfig
 from autoscaler.adapters.prometheus_metrics import MetricNames
 from autoscaler.controller import Controller, ControllerSettings
+from sharing.lending import LendingPolicy
 
 log = logging.getLogger("slotwise.run")
 
@@ -78,6 +79,12 @@ def load_settings_file(path: str) -> dict[str, Any]:
 def build_settings(args: argparse.Namespace) -> ControllerSettings:
     data = load_settings_file(args.config) if args.config else {}
     actuator_data = data.pop("actuator", {}) or {}
+    lending_data = data.pop("lending", {}) or {}
+    lend_known = {f.name for f in fields(LendingPolicy)}
+    bad_lending = sorted(set(lending_data) - lend_known)
+    if bad_lending:
+        raise ValueError(f"unknown lending setting(s) {', '.join(bad_lending)}; known: {', '.join(sorted(lend_known))}")
+    lending = LendingPolicy(**lending_data)
     metrics_data = data.pop("metrics", {}) or {}
     act_known = {f.name for f in fields(ActuatorConfig)}
     bad = sorted(set(actuator_data) - act_known)
@@ -96,7 +103,7 @@ def build_settings(args: argparse.Namespace) -> ControllerSettings:
         names = MetricNames.preset(preset, **metrics_data)
     except TypeError as e:
         raise ValueError(f"metrics settings: {e}") from None
-    settings = ControllerSettings(**data, actuator=actuator, metric_names=names)
+    settings = ControllerSettings(**data, actuator=actuator, metric_names=names, lending=lending)
     overrides = {
         "prometheus_url": args.prometheus, "namespace": args.namespace, "label_selector": args.selector,
         "policy": args.policy, "tick_s": args.tick, "history_hours": args.history_hours,
