@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from autoscaler.adapters.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.adapters.kube.informer import Informer
 from autoscaler.adapters.kube.leader import LeaderElector
+from autoscaler.adapters.kube.lending import LendingActuator
 from autoscaler.adapters.kube.objects import PREEMPTIBLE_LABEL, ClusterView
 from autoscaler.adapters.kube.templates import template_actions
 from autoscaler.adapters.kube.translate import build_view
@@ -36,6 +37,7 @@ from autoscaler.adapters.prometheus_metrics import MetricNames, PrometheusMetric
 from autoscaler.core import STALE_METRICS, ControllerState, CoreConfig, decide, fresh_state
 from autoscaler.cost import CostMetrics
 from autoscaler.exporter import ControllerMetrics, Health, start_http
+from autoscaler.forecast import FleetForecaster
 from autoscaler.layout import mig_layout_actions, time_slicing_action
 from autoscaler.plan import Plan
 from autoscaler.policies import make_policy
@@ -125,7 +127,10 @@ class Controller:
             retry_period_s=settings.retry_period_s,
         )
         self.actuator = KubeActuator(api_client, settings.actuator)
-        self.exporter = ControllerMetrics()
+        # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
+        # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
+        self.lender = LendingActuator(api_client, settings.lending, dry_run=settings.actuator.dry_run, clock=clock)
+        self.exporter = ControllerMetrics(reclaim_deadline_s=settings.lending.max_reclaim_s)
         # GPU-slot-seconds and cost per team/namespace/model, on the same /metrics registry
         self.cost = CostMetrics(self.exporter.registry, load_catalog(), settings.prices)
         self._cost_at: float | None = None  # when cost was last recorded (None: not since leading)
@@ -138,8 +143,17 @@ class Controller:
                 settings.prometheus_url, settings.metric_names, step_s=settings.metrics_step_s,
                 window_s=settings.metrics_window_s, stale_after_s=settings.stale_after_s,
             )
-        self.core = CoreConfig(policy=make_policy(settings.policy, **settings.policy_knobs), report_every_decision=True,
-                               metric_lag_s=settings.metrics_step_s)
+        lending = settings.lending
+        self.core = CoreConfig(
+            policy=make_policy(settings.policy, **settings.policy_knobs), report_every_decision=True,
+            metric_lag_s=settings.metrics_step_s,
+            lending=lending,  # disabled with GPUs still lent: the lend stage reclaims them (reason "disabled")
+            # a node label/taint cannot split a node: in pods mode only whole idle nodes are lent
+            lending_whole_nodes_only=lending.mode == "pods",
+            # lending looks ahead by the reclaim deadline plus a cold start: forecast that far
+            forecaster_factory=(lambda: FleetForecaster(horizon_s=max(300.0, lending.max_reclaim_s + 600.0)))
+            if lending.enabled else FleetForecaster,
+        )
         self.state: ControllerState = fresh_state()
         self.time_slicing: dict[str, int] = {}
         self.ticks = 0
@@ -150,7 +164,7 @@ class Controller:
         # (preemptible pods are found among the pods by build_view itself)
         training = [obj for inf in self.training for obj in inf.items()]
         return build_view(self.deployments.items(), self.pods.items(), self.nodes.items(), training,
-                          now=self.clock())
+                          now=self.clock(), lending=self.settings.lending)
 
     async def metrics_window(self, view: ClusterView) -> MetricsWindow:
         now = view.snapshot.now
@@ -197,6 +211,16 @@ class Controller:
             for line in report.errors:
                 log.error("action failed: %s", line)
                 self.exporter.error("actuation")
+            if self.settings.lending.enabled or self.lender.reclaims:
+                # every tick, even without lending actions: a reclaim spans ticks and is advanced here
+                lent = await self.lender.apply(plan.actions, view)
+                self.exporter.record_lending(lent)
+                self.exporter.record_actuation(lent)
+                for line in lent.applied:
+                    log.info("lending: %s", line)
+                for line in (*lent.errors, *lent.refused):
+                    log.error("lending: %s", line)
+                    self.exporter.error("lending")
         seconds = time.perf_counter() - started
         self.exporter.record_tick(plan, view.snapshot, window, seconds)
         # Charge the time since the last record, capped: a gap (a follower's wait, a stall) charges a few ticks at

@@ -3,7 +3,7 @@
 One code path for the simulator, the benchmarks and the live controller. No I/O, no clock
 (time is ``snapshot.now``), no Kubernetes. Per model and tick it runs the stages
 
-    forecast -> size (the policy, inside its rails) -> pack -> (lend: later issue)
+    forecast -> size (the policy, inside its rails) -> pack -> lend (when ``CoreConfig.lending`` is enabled)
 
 and emits typed actions (:mod:`autoscaler.plan`). Packing works on a copy of the snapshot's inventory,
 so only replicas that can actually be placed are counted as capacity; the rest is a :class:`Shortfall`
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,8 +34,12 @@ from autoscaler.plan import (
 from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
 from autoscaler.spec import ModelSpec
+from sharing.lending import LendingPolicy
 from sharing.packer import CostAwarePacker, Packer
 from sharing.slots import Inventory, SlotRequest
+
+if TYPE_CHECKING:
+    from autoscaler.lend import LendState
 
 _EMPTY = np.zeros(0)
 STALE_METRICS = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
@@ -56,6 +60,10 @@ class CoreConfig:
     # The live controller reports every decision (status, metrics: forecast and predicted latency); the
     # simulator only asks for a status when the decision changes (the prediction costs a bisection).
     report_every_decision: bool = False
+    # Lending idle reserved GPUs to training (autoscaler/lend.py); None or disabled: no lend stage. Whole nodes
+    # only for the Kubernetes "pods" mode (a node label cannot split a node).
+    lending: LendingPolicy | None = None
+    lending_whole_nodes_only: bool = False
 
 
 @dataclass
@@ -80,6 +88,7 @@ class ControllerState:
     invalid: dict[str, str] = field(default_factory=dict)  # model -> spec problem last reported
     forecaster: FleetForecaster | None = None
     forecast_models: frozenset[str] = frozenset()  # the models the forecaster was last synced to
+    lending: LendState | None = None  # the lend stage's memory (need-soon per model, reclaims in flight)
 
 
 @dataclass
@@ -255,6 +264,13 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
                 )
             )
         ms.last_desired, ms.last_reason = target, reason
+    lending = config.lending
+    if lending is not None and (lending.enabled or snapshot.lent):
+        # Imported here: the stage imports this module. (Disabled with GPUs still lent: they are reclaimed.)
+        from autoscaler.lend import lend_stage
+
+        after = inventory if inventory is not None else snapshot.inventory
+        plan.actions.extend(lend_stage(snapshot, metrics, plan, after, state, config, forecaster))
     return Decision(plan=plan, state=state, inventory=inventory)
 
 

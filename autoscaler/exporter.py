@@ -57,7 +57,21 @@ Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or sha
 ``slotwise_requests_total{model}``                      requests finished, per metrics step, each step once
 ``slotwise_requests_late_total{model}``                 of those, settled beyond the model's SLO latency
 ``slotwise_slo_objective_ratio{model}``                 the SLO's objective: percentile / 100 (e.g. 0.95)
+``slotwise_lent_gpu_slots{gpu_model}``                  GPUs lent to training now (``ClusterSnapshot.lent``)
+``slotwise_lends_total``                                lends applied (a node lent; a lendingLimit raised)
+``slotwise_reclaims_total{reason}``                     reclaims started, by the plan's reason
+``slotwise_reclaim_duration_seconds``                   histogram: decision to reclaim -> GPUs free, per
+                                                        finished reclaim; a bucket bound at the deadline
+``slotwise_reclaim_deadline_seconds``                   the published reclaim deadline (``max_reclaim_s``)
 =====================================================  =====================================================
+
+Lending (issue 8) is fed by :meth:`~ControllerMetrics.record_lending` with the lending actuator's report
+(:class:`~autoscaler.adapters.kube.lending.LendingReport`, duck-typed) and, for the lent gauge, by
+:meth:`~ControllerMetrics.record_tick` from the snapshot. The reclaim histogram has a bucket bound exactly at the
+deadline given to the constructor (``reclaim_deadline_s``), so the alert ``SlotwiseReclaimTooSlow`` (p99 above
+``slotwise_reclaim_deadline_seconds``) compares at a bucket edge, where ``histogram_quantile`` is exact.
+In ``slotwise_gpu_slots`` a lent GPU is ``lent``, neither ``used`` nor ``free`` (used + free + lent = the GPUs);
+training that runs on GPUs slotwise did not lend (e.g. Kueue borrowing on its own) counts as ``lent`` too.
 """
 
 from __future__ import annotations
@@ -75,10 +89,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from autoscaler.plan import Plan, ScaleModel, Shortfall, UpdateStatus
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow
+from sharing.lending import LENT_MODEL
 from sharing.slots import Inventory
 
 MAX_LABEL_VALUES = 32  # distinct action kinds / outcomes / error kinds kept before folding into "other"
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Reclaims take a training pod's grace period plus eviction and scheduling: seconds to tens of minutes.
+RECLAIM_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 240.0, 300.0, 600.0, 1200.0)
+DEFAULT_RECLAIM_DEADLINE_S = 120.0  # LendingPolicy.max_reclaim_s's default
 _WORD = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 _GRID_EPS = 1e-6  # in steps: two step times closer than this are the same step (float noise of now / step_s)
 
@@ -109,12 +127,26 @@ class _Bounded:
         return word
 
 
+def reclaim_buckets(deadline_s: float) -> tuple[float, ...]:
+    """The reclaim histogram's bucket bounds: :data:`RECLAIM_BUCKETS` plus the deadline itself."""
+    if not (math.isfinite(deadline_s) and deadline_s > 0):
+        raise ValueError(f"reclaim deadline must be a positive number of seconds, got {deadline_s!r}")
+    return tuple(sorted({*RECLAIM_BUCKETS, float(deadline_s)}))
+
+
+def _lent_device(inventory: Inventory, entries: tuple) -> bool:
+    return bool(entries) and all(inventory.model_of(owner) == LENT_MODEL for owner, _ in entries)
+
+
 def gpu_slots(inventory: Inventory) -> dict[str, tuple[float, float]]:
     """GPU kind -> (used, free) in GPU-equivalents: per device, 1 under a whole slot, else the sum of its
-    slots' compute fractions (capped at 1: time-slicing may oversubscribe compute); free = devices - used."""
+    slots' compute fractions (capped at 1: time-slicing may oversubscribe compute); free = devices - used.
+    GPUs lent to training (held by :data:`~sharing.lending.LENT_MODEL`) are neither: see :func:`lent_gpus`."""
     out: dict[str, list[float]] = {}
     for d in inventory.devices.values():
         acc = out.setdefault(d.gpu_model, [0.0, 0.0])
+        if _lent_device(inventory, d.entries):
+            continue
         if d.whole_owner is not None:  # a whole slot (of one or several GPUs) takes each of its devices
             used = 1.0
         else:
@@ -124,26 +156,43 @@ def gpu_slots(inventory: Inventory) -> dict[str, tuple[float, float]]:
     return {k: (used, free) for k, (used, free) in out.items()}
 
 
-def lent_gpus(snapshot: ClusterSnapshot) -> dict[str, float]:
-    """GPU kind -> GPU-equivalents running preemptible training, spread evenly over a workload's nodes
-    (a workload on no known node counts under ``unknown``)."""
-    out: dict[str, float] = {}
+def lent_by_kind(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """GPU kind -> GPUs lent now (``ClusterSnapshot.lent``; a lent GPU outside the inventory is ``unknown``)."""
     nodes = snapshot.inventory.nodes
+    out: dict[str, int] = {}
+    for node, _dev in snapshot.lent:
+        kind = nodes[node].gpu_model if node in nodes else "unknown"
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+def lent_gpus(snapshot: ClusterSnapshot) -> dict[str, float]:
+    """GPU kind -> GPU-equivalents held by preemptible training: the GPUs lent (:func:`lent_by_kind`), plus
+    running training on nodes holding no lent GPU (capacity slotwise did not lend, e.g. borrowed through Kueue on
+    its own), spread evenly over a workload's nodes (a workload on no known node counts under ``unknown``)."""
+    out: dict[str, float] = {k: float(v) for k, v in lent_by_kind(snapshot).items()}
+    nodes = snapshot.inventory.nodes
+    lent_nodes = {node for node, _ in snapshot.lent}
     for w in snapshot.training:
         if not w.running or w.gpus <= 0:
             continue
-        kinds = [nodes[n].gpu_model if n in nodes else "unknown" for n in w.nodes] or ["unknown"]
-        for kind in kinds:
-            out[kind] = out.get(kind, 0.0) + w.gpus / len(kinds)
+        where = list(w.nodes) or [None]
+        for n in where:
+            if n in lent_nodes:
+                continue  # its share there is the lent GPUs, counted above
+            kind = nodes[n].gpu_model if n in nodes else "unknown"
+            out[kind] = out.get(kind, 0.0) + w.gpus / len(where)
     return out
 
 
 class ControllerMetrics:
     """The controller's Prometheus metrics, in their own registry (``registry``: share one, else new)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 reclaim_deadline_s: float = DEFAULT_RECLAIM_DEADLINE_S) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self.reclaim_deadline_s = float(reclaim_deadline_s)
         self.decisions = Counter(
             "slotwise_decisions", "Decision reports per model and reason.", ["model", "reason"], registry=r
         )
@@ -196,6 +245,23 @@ class ControllerMetrics:
             "slotwise_slo_objective_ratio", "Share of requests that must meet the SLO latency (percentile / 100).",
             ["model"], registry=r,
         )
+        self.lent_slots = Gauge(
+            "slotwise_lent_gpu_slots", "GPUs lent to preemptible training now.", ["gpu_model"], registry=r
+        )
+        self.lends = Counter("slotwise_lends", "Lends applied (a node lent, a lendingLimit raised).", registry=r)
+        self.reclaims = Counter("slotwise_reclaims", "Reclaims of lent GPUs started, by reason.", ["reason"],
+                                registry=r)
+        self.reclaim_duration = Histogram(
+            "slotwise_reclaim_duration_seconds",
+            "From the decision to reclaim lent GPUs until they are free (one observation per finished reclaim).",
+            buckets=reclaim_buckets(self.reclaim_deadline_s), registry=r,
+        )
+        self.reclaim_deadline = Gauge(
+            "slotwise_reclaim_deadline_seconds", "The published reclaim deadline (maxReclaimSeconds).", registry=r
+        )
+        self.reclaim_deadline.set(self.reclaim_deadline_s)
+        self._lent_kinds: set[str] = set()
+        self._reclaim_reason = _Bounded()
         self._counted_until: dict[str, float] = {}  # model -> time of the newest metrics step counted
         self._follower = False  # told it lost the lease (never told anything: a single replica, a test)
         self._models: set[str] = set()
@@ -274,6 +340,14 @@ class ControllerMetrics:
             self.gpu_slots.labels(kind, "free").set(free)
             self.gpu_slots.labels(kind, "lent").set(lent.get(kind, 0.0))
         self._gpu_kinds = kinds
+        # lent GPUs per kind, 0 for every kind in the inventory (a series that exists says "nothing lent")
+        lent_now = lent_by_kind(snapshot)
+        lent_kinds = {d.gpu_model for d in inv.devices.values()} | set(lent_now)
+        for kind in self._lent_kinds - lent_kinds:
+            self._remove(self.lent_slots, kind)
+        for kind in lent_kinds:
+            self.lent_slots.labels(kind).set(lent_now.get(kind, 0))
+        self._lent_kinds = lent_kinds
         self.fragmentation.set(inv.fragmentation())
         self.tick_duration.observe(max(0.0, seconds))
 
@@ -340,6 +414,23 @@ class ControllerMetrics:
             self.actions.labels(self._action_kind(str(line)), self._outcome(str(why))).inc()
         for line in getattr(report, "errors", ()) or ():
             self.actions.labels(self._action_kind(str(line)), "error").inc()
+
+    def record_lending(self, report: Any) -> None:
+        """Count a lending report (duck-typed, :class:`~autoscaler.adapters.kube.lending.LendingReport` or the
+        simulator's equivalent): ``lends`` (a count, or a sequence of lends), ``reclaims_started`` ((node, reason)
+        pairs, or objects with ``reason``), ``reclaims_done`` (objects with ``seconds``, or seconds). Counted by a
+        follower too: a reclaim the leader started before losing the lease still finishes in its report."""
+        lends = getattr(report, "lends", 0) or 0
+        n = lends if isinstance(lends, int | float) else len(lends)
+        if n > 0:
+            self.lends.inc(n)
+        for started in getattr(report, "reclaims_started", ()) or ():
+            reason = started[1] if isinstance(started, tuple | list) else getattr(started, "reason", "")
+            self.reclaims.labels(self._reclaim_reason(str(reason) or "other")).inc()
+        for done in getattr(report, "reclaims_done", ()) or ():
+            seconds = float(done if isinstance(done, int | float) else getattr(done, "seconds", math.nan))
+            if math.isfinite(seconds) and seconds >= 0:
+                self.reclaim_duration.observe(seconds)
 
     def error(self, kind: str) -> None:
         self.errors.labels(self._error_kind(kind)).inc()

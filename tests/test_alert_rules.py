@@ -7,8 +7,8 @@
 - alert conventions: ``Slotwise`` CamelCase names, ``severity`` page or ticket, summary / description /
   runbook_url annotations, the runbook a ``docs/alerts.md`` anchor named after the alert (and, once that
   page exists, a heading there for each);
-- every ``slotwise_*`` metric a rule reads is one :class:`~autoscaler.exporter.ControllerMetrics` exports,
-  except the lending ones (:data:`LENDING_METRICS`), which arrive with the lending issue.
+- every ``slotwise_*`` metric a rule reads is one :class:`~autoscaler.exporter.ControllerMetrics` exports
+  (:data:`LENDING_METRICS` lists exceptions still to come: none now).
 
 ``promtool`` comes from Debian's ``prometheus`` package via ``tests/realparts/prometheus.py``
 (``ensure_binaries``: installed when missing, the tests SKIP with the reason when impossible).
@@ -34,9 +34,9 @@ RULE_FILES = sorted(RULES_DIR.glob("*.yaml"))
 TEST_FILES = sorted((RULES_DIR / "tests").glob("*.yaml"))
 ALERTS_DOC = ROOT / "docs" / "alerts.md"
 
-# Read by the rules, exported only once the lending issue lands (tested with synthetic series until then):
-# the reclaim-duration histogram, and the published deadline maxReclaimSeconds as a gauge.
-LENDING_METRICS = frozenset({"slotwise_reclaim_duration_seconds_bucket", "slotwise_reclaim_deadline_seconds"})
+# Metrics the rules may read before the exporter exports them (none left: the lending issue exports the
+# reclaim-duration histogram and the deadline gauge; keep the mechanism for the next metric that comes later).
+LENDING_METRICS: frozenset[str] = frozenset()
 
 ALERT_NAME = re.compile(r"Slotwise(?:[A-Z][A-Za-z0-9]*)+")
 RECORD_NAME = re.compile(r"slotwise:[a-z0-9_]+:[a-z0-9_]+")

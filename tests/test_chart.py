@@ -47,6 +47,7 @@ from autoscaler.plan import Plan, Reason, RemoveReplica, ScaleModel, SetTimeSlic
 from autoscaler.policies import make_policy
 from autoscaler.snapshot import MetricsWindow, ModelMetrics
 from autoscaler.spec import ModelSpec
+from sharing.lending import LendingPolicy
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as kclient
@@ -167,6 +168,10 @@ def test_schema_covers_exactly_the_controller_settings() -> None:
     assert set(defaults["actuator"]) == {f.name for f in fields(ActuatorConfig)}
     for f in fields(ActuatorConfig):  # the chart's defaults are the controller's
         assert defaults["actuator"][f.name] == f.default, f.name
+    # `lending:` is LendingPolicy, field for field, with its defaults
+    assert set(config["lending"]["properties"]) == set(defaults["lending"]) == {f.name for f in fields(LendingPolicy)}
+    for f in fields(LendingPolicy):
+        assert defaults["lending"][f.name] == f.default, f.name
 
 
 def test_readme_lists_every_value_and_the_rbac() -> None:
@@ -299,6 +304,7 @@ def test_rendered_settings_are_what_the_controller_loads(helm: Helm, values: Pat
     cfg = {**yaml.safe_load((CHART_DIR / "values.yaml").read_text())["config"], **chosen.get("config", {})}
     act = {**cfg["actuator"], **cfg.get("actuator", {})}
     assert settings.actuator == ActuatorConfig(**act)
+    assert settings.lending == LendingPolicy(**cfg["lending"])
     assert settings.policy == cfg["policy"] and settings.tick_s == cfg["tick_s"]
     assert settings.namespace == (cfg["namespace"] or None)
     assert settings.label_selector == (cfg["label_selector"] or None)

@@ -12,7 +12,16 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from autoscaler.exporter import ControllerMetrics, Health, bound_port, gpu_slots, lent_gpus, start_http
+from autoscaler.exporter import (
+    ControllerMetrics,
+    Health,
+    bound_port,
+    gpu_slots,
+    lent_by_kind,
+    lent_gpus,
+    reclaim_buckets,
+    start_http,
+)
 from autoscaler.plan import Plan, Reason, ScaleModel, Shortfall, UpdateStatus
 from autoscaler.snapshot import (
     ClusterSnapshot,
@@ -24,6 +33,7 @@ from autoscaler.snapshot import (
 )
 from autoscaler.spec import ModelSpec
 from sharing.catalog import load_catalog
+from sharing.lending import LENT_MODEL, lent_owner
 from sharing.slots import Inventory, NodeSpec, Slot
 
 CONTRACT = (
@@ -45,6 +55,8 @@ CONTRACT = (
     "slotwise_requests_total",
     "slotwise_requests_late_total",
     "slotwise_slo_objective_ratio",
+    "slotwise_lent_gpu_slots",
+    "slotwise_reclaim_deadline_seconds",
 )
 A100 = load_catalog().get("A100-80GB")
 L4 = load_catalog().get("L4-24GB")
@@ -431,3 +443,65 @@ def test_a_replica_that_loses_the_lease_freezes_and_counts_anew_when_it_leads_ag
     assert get("slotwise_observed_requests_per_second", {"model": "ns/a"}) == 2.0
     assert get("slotwise_requests_total", {"model": "ns/a"}) == pytest.approx(172.5 + 30.0)
     assert get("slotwise_requests_late_total", {"model": "ns/a"}) == pytest.approx(15.0)
+
+
+# -- lending: lent GPUs, reclaims, the deadline ----------------------------------------------------------------------
+
+
+def _lent_snapshot() -> ClusterSnapshot:
+    """n1 (2 x A100) lent whole, training on it; n2's L4 serves ns/a; training elsewhere on n3 (not lent by us)."""
+    inv = Inventory.from_nodes([NodeSpec("n1", "A100-80GB", 2), NodeSpec("n2", "L4-24GB", 1),
+                                NodeSpec("n3", "L4-24GB", 2)])
+    inv.allocate(Slot.whole("n2", 0, L4), "ns/a-1", "ns/a")
+    for d in range(2):
+        inv.allocate(Slot.whole("n1", d, A100), lent_owner("n1", d), LENT_MODEL)
+    inv.allocate(Slot.whole("n3", 0, L4), "pod:ml/other", "pod:ml/other")
+    training = (TrainingWorkload("ml/big", "Job", gpus=2.0, nodes=("n1",), running=True),
+                TrainingWorkload("ml/other", "Pod", gpus=1.0, nodes=("n3",), running=True))
+    return ClusterSnapshot(now=100.0, models={}, inventory=inv, training=training,
+                           lent={("n1", 0): 50.0, ("n1", 1): 50.0})
+
+
+def test_lent_gpus_are_neither_used_nor_free_and_training_on_them_counts_once() -> None:
+    snap = _lent_snapshot()
+    assert gpu_slots(snap.inventory) == {"A100-80GB": (0.0, 0.0), "L4-24GB": (2.0, 1.0)}
+    assert lent_by_kind(snap) == {"A100-80GB": 2}
+    # the job on the lent node is the lent GPUs (not 2 more); the pod on n3 runs on GPUs we did not lend
+    assert lent_gpus(snap) == {"A100-80GB": 2.0, "L4-24GB": 1.0}
+    m = ControllerMetrics()
+    m.record_tick(Plan(now=100.0), snap, MetricsWindow(now=100.0, step_s=15.0), seconds=0.01)
+    get = m.registry.get_sample_value
+    assert get("slotwise_lent_gpu_slots", {"gpu_model": "A100-80GB"}) == 2
+    assert get("slotwise_lent_gpu_slots", {"gpu_model": "L4-24GB"}) == 0  # a kind with nothing lent says 0
+    assert get("slotwise_gpu_slots", {"gpu_model": "A100-80GB", "state": "lent"}) == 2
+    assert get("slotwise_gpu_slots", {"gpu_model": "A100-80GB", "state": "used"}) == 0
+    # the lent node leaves the inventory: its kind's series go
+    gone = ClusterSnapshot(now=115.0, models={}, inventory=Inventory.from_nodes([NodeSpec("n2", "L4-24GB", 1)]))
+    m.record_tick(Plan(now=115.0), gone, MetricsWindow(now=115.0, step_s=15.0), seconds=0.01)
+    assert get("slotwise_lent_gpu_slots", {"gpu_model": "A100-80GB"}) is None
+
+
+def test_reclaim_histogram_has_a_bucket_at_the_deadline_and_counts_reports() -> None:
+    assert 120.0 in reclaim_buckets(120.0) and 97.5 in reclaim_buckets(97.5)
+    assert list(reclaim_buckets(97.5)) == sorted(set(reclaim_buckets(97.5)))
+    default = ControllerMetrics()
+    assert default.registry.get_sample_value("slotwise_reclaim_deadline_seconds") == 120.0
+    m = ControllerMetrics(reclaim_deadline_s=97.5)
+    get = m.registry.get_sample_value
+    assert get("slotwise_reclaim_deadline_seconds") == 97.5
+    report = SimpleNamespace(
+        applied=["reclaim n1: free after 97.5s (forecast)"], skipped=[], errors=[],
+        lends=2, reclaims_started=[("n1", "forecast"), ("n2", "shortfall"), ("n3", "forecast")],
+        reclaims_done=[SimpleNamespace(seconds=97.5), SimpleNamespace(seconds=97.6), 3.0, float("nan")],
+    )
+    m.record_lending(report)
+    assert get("slotwise_reclaim_duration_seconds_bucket", {"le": "97.5"}) == 2  # <= deadline: on time
+    assert get("slotwise_reclaim_duration_seconds_bucket", {"le": "+Inf"}) == 3  # NaN is not a duration
+    assert get("slotwise_reclaim_duration_seconds_count") == 3
+    assert get("slotwise_reclaims_total", {"reason": "forecast"}) == 2
+    assert get("slotwise_reclaims_total", {"reason": "shortfall"}) == 1
+    assert get("slotwise_lends_total") == 2
+    m.record_lending(SimpleNamespace(lends=["n4"], reclaims_started=[SimpleNamespace(reason="hysteresis")]))
+    assert get("slotwise_lends_total") == 3 and get("slotwise_reclaims_total", {"reason": "hysteresis"}) == 1
+    with pytest.raises(ValueError):
+        ControllerMetrics(reclaim_deadline_s=float("inf"))

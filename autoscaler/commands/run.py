@@ -145,7 +145,6 @@ async def warm_start(controller: Controller) -> None:
     from prometheus_api_client import PrometheusConnect
 
     from autoscaler.adapters.prometheus_history import PrometheusHistoryError, warm_start_from_prometheus
-    from autoscaler.forecast import FleetForecaster
 
     names = s.metric_names
     labels = ", ".join(names.key_labels)
@@ -153,7 +152,7 @@ async def warm_start(controller: Controller) -> None:
     matchers = f"{{{names.matchers}}}" if names.matchers else ""
     query = (f'label_join(sum by ({labels}) (rate({names.requests}{matchers}[1m])), '
              f'"slotwise_model", "/", {joined})')
-    forecaster = FleetForecaster()
+    forecaster = controller.core.forecaster_factory()
     try:
         history = await asyncio.to_thread(
             warm_start_from_prometheus, forecaster, PrometheusConnect(s.prometheus_url, disable_ssl=True), query,

@@ -21,6 +21,18 @@ PREEMPTIBLE_LABEL = PREFIX + "preemptible"  # "true" on training pods / Jobs / K
 LAST_CHECKPOINT_ANNOTATION = PREFIX + "last-checkpoint"  # RFC 3339 time of a training job's last checkpoint
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"  # which pods a scale-down removes first
 
+# Lending, "pods" mode (autoscaler/adapters/kube/lending.py): a lent node carries the label (training pods select
+# it) and the NoSchedule taint (training pods tolerate it, inference pods do not), plus the time it was lent. While
+# a reclaim is in flight the label is gone (no new training lands) but the taint stays until the last training pod
+# left; the reclaim annotations carry the decision's time and reason across controller restarts.
+LENT_LABEL = PREFIX + "lent"  # "true" on a node lent to training
+LENT_TAINT_KEY = PREFIX + "lent"  # taint slotwise.io/lent=true:NoSchedule
+LENT_TAINT_VALUE = "true"
+LENT_TAINT_EFFECT = "NoSchedule"
+LENT_SINCE_ANNOTATION = PREFIX + "lent-since"  # RFC 3339: when the node was lent
+RECLAIM_SINCE_ANNOTATION = PREFIX + "reclaim-since"  # RFC 3339 (fractional seconds): the decision to reclaim
+RECLAIM_REASON_ANNOTATION = PREFIX + "reclaim-reason"  # the ReclaimGpus reason (forecast, shortfall ...)
+
 # NVIDIA GPU Feature Discovery / GPU operator node labels
 GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB
@@ -59,6 +71,23 @@ class ManagedModel:
 
 
 @dataclass(frozen=True)
+class PodRef:
+    """A live (not Succeeded/Failed) pod on a GPU node, as the lending actuator needs it."""
+
+    key: str  # "<namespace>/<name>"
+    uid: str
+    labels: Mapping[str, str]
+    grace_s: float  # terminationGracePeriodSeconds (30 when unset)
+    deleting: bool  # deletionTimestamp set (evicted or deleted, the kubelet has not finished yet)
+    model: str | None = None  # the managed model whose replica it is (None: not an inference replica)
+    gpus: Mapping[str, int] = field(default_factory=dict)  # GPU resource -> count it requests
+
+    @property
+    def preemptible(self) -> bool:
+        return self.labels.get(PREEMPTIBLE_LABEL) == "true"
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """What the MIG safety gate and the actuator need to know about a GPU node."""
 
@@ -66,6 +95,36 @@ class NodeInfo:
     labels: Mapping[str, str]
     unschedulable: bool
     gpu_pods: Mapping[str, int] = field(default_factory=dict)  # GPU resource -> pods on the node requesting it
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()  # spec.taints as served
+    pods: tuple[PodRef, ...] = ()  # live pods bound to the node, by key
+
+    @property
+    def lent(self) -> bool:
+        """Lent to training now (pods mode): the label is there."""
+        return self.labels.get(LENT_LABEL) == "true"
+
+    @property
+    def reclaiming(self) -> bool:
+        """A reclaim is in flight (pods mode): the taint without the label."""
+        return not self.lent and has_lent_taint(self.taints)
+
+
+@dataclass(frozen=True)
+class TrainingRef:
+    """How the lending actuator addresses one training workload of ``ClusterSnapshot.training`` (same name)."""
+
+    name: str  # "<namespace>/<name>" (the TrainingWorkload's name)
+    kind: str  # Pod, Job, Workload
+    namespace: str
+    uid: str = ""
+    pods: tuple[str, ...] = ()  # keys of its live pods (the pod itself for kind Pod)
+    workloads: tuple[str, ...] = ()  # Kueue Workloads ("ns/name") that admit it, as far as the caches know
+
+
+def has_lent_taint(taints: Any) -> bool:
+    return any(isinstance(t, Mapping) and t.get("key") == LENT_TAINT_KEY and t.get("effect") == LENT_TAINT_EFFECT
+               for t in taints or ())
 
 
 @dataclass(frozen=True)
@@ -81,3 +140,4 @@ class ClusterView:
     models: dict[str, ManagedModel]
     nodes: dict[str, NodeInfo]
     problems: list[str] = field(default_factory=list)
+    training: dict[str, TrainingRef] = field(default_factory=dict)  # by TrainingWorkload name

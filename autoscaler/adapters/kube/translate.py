@@ -33,6 +33,20 @@ What is read, and how (the details the tests pin down):
   profile) hold shares: memory = the model's ``gpu-memory-gib``, else an equal part of what the reserve leaves
   (``(memory - share_reserve_gib) / replicas``); compute = one replica's time slice (``1 / replicas`` of the
   GPU or instance), which can never over-subscribe since the device plugin hands out at most ``replicas``.
+- **Lent GPUs** (``ClusterSnapshot.lent``, allocated whole to ``lent_owner(node, dev)`` under ``LENT_MODEL``, so
+  the packer never places inference there and never counts them free). *Pods mode* lends whole nodes: a node
+  labelled ``slotwise.io/lent=true``, or still tainted ``slotwise.io/lent`` while a reclaim is in flight, has every
+  GPU lent since its ``slotwise.io/lent-since`` annotation. Pods labelled ``slotwise.io/preemptible=true`` on it
+  are the borrowers: not allocated themselves (the lent allocation covers the node). Any other pod there keeps
+  its GPU, which is then not lent (a problem line). *Kueue mode* (``lending.mode == "kueue"``) has no per-node
+  state: the inference ClusterQueue's ``lendingLimit`` caps how many GPUs training may borrow, and kube-scheduler
+  puts the training pods wherever GPUs are free. So what is lent is what training holds: every whole
+  ``nvidia.com/gpu`` a pod of a preemptible training workload (its Job, Workload, or the pod itself) holds is lent
+  on that node, since the workload started (Kueue: admitted). The count the core sees is then exactly the GPUs
+  the cohort borrows now, and a reclaim names the nodes and workloads that hold them. MIG instances and
+  time-sliced shares of training pods stay the pods' own in both modes (lending is by whole GPUs).
+- **Training workloads** come with a :class:`TrainingRef` each (``ClusterView.training``): their live pods and the
+  Kueue Workloads that admit them, which the lending actuator evicts or deactivates on a reclaim.
 """
 
 from __future__ import annotations
@@ -52,6 +66,8 @@ from autoscaler.adapters.kube.objects import (
     GPU_REPLICAS,
     GPU_RESOURCE,
     LAST_CHECKPOINT_ANNOTATION,
+    LENT_LABEL,
+    LENT_SINCE_ANNOTATION,
     MIG_CONFIG,
     MIG_RESOURCE_PREFIX,
     MIG_STRATEGY,
@@ -59,11 +75,15 @@ from autoscaler.adapters.kube.objects import (
     ClusterView,
     ManagedModel,
     NodeInfo,
+    PodRef,
+    TrainingRef,
+    has_lent_taint,
 )
 from autoscaler.snapshot import ClusterSnapshot, ModelObservation, Replica, TrainingWorkload
 from autoscaler.spec import ModelSpec, SpecError, is_managed, parse_annotations
 from sharing.catalog import Catalog, GpuModel, MigProfile, load_catalog
-from sharing.slots import Inventory, NodeSpec, Slot
+from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
+from sharing.slots import Inventory, NodeSpec, Slot, SlotKind
 
 # Inventory model name of a GPU pod that is no managed model's replica. ":" cannot occur in a namespace or a
 # Deployment name, so these never collide with a model key.
@@ -579,7 +599,8 @@ def _training(
     pods: Sequence[_Pod],
     catalog: Catalog,
     problems: list[str],
-) -> tuple[TrainingWorkload, ...]:
+) -> tuple[tuple[TrainingWorkload, ...], dict[str, TrainingRef]]:
+    """The preemptible training workloads, and how to address each (its pods, the Kueue Workloads admitting it)."""
     labelled: dict[tuple[str, str], Mapping[str, Any]] = {}
     for obj in objects:
         if (_meta(obj).get("labels") or {}).get(PREEMPTIBLE_LABEL) == "true":
@@ -604,8 +625,18 @@ def _training(
                     break
         if job is not None:
             pods_of_job.setdefault(job, []).append(p)
+    # Kueue Workloads by the object that owns them (a Job, or a plain pod with Kueue's pod integration): the
+    # lending actuator deactivates these when it reclaims the owner.
+    workloads_of: dict[tuple[str, str, str], list[str]] = {}
+    for (kind, key), obj in labelled.items():
+        if kind != "Workload":
+            continue
+        ns = _meta(obj).get("namespace") or ""
+        for ref in _meta(obj).get("ownerReferences") or ():
+            workloads_of.setdefault((str(ref.get("kind")), ns, str(ref.get("name"))), []).append(key)
 
     out: list[TrainingWorkload] = []
+    refs: dict[str, TrainingRef] = {}
     for (kind, key), obj in sorted(labelled.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         meta = _meta(obj)
         ns = meta.get("namespace") or ""
@@ -622,6 +653,8 @@ def _training(
             ):
                 continue  # counted with its Job
             node = spec.get("nodeName")
+            refs[key] = TrainingRef(key, "Pod", ns, str(meta.get("uid") or ""), (key,),
+                                    tuple(sorted(workloads_of.get(("Pod", ns, str(meta.get("name"))), []))))
             out.append(TrainingWorkload(
                 name=key,
                 kind="Pod",
@@ -649,6 +682,8 @@ def _training(
                 finished and finished.get("status") == "True"
             )
             job_pods = pods_of_job.get(f"{ns}/{ref.get('name')}", []) if ref is not None else []
+            refs[key] = TrainingRef(key, "Workload", ns, str(meta.get("uid") or ""),
+                                    tuple(sorted(p.key for p in job_pods)), (key,))
             out.append(TrainingWorkload(
                 name=key,
                 kind="Workload",
@@ -664,6 +699,8 @@ def _training(
             parallelism = _count(spec.get("parallelism"))
             width = 1 if parallelism is None else parallelism
             job_pods = pods_of_job.get(key, [])
+            refs[key] = TrainingRef(key, kind, ns, str(meta.get("uid") or ""), tuple(sorted(p.key for p in job_pods)),
+                                    tuple(sorted(workloads_of.get((kind, ns, str(meta.get("name"))), []))))
             out.append(TrainingWorkload(
                 name=key,
                 kind=kind,
@@ -674,7 +711,7 @@ def _training(
                 started_at=parse_time(status.get("startTime")),
                 last_checkpoint_at=checkpoint,
             ))
-    return tuple(out)
+    return tuple(out), refs
 
 
 # -- the view ------------------------------------------------------------------------------------------------
@@ -707,10 +744,13 @@ def build_view(
     now: float,
     catalog: Catalog | None = None,
     share_reserve_gib: float = 1.0,
+    lending: LendingPolicy | None = None,
 ) -> ClusterView:
     """One read of the caches -> the decision core's snapshot, the managed models, GPU node info, problems.
 
-    Pure and deterministic: the same objects (in any order) give the same view.
+    Pure and deterministic: the same objects (in any order) give the same view. ``lending`` (the controller's
+    lending settings) only matters in Kueue mode, where the GPUs training pods hold are what is lent (module
+    docstring, "Lent GPUs"); nodes lent in pods mode are read from their label/taint whatever the settings.
     """
     cat = catalog if catalog is not None else load_catalog()
     problems: list[str] = []
@@ -754,21 +794,6 @@ def build_view(
         ))
     live.sort(key=lambda p: (p.created, p.key))
 
-    gpu_pods: dict[str, dict[str, int]] = {n: {} for n in node_objs}
-    for p in live:
-        counts = gpu_pods.get(p.node) if p.node else None
-        if counts is not None:
-            for res in p.gpus:
-                counts[res] = counts.get(res, 0) + 1
-    node_infos = {
-        name: NodeInfo(
-            name=name,
-            labels=dict(_meta(obj).get("labels") or {}),
-            unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
-            gpu_pods=dict(sorted(gpu_pods[name].items())),
-        )
-        for name, obj in node_objs.items()
-    }
 
     # Index pods by namespace and by (namespace, label, value), so that a selector looks at few candidates.
     by_ns: dict[str, list[_Pod]] = {}
@@ -822,6 +847,30 @@ def build_view(
             owner_of[p.key] = key
             mine.append(p)
 
+    workloads, training_refs = _training(training, live, cat, problems)
+    # Lent GPUs. Pods mode: every GPU of a node with the lent label, or with the lent taint while a reclaim is in
+    # flight (its training pods still hold the GPUs; the taint keeps inference off until the last one left).
+    # Training pods on such a node are borrowers: the lent allocation covers the node's GPUs, so they are not
+    # allocated a second time. Kueue mode: the GPUs that running training pods hold, wherever they are.
+    lent_nodes: dict[str, float] = {}
+    for name, obj in node_objs.items():
+        labels = _meta(obj).get("labels") or {}
+        if labels.get(LENT_LABEL) != "true" and not has_lent_taint((obj.get("spec") or {}).get("taints")):
+            continue
+        raw = (_meta(obj).get("annotations") or {}).get(LENT_SINCE_ANNOTATION)
+        since = parse_time(raw)
+        if since is None:
+            # unknown: taken as lent just now, so that only a need (not the surplus going) reclaims it early
+            problems.append(f"node {name}: lent without a valid {LENT_SINCE_ANNOTATION} ({raw!r}); taken as now")
+            since = now
+        lent_nodes[name] = since
+    borrower: dict[str, float | None] = {}  # training pod key -> when its workload started (None: unknown)
+    for w in workloads:
+        for k in training_refs[w.name].pods:
+            borrower.setdefault(k, w.started_at)
+    kueue = lending is not None and lending.mode == "kueue"
+    lent: dict[tuple[str, int], float] = {}
+
     # Allocate every GPU pod on an inventory node, oldest first.
     slots: dict[str, Slot] = {}
     for p in live:
@@ -830,6 +879,10 @@ def build_view(
         gn = gpu_nodes.get(p.node)
         if gn is None:
             continue  # cordoned, unknown GPU, or not a GPU node: outside the inventory
+        if p.node in lent_nodes and p.labels.get(PREEMPTIBLE_LABEL) == "true":
+            # a borrower on a lent node: the node's lent allocation below holds its GPUs. Only pods that carry the
+            # label themselves: those are the ones a reclaim may evict, so only they may stand for lent GPUs.
+            continue
         if len(p.gpus) > 1:
             problems.append(f"pod {p.key}: asks for several GPU resources {sorted(p.gpus)}; no slot recorded")
             continue
@@ -840,12 +893,27 @@ def build_view(
         if isinstance(got, str):
             problems.append(f"pod {p.key} on {p.node}: {got}; no slot recorded")
             continue
+        if kueue and p.key in borrower and model is None and got.kind is SlotKind.WHOLE:
+            # Kueue mode: whole GPUs a training pod holds are lent (what the inference ClusterQueue lends);
+            # MIG instances and time-sliced shares stay the pod's own (Kueue lends GPU counts, not slices)
+            started = borrower[p.key]
+            for dev in got.devices:
+                inventory.allocate(Slot.whole(p.node, dev, gn.gpu), lent_owner(p.node, dev), LENT_MODEL)
+                lent[(p.node, dev)] = started if started is not None else p.created
+            continue
         try:
             inventory.allocate(got, p.key, model if model is not None else UNMANAGED_MODEL_PREFIX + p.key)
         except ValueError as e:
             problems.append(f"pod {p.key} on {p.node}: {e}; no slot recorded")
             continue
         slots[p.key] = got
+
+    for name, since in sorted(lent_nodes.items()):
+        gn = gpu_nodes.get(name)
+        if gn is not None:
+            _allocate_lent(inventory, gn, since, lent, problems)
+
+    node_infos = _node_infos(node_objs, live, owner_of)
 
     observations: dict[str, ModelObservation] = {}
     for key, _dep in managed:
@@ -868,6 +936,66 @@ def build_view(
             spec_error=errors.get(key),
         )
 
-    workloads = _training(training, live, cat, problems)
-    snapshot = ClusterSnapshot(now=now, models=observations, inventory=inventory, training=workloads)
-    return ClusterView(snapshot=snapshot, models=models, nodes=node_infos, problems=problems)
+    snapshot = ClusterSnapshot(now=now, models=observations, inventory=inventory, training=workloads,
+                               lent=dict(sorted(lent.items())))
+    return ClusterView(snapshot=snapshot, models=models, nodes=node_infos, problems=problems,
+                       training=training_refs)
+
+
+def _allocate_lent(inventory: Inventory, gn: GpuNode, since: float, lent: dict[tuple[str, int], float],
+                   problems: list[str]) -> None:
+    """Give every GPU of a lent node to its lent owner: a whole slot on a plain GPU, every instance on a MIG GPU.
+
+    A GPU that something else still holds (an inference replica that was there before the taint, a pod that does
+    not carry the preemptible label) cannot be lent: it stays that pod's, not in ``lent``, with a problem line.
+    """
+    node = gn.spec.name
+    for dev in range(gn.spec.gpu_count):
+        d = inventory.device(node, dev)
+        owner = lent_owner(node, dev)
+        if d.entries:
+            holders = sorted({o for o, _ in d.entries})
+            problems.append(f"node {node}: lent, but GPU {dev} is held by {', '.join(holders)}; not counted as lent")
+            continue
+        if d.idle:
+            inventory.allocate(Slot.whole(node, dev, gn.gpu), owner, LENT_MODEL)
+        else:  # MIG instances that exist (pinned) and are free: each one is the lent owner's
+            for key, start in d.instances():
+                inventory.allocate(Slot.mig(node, dev, gn.gpu, key, start), owner, LENT_MODEL)
+        lent[(node, dev)] = since
+
+
+def _node_infos(node_objs: Mapping[str, Mapping[str, Any]], live: Sequence[_Pod],
+                owner_of: Mapping[str, str]) -> dict[str, NodeInfo]:
+    by_node: dict[str, list[_Pod]] = {n: [] for n in node_objs}
+    for p in live:
+        if p.node in by_node:
+            by_node[p.node].append(p)
+    out = {}
+    for name, obj in node_objs.items():
+        meta, spec = _meta(obj), obj.get("spec") or {}
+        gpu_pods: dict[str, int] = {}
+        refs = []
+        for p in sorted(by_node[name], key=lambda p: p.key):
+            for res in p.gpus:
+                gpu_pods[res] = gpu_pods.get(res, 0) + 1
+            pmeta = _meta(p.obj)
+            refs.append(PodRef(
+                key=p.key,
+                uid=str(pmeta.get("uid") or ""),
+                labels=dict(p.labels),
+                grace_s=_grace(p.obj.get("spec") or {}),
+                deleting=pmeta.get("deletionTimestamp") is not None,
+                model=owner_of.get(p.key),
+                gpus=dict(p.gpus),
+            ))
+        out[name] = NodeInfo(
+            name=name,
+            labels=dict(meta.get("labels") or {}),
+            unschedulable=bool(spec.get("unschedulable")),
+            gpu_pods=dict(sorted(gpu_pods.items())),
+            annotations=dict(meta.get("annotations") or {}),
+            taints=tuple(dict(t) for t in spec.get("taints") or () if isinstance(t, Mapping)),
+            pods=tuple(refs),
+        )
+    return out
