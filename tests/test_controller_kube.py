@@ -295,3 +295,95 @@ async def test_lost_metric_source_holds_replicas(api: client.ApiClient, cluster:
         assert dep.spec.replicas == 1
         assert json.loads(dep.metadata.annotations[STATUS_ANNOTATION])["reason"] == "metrics_stale"
         assert b"slotwise_errors_total" in ctl.exporter.exposition()
+
+
+async def test_controller_lends_an_idle_node_and_reclaims_it_ahead_of_need(api: client.ApiClient) -> None:
+    """Pods mode end to end: low load -> the idle whole node is lent (label + taint); training runs there; the load
+    rises -> the controller reclaims the node (evicts ONLY the training pod, lifts the taint once it is gone) and
+    the model's new replicas land on it."""
+    from sharing.lending import LendingPolicy
+
+    suffix = uuid.uuid4().hex[:6]
+    ns = f"lend-{suffix}"
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    busy, idle = f"{suffix}-busy", f"{suffix}-idle"
+    for name, gpus in ((busy, 2), (idle, 4)):
+        body = _node(name, "NVIDIA-L4", gpus, {"nvidia.com/gpu": str(gpus), "cpu": "32", "memory": "128Gi",
+                                                "pods": "110"})
+        created = await core.create_node(body)
+        created.status.capacity = created.status.allocatable = body["status"]["capacity"]
+        await core.replace_node_status(name, created)
+    await apps.create_namespaced_deployment(ns, _deployment(
+        "chat", {"slotwise.io/slo-latency-ms": "500", "slotwise.io/service-time-ms": "100",
+                 "slotwise.io/cold-start-seconds": "10", "slotwise.io/max-replicas": "6",
+                 "slotwise.io/slot-kinds": "whole"},
+        {"limits": {"nvidia.com/gpu": "1"}}))
+    play = ClusterPlay(api, ns, node_prefix=suffix)
+    await play.ensure_service_account()
+    for _ in range(3):
+        await play.step()
+    load = ScriptedLoad({f"{ns}/chat": 1.0})
+    settings = _settings(ns, suffix)
+    settings.lending = LendingPolicy(enabled=True, mode="pods", max_reclaim_s=30.0, warm_buffer_gpus=1.0,
+                                     warm_buffer_fraction=0.0, min_lend_s=0.0, hysteresis_gpus=0.5)
+    ctl = Controller(api, settings, metrics_source=load)
+
+    async def lent() -> bool:
+        node = await core.read_node(idle)
+        return (node.metadata.labels or {}).get("slotwise.io/lent") == "true"
+
+    try:
+        async with leading(ctl):
+            for _ in range(10):
+                await ctl.tick()
+                if await lent():
+                    break
+                await asyncio.sleep(0.5)
+            assert await lent(), "the idle node was not lent"
+            taints = (await core.read_node(idle)).spec.taints or []
+            assert any(t.key == "slotwise.io/lent" and t.effect == "NoSchedule" for t in taints)
+            assert not ((await core.read_node(busy)).metadata.labels or {}).get("slotwise.io/lent")
+            # training lands on the lent node (the test plays the training scheduler)
+            await core.create_namespaced_pod(ns, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "train-0", "labels": {"slotwise.io/preemptible": "true"}},
+                "spec": {"nodeName": idle, "automountServiceAccountToken": False,
+                         "terminationGracePeriodSeconds": 5,
+                         "tolerations": [{"key": "slotwise.io/lent", "operator": "Exists", "effect": "NoSchedule"}],
+                         "containers": [{"name": "t", "image": "registry.invalid/train:test",
+                                         "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+            })
+            inference_pods = {p["metadata"]["name"] for p in await play.pods() if p["metadata"]["name"] != "train-0"}
+            await asyncio.sleep(1.0)
+            # the load rises: the node is needed back
+            load.rates[f"{ns}/chat"] = 40.0
+            reclaimed = False
+            for _ in range(40):
+                await ctl.tick()
+                await play.step()
+                node = await core.read_node(idle)
+                if not any(t.key == "slotwise.io/lent" for t in (node.spec.taints or [])):
+                    reclaimed = True
+                    break
+                await asyncio.sleep(0.5)
+            assert reclaimed, "the lent node was not reclaimed"
+            names = {p["metadata"]["name"] for p in await play.pods()}
+            assert "train-0" not in names, "the training pod was not evicted"
+            assert inference_pods <= names, "an inference pod was removed by the reclaim"
+            assert b"slotwise_reclaim_duration_seconds_count 1.0" in ctl.exporter.exposition()
+            # the model's new replicas now land on the reclaimed node (the busy node holds 2 of the 6 it needs)
+            for _ in range(40):
+                await ctl.tick()
+                await play.step()
+                on_idle = [p for p in await play.pods() if p["spec"].get("nodeName") == idle]
+                if on_idle:
+                    break
+                await asyncio.sleep(0.5)
+            node = await core.read_node(idle)
+            assert on_idle, (play.log[-10:], node.spec.taints, node.spec.unschedulable, node.status.allocatable,
+                             [(p["metadata"]["name"], p["spec"].get("nodeSelector"), p["spec"].get("nodeName"))
+                              for p in await play.pods()])
+    finally:
+        for name in (busy, idle):
+            await core.delete_node(name)

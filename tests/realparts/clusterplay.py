@@ -7,8 +7,9 @@ and MIG layouts. :class:`ClusterPlay` does, through the same real API, one ``ste
 - **ReplicaSet controller**: keeps ``spec.replicas`` pods per Deployment (labels and spec from the template);
   scale-down removes pods with the lowest ``controller.kubernetes.io/pod-deletion-cost`` first, then the newest;
 - **scheduler**: binds a pending pod to a schedulable node whose allocatable GPU resource (``nvidia.com/gpu``,
-  ``nvidia.com/mig-*``) still has room and whose labels match the pod's ``nodeSelector``;
-- **kubelet**: marks a bound pod Ready ``ready_after_s`` after it was bound;
+  ``nvidia.com/mig-*``) still has room, whose labels match the pod's ``nodeSelector`` and whose taints it tolerates;
+- **kubelet**: marks a bound pod Ready ``ready_after_s`` after it was bound, and finishes graceful deletes
+  (evictions) at the next step;
 - **NVIDIA MIG manager**: when a node's ``nvidia.com/mig.config`` label names an entry of the mig-parted
   ConfigMap that differs from what the node has, sets ``nvidia.com/mig.config.state=pending``, and on the next
   step applies it -- capacities ``nvidia.com/mig-<profile>`` become the entry's counts -- and sets ``success``
@@ -42,6 +43,26 @@ def _gpu_requests(pod_spec: dict) -> dict[str, int]:
                 if k.startswith(GPU_PREFIX):
                     out[k] = max(out.get(k, 0), int(v))
     return out
+
+
+def _tolerates(pod_spec: dict, taints: list[dict]) -> bool:
+    """Whether the pod tolerates every NoSchedule/NoExecute taint (kube-scheduler's TaintToleration filter)."""
+    tolerations = pod_spec.get("tolerations") or []
+    for taint in taints:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if str(taint.get("key", "")).startswith("node.kubernetes.io/"):
+            # the apiserver taints new nodes not-ready; the node lifecycle controller (absent here) would lift it
+            # once the kubelet reports Ready -- these nodes are "ready" by construction
+            continue
+        if not any(
+            (t.get("operator") == "Exists" and t.get("key") in (None, taint["key"]))
+            or (t.get("key") == taint["key"] and t.get("value") == taint.get("value"))
+            for t in tolerations
+            if t.get("effect") in (None, "", taint.get("effect"))
+        ):
+            return False
+    return True
 
 
 def _selector_matches(selector: dict, labels: dict) -> bool:
@@ -80,6 +101,7 @@ class ClusterPlay:
                 raise
 
     async def step(self) -> None:
+        await self._terminate()
         await self._replicasets()
         await self._schedule()
         await self._kubelet()
@@ -136,7 +158,7 @@ class ClusterPlay:
             need = _gpu_requests(p["spec"])
             for n in sorted(nodes, key=lambda n: n["metadata"]["name"]):
                 nname = n["metadata"]["name"]
-                if n["spec"].get("unschedulable"):
+                if n["spec"].get("unschedulable") or not _tolerates(p["spec"], n["spec"].get("taints") or []):
                     continue
                 if not _selector_matches(p["spec"].get("nodeSelector") or {}, n["metadata"].get("labels") or {}):
                     continue
@@ -151,6 +173,19 @@ class ClusterPlay:
                         used.setdefault(nname, {})[k] = used.setdefault(nname, {}).get(k, 0) + v
                     self.log.append(f"bind {p['metadata']['name']} -> {nname}")
                     break
+
+    async def _terminate(self) -> None:
+        """The kubelet's part of a graceful delete (an eviction): once a terminating pod's grace is over, it is
+        gone. Here at the next step: the processes the test stands in for exit on SIGTERM at once."""
+        core = client.CoreV1Api(self.api)
+        for p in await self.pods():
+            if p["metadata"].get("deletionTimestamp"):
+                try:
+                    await core.delete_namespaced_pod(p["metadata"]["name"], self.namespace, grace_period_seconds=0)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                self.log.append(f"terminated {p['metadata']['name']}")
 
     # -- kubelet ----------------------------------------------------------------------------------------------
     async def _kubelet(self) -> None:
