@@ -1,4 +1,10 @@
-"""``slotwise simulate``: run the controller on a simulated cluster under a trace and print a scorecard."""
+"""``slotwise simulate``: run the controller on a simulated cluster under a trace and print a scorecard.
+
+``--lending`` turns on the decision core's lend stage: idle reserved GPUs are lent to a backlog of preemptible
+training jobs (``--training``) and reclaimed ahead of need; ``--static-training-gpus N`` is the baseline it is
+compared with (N GPUs taken out of the inference pool for training up front). The scorecard then also shows the
+lending numbers (:mod:`autoscaler.sim.scorecard`).
+"""
 
 from __future__ import annotations
 
@@ -13,12 +19,15 @@ from typing import Any
 from autoscaler.policies import POLICIES, make_policy
 from autoscaler.sim.defaults import model_specs
 from autoscaler.sim.run import SimConfig, SimResult, simulate
-from autoscaler.sim.scorecard import COLUMNS, scorecard
+from autoscaler.sim.scorecard import COLUMNS, LENDING_COLUMNS, scorecard
+from autoscaler.sim.training import BUNDLED, DEFAULT_CHECKPOINT_EVERY_S, DEFAULT_GRACE_S, load_training
 from autoscaler.sim.workload import SimWorkload, build_workload, peak_replicas
 from autoscaler.spec import ModelSpec, SpecError
 from forecasting.traces import resolve_trace
+from forecasting.traces.model import TraceFormatError
 from forecasting.traces.ops import head
 from sharing.cluster import nodes_from_spec
+from sharing.lending import LendingPolicy
 from sharing.slots import NodeSpec
 
 DEFAULT_TRACE = "azure-llm-2023"
@@ -47,7 +56,60 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of load, replicas and latency vs SLO here")
     p.add_argument("--out", default=None, help="report folder: writes scorecard.json and simulation.png there")
+    lend = p.add_argument_group(
+        "lending idle GPUs to preemptible training",
+        "With --lending every policy run (the oracle excepted: it is the GPU-hour reference) lends idle reserved "
+        "GPUs to a backlog of training jobs that always wants more, and reclaims them ahead of need within "
+        "--max-reclaim-s; the scorecard adds lent and idle reserved GPU-hours, lending efficiency, reclaim times "
+        "and training goodput. --static-training-gpus is the baseline: a fixed split at the same total GPUs.",
+    )
+    default = LendingPolicy()
+    lend.add_argument("--lending", action="store_true", help="lend idle reserved GPUs to preemptible training")
+    lend.add_argument("--training", default=BUNDLED, metavar="FILE|NAME",
+                      help=f"training jobs: an Alibaba GPU pod list (its best-effort GPU pods), a job list CSV "
+                           f"(gpus,work_s[,name,checkpoint_every_s,grace_s,priority]) or a bundled source "
+                           f"(default: {BUNDLED}, the best-effort pods of cluster-trace-gpu-v2023's default list)")
+    lend.add_argument("--lending-mode", choices=("pods", "kueue"), default=None,
+                      help=f"how the cluster is told (default {default.mode}): 'pods' lends whole idle nodes only "
+                           f"(a node label cannot split a node), 'kueue' lends single GPUs (a quota)")
+    lend.add_argument("--max-reclaim-s", type=float, default=None, metavar="S",
+                      help=f"the reclaim contract (maxReclaimSeconds): decision to reclaim -> GPUs free; jobs whose "
+                           f"grace period is longer never run on lent GPUs (default {default.max_reclaim_s:g})")
+    lend.add_argument("--warm-buffer-gpus", type=float, default=None, metavar="N",
+                      help=f"idle GPUs never lent, to absorb growth during a reclaim (default "
+                           f"{default.warm_buffer_gpus:g}, or {default.warm_buffer_fraction:g} of the inference "
+                           f"GPUs if more)")
+    lend.add_argument("--checkpoint-every-s", type=float, default=DEFAULT_CHECKPOINT_EVERY_S, metavar="S",
+                      help="checkpoint interval of training jobs whose source does not give one (an Alibaba pod "
+                           "list never does; default %(default)g)")
+    lend.add_argument("--training-grace-s", type=float, default=DEFAULT_GRACE_S, metavar="S",
+                      help="termination grace period of training jobs whose source does not give one "
+                           "(default %(default)g, Kubernetes' default)")
+    lend.add_argument("--static-training-gpus", type=int, default=0, metavar="N",
+                      help="baseline: N GPUs taken out of the inference pool up front for training that is never "
+                           "preempted (a static split at the same total GPUs)")
     p.set_defaults(func=run)
+
+
+def lending_config(args: argparse.Namespace) -> dict[str, Any]:
+    """SimConfig's lending fields from the command line (checks that the lending knobs come with --lending)."""
+    flags = {"mode": "--lending-mode", "max_reclaim_s": "--max-reclaim-s", "warm_buffer_gpus": "--warm-buffer-gpus"}
+    knobs = {"mode": args.lending_mode, "max_reclaim_s": args.max_reclaim_s, "warm_buffer_gpus": args.warm_buffer_gpus}
+    given = [flags[k] for k, v in knobs.items() if v is not None]
+    if given and not args.lending:
+        raise ValueError(f"{', '.join(given)} set lending knobs: add --lending")
+    if args.static_training_gpus < 0:
+        raise ValueError(f"--static-training-gpus must be >= 0, got {args.static_training_gpus}")
+    out: dict[str, Any] = {}
+    if args.lending:
+        out["lending"] = LendingPolicy(enabled=True, **{k: v for k, v in knobs.items() if v is not None})
+    out["static_training_gpus"] = args.static_training_gpus
+    if args.lending or args.static_training_gpus:
+        try:
+            out["training"] = load_training(args.training, args.checkpoint_every_s, args.training_grace_s)
+        except TraceFormatError as e:
+            raise ValueError(f"bad training source: {e}") from e
+    return out
 
 
 def _policies(arg: str) -> list[str]:
@@ -122,9 +184,12 @@ def run_policies(
         knobs: dict[str, Any] = {"replicas_by_model": peaks} if name == "static" else {}
         policy = make_policy(name, **knobs)
         tick = min(cfg.tick_s, policy.tick_s)
+        run_cfg = dataclasses.replace(cfg, tick_s=tick)
+        if name == "oracle":  # the GPU-hour reference: all of the cluster, no training
+            run_cfg = dataclasses.replace(run_cfg, lending=None, static_training_gpus=0)
         bar, cb = (None, None) if quiet else _progress(f"simulating {name}")
         try:
-            results[name] = simulate(workload, nodes, policy, dataclasses.replace(cfg, tick_s=tick), cb)
+            results[name] = simulate(workload, nodes, policy, run_cfg, cb)
         finally:
             if bar is not None:
                 bar.stop()
@@ -151,13 +216,15 @@ def print_table(cards: list[dict[str, Any]], title: str) -> None:
     table.add_column("metric")
     for c in cards:
         table.add_column(c["policy"], justify="right")
-    for key in COLUMNS:
+    keys = COLUMNS + (LENDING_COLUMNS if any(c.get("lending") is not None for c in cards) else ())
+    for key in keys:
         table.add_row(key, *[_fmt(c[key]) for c in cards])
     Console(width=max(100, 22 + 16 * len(cards))).print(table)
 
 
 def run(args: argparse.Namespace) -> int:
     names = _policies(args.policy)
+    lending = lending_config(args)
     if not args.tick > 0:
         raise ValueError(f"--tick must be a positive number of seconds, got {args.tick}")
     if args.hours is not None and not args.hours > 0:
@@ -172,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(s, SpecError):
             print(f"slotwise: model {name} left unmanaged: {s}", file=sys.stderr)
     workload = build_workload(trace, specs, history_s=args.history_hours * 3600.0)
-    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed)
+    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, **lending)
     nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, cfg.tick_s)
     results, cards = run_policies(workload, nodes, names, cfg)
     gpus = sum(n.gpu_count for n in nodes)
@@ -188,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "tick_s": args.tick,
         "cluster": [n.__dict__ | {"labels": dict(n.labels)} for n in nodes],
+        "training": args.training if (args.lending or args.static_training_gpus) else None,
         "results": cards if len(cards) > 1 else cards[0],
     }
     if json_path:

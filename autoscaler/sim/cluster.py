@@ -5,22 +5,124 @@ decision core drives it exactly as it drives Kubernetes. A placed replica become
 model's load time (``cold_start_s``; zero for a policy that asks for ``instant_start``); a removed
 replica stops receiving traffic at once and frees its slot when its in-flight work is done
 (bounded by the drain timeout).
+
+Lending (issue 8): ``LendGpus`` allocates idle whole GPUs to ``lent_owner(node, dev)`` under ``LENT_MODEL`` (so
+no inference replica can land there) and starts preemptible training jobs on them from a :class:`TrainingQueue`;
+``ReclaimGpus`` sends the jobs on those GPUs SIGTERM (they lose the work since their last checkpoint, stop after
+their grace period, and go back to the queue with what they kept) and gives each GPU back to inference when its
+job has stopped. A static split (``reserve_static_training``) takes GPUs out of the inference pool up front for
+training that is never preempted. The accounting (:class:`LendingStats`) is exact in time (event-driven), clipped
+to the scored period from ``score_from``.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
-from autoscaler.plan import PlaceReplica, Plan, Reason, RemoveReplica, ScaleModel, Shortfall, UpdateStatus
-from autoscaler.snapshot import ClusterSnapshot, ModelObservation, Replica
+from autoscaler.plan import (
+    LendGpus,
+    PlaceReplica,
+    Plan,
+    Reason,
+    ReclaimGpus,
+    RemoveReplica,
+    ScaleModel,
+    Shortfall,
+    UpdateStatus,
+)
+from autoscaler.sim.training import QueuedJob, TrainingQueue
+from autoscaler.snapshot import ClusterSnapshot, ModelObservation, Replica, TrainingWorkload
 from autoscaler.spec import ModelSpec, SpecError
+from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
 from sharing.slots import Inventory, NodeSpec, Slot
 
-_READY, _RELEASE = 0, 1
+# Event kinds, in the order events due at the same time are handled: a training job that stops frees its GPUs
+# before the next one starts on them.
+_READY, _RELEASE, _JOB_STOPPED, _JOB_DONE = 0, 1, 2, 3
+
+STATIC_TRAINING_MODEL = "(training)"  # the inventory's model for GPUs a static split gives to training
+
+
+def static_owner(node: str, device: int) -> str:
+    """The inventory owner of a GPU reserved for training by a static split."""
+    return f"training:{node}/{device}"
+
+
+class LendingViolation(AssertionError):
+    """A plan broke a lending invariant (training on a GPU holding inference, or the reverse): a core bug."""
+
+
+@dataclass
+class TrainingRun:
+    """One run of a training job on some GPUs: from its start until it finishes or stops after a SIGTERM."""
+
+    job: QueuedJob
+    node: str
+    devices: tuple[int, ...]
+    started_at: float
+    lent: bool  # on lent GPUs (preemptible); False: a static split's GPUs, never preempted
+    sigterm_at: float | None = None
+    stop_at: float | None = None  # set on SIGTERM: the GPUs stay taken until then
+    # What the snapshot shows, kept until the next checkpoint changes it (building one per run per tick would
+    # cost more than the rest of the snapshot).
+    _view: TrainingWorkload | None = field(default=None, repr=False)
+    _view_until: float = -math.inf
+
+    def last_checkpoint_at(self, now: float) -> float | None:
+        """When the run last wrote a checkpoint (every ``checkpoint_every_s`` of running), None before the first."""
+        every = self.job.job.checkpoint_every_s
+        n = math.floor((now - self.started_at) / every + 1e-9)
+        return self.started_at + n * every if n >= 1 else None
+
+    def view(self, now: float) -> TrainingWorkload:
+        """The run as the decision core sees it at ``now`` (time only moves forward)."""
+        if self._view is None or now >= self._view_until - 1e-9:
+            ckpt = self.last_checkpoint_at(now)
+            self._view = TrainingWorkload(self.job.name, "Job", float(len(self.devices)), (self.node,),
+                                          running=True, grace_s=self.job.job.grace_s, started_at=self.started_at,
+                                          last_checkpoint_at=ckpt)
+            self._view_until = (self.started_at if ckpt is None else ckpt) + self.job.job.checkpoint_every_s
+        return self._view
+
+
+@dataclass
+class Reclaim:
+    """One ``ReclaimGpus`` carried out: from the decision until its last GPU is free."""
+
+    node: str
+    devices: tuple[int, ...]
+    reason: str
+    decided_at: float
+    deadline_s: float
+    pending: set[int] = field(default_factory=set)
+    freed_at: float | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.freed_at is None else self.freed_at - self.decided_at
+
+
+@dataclass
+class LendingStats:
+    """What lending did, in the scored period (from ``score_from``); GPU-seconds are whole GPUs x seconds."""
+
+    reclaims: list[Reclaim] = field(default_factory=list)  # decided in the scored period
+    lends: int = 0
+    lent_gpus: int = 0  # GPUs lent (a GPU lent twice counts twice)
+    reclaim_noops: int = 0  # devices named by a ReclaimGpus that were not lent, or already coming back
+    goodput_lent_s: float = 0.0  # training work kept, on lent GPUs
+    goodput_static_s: float = 0.0  # ... on a static split's GPUs
+    lost_s: float = 0.0  # training work thrown away (since the last checkpoint) by preemption
+    grace_s: float = 0.0  # GPU-seconds jobs spent stopping after SIGTERM
+    jobs_started: int = 0
+    jobs_finished: int = 0
+    preemptions: int = 0
 
 
 @dataclass
@@ -40,6 +142,8 @@ class SimCluster:
         specs: dict[str, ModelSpec | SpecError],
         drain_s: np.ndarray,
         instant_start: bool = False,
+        lending: LendingPolicy | None = None,
+        training: TrainingQueue | None = None,
     ) -> None:
         self.inventory = Inventory.from_nodes(nodes)
         self.models = list(models)
@@ -68,7 +172,22 @@ class SimCluster:
         self._node_replicas = np.zeros(len(nodes_), dtype=int)
         self.held = np.zeros((len(self.models), len(self.gpu_kinds)))  # GPU-equivalents by model and kind
         self._idle: np.ndarray | None = None  # cached idle_by_kind(); None after a change
-        self._events: list[tuple[float, int, int, str]] = []  # (time, kind, model, replica) heap
+        self._events: list[tuple[float, int, int, str]] = []  # (time, kind, model, replica or job) heap
+        # Lending and training (idle unless a plan lends or a static split is reserved: the tick loop of a run
+        # without either never touches them).
+        self.lending = lending
+        self.training = training
+        self.score_from = 0.0  # the scored period starts here (the run's burn-in): LendingStats count from it
+        self.lent: dict[tuple[str, int], float] = {}  # (node, device) -> lent since
+        self.static: set[tuple[str, int]] = set()  # GPUs a static split gave to training
+        self.pool_gpus = float(self.inventory.gpus_total)  # the inference pool: every GPU not in a static split
+        self.lent_by_kind = np.zeros(len(self.gpu_kinds))  # whole GPUs lent now, per GPU kind
+        self.stats = LendingStats()
+        self.runs: dict[str, TrainingRun] = {}  # by job name: running, or stopping after a SIGTERM
+        self._dev_run: dict[tuple[str, int], str] = {}  # GPU -> the job on it
+        self._reclaiming: dict[tuple[str, int], Reclaim] = {}  # lent GPU -> the reclaim waiting for it
+        self._node_training = np.zeros(len(nodes_))  # whole GPUs per node held by training (lent or static)
+        self._lent_view: MappingProxyType | None = None  # snapshot's read-only copy of ``lent``; None after a change
 
     # -- ClusterPort ---------------------------------------------------------------------------
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -79,7 +198,14 @@ class SimCluster:
                 obs = self._observe(i, now)
                 self._obs[i] = obs
             models[name] = obs
-        return ClusterSnapshot(now=now, models=models, inventory=self.inventory)
+        if not self.lent and not self.runs:
+            return ClusterSnapshot(now=now, models=models, inventory=self.inventory)
+        if self._lent_view is None:
+            self._lent_view = MappingProxyType(dict(self.lent))
+        # Jobs stopping after a SIGTERM are already being reclaimed: the core sees their GPUs lent, not the job.
+        training = tuple(r.view(now) for r in self.runs.values() if r.lent and r.stop_at is None)
+        return ClusterSnapshot(now=now, models=models, inventory=self.inventory, training=training,
+                               lent=self._lent_view)
 
     def _observe(self, i: int, now: float) -> ModelObservation:
         name = self.models[i]
@@ -103,6 +229,8 @@ class SimCluster:
                     i = self.index[a.model]
                     spec = self.specs[a.model]
                     assert isinstance(spec, ModelSpec)
+                    if self.lent or self.static:
+                        self._check_not_training(a)
                     self.inventory.allocate(a.slot, a.replica_id)
                     self._hold(i, a.slot, 1)
                     ready_at = now if self.instant_start else now + spec.cold_start_s
@@ -134,6 +262,10 @@ class SimCluster:
                     # The core re-states a model's status whenever its reason changes: once it is no
                     # longer unplaceable, its shortfall is over.
                     self.shortfall[self.index[a.model]] = 0
+                case LendGpus():
+                    self._lend(a, now)
+                case ReclaimGpus():
+                    self._reclaim(a, now)
         for i in touched:
             self._obs[i] = None
 
@@ -160,7 +292,10 @@ class SimCluster:
         """
         events = self._events
         while events and events[0][0] <= now:
-            _, kind, i, rid = heapq.heappop(events)
+            t, kind, i, rid = heapq.heappop(events)
+            if kind >= _JOB_STOPPED:
+                self._job_event(t, kind, rid)
+                continue
             r = self.replicas[i].get(rid)
             if r is None:
                 continue
@@ -171,16 +306,190 @@ class SimCluster:
             self._obs[i] = None
         return self.routable
 
+    # -- lending: the executor of LendGpus / ReclaimGpus ---------------------------------------
+    def _check_not_training(self, a: PlaceReplica) -> None:
+        for d in a.slot.devices:
+            if (a.slot.node, d) in self.lent or (a.slot.node, d) in self.static:
+                raise LendingViolation(f"place {a.model}/{a.replica_id} on {a.slot.describe()}: the GPU is "
+                                       "training's (lent or statically split); inference never lands there")
+
+    def _take_gpu(self, node: str, dev: int, owner: str, model: str, sign: int) -> None:
+        """Allocate (+1) or release (-1) one whole GPU for training, with the node and kind accounting."""
+        slot = Slot.whole(node, dev, self.inventory.gpu_of(node))
+        if sign > 0:
+            self.inventory.allocate(slot, owner, model=model)
+        else:
+            self.inventory.release(slot, owner)
+        n = self._node_index[node]
+        self._node_training[n] += sign
+        if model == LENT_MODEL:
+            self.lent_by_kind[self._node_kind[n]] += sign
+            self._lent_view = None
+        self._idle = None
+
+    def _lend(self, a: LendGpus, now: float) -> None:
+        new = [dev for dev in dict.fromkeys(a.devices) if (a.node, dev) not in self.lent]  # repeats change nothing
+        for dev in new:  # all checked before any is taken: a bad plan changes nothing
+            d = self.inventory.device(a.node, dev)
+            if d.entries or d.pinned:
+                # Training never takes a GPU holding inference (or a MIG layout inference set up).
+                what = d.entries[0][0] if d.entries else f"MIG instances {list(d.pinned)}"
+                raise LendingViolation(f"lend {a.node}/gpu{dev}: not idle (held by {what})")
+        for dev in new:
+            self._take_gpu(a.node, dev, lent_owner(a.node, dev), LENT_MODEL, 1)
+            self.lent[(a.node, dev)] = now
+        if new:
+            self.stats.lends += 1
+            self.stats.lent_gpus += len(new)
+            self._fill(a.node, now, lent=True)
+
+    def _reclaim(self, a: ReclaimGpus, now: float) -> None:
+        targets = []
+        for dev in dict.fromkeys(a.devices):
+            key = (a.node, dev)
+            if key not in self.lent or key in self._reclaiming:
+                self.stats.reclaim_noops += 1  # not lent, or already coming back: the first reclaim stands
+                continue
+            targets.append(dev)
+        if not targets:
+            return
+        rec = Reclaim(a.node, tuple(targets), a.reason, now, a.deadline_s, pending=set(targets))
+        if now >= self.score_from:
+            self.stats.reclaims.append(rec)
+        # SIGTERM the named workloads (the plan's preemption order) and any other job on these GPUs.
+        names = [*a.workloads, *(self._dev_run[(a.node, d)] for d in targets if (a.node, d) in self._dev_run)]
+        for name in dict.fromkeys(names):
+            run = self.runs.get(name)
+            if run is not None and run.lent and run.stop_at is None:
+                self._sigterm(run, now)
+        for dev in targets:
+            self._reclaiming[(a.node, dev)] = rec
+        for dev in targets:
+            if (a.node, dev) not in self._dev_run:
+                self._give_back(a.node, dev, now)
+
+    def _give_back(self, node: str, dev: int, now: float) -> None:
+        """A reclaimed GPU is free: it goes back to inference."""
+        rec = self._reclaiming.pop((node, dev))
+        self._take_gpu(node, dev, lent_owner(node, dev), LENT_MODEL, -1)
+        del self.lent[(node, dev)]
+        rec.pending.discard(dev)
+        if not rec.pending:
+            rec.freed_at = now
+
+    def _fill(self, node: str, now: float, lent: bool) -> None:
+        """Start jobs from the backlog on the node's idle training GPUs (lent, or the static split's)."""
+        if self.training is None:
+            return
+        pool = self.lent if lent else self.static
+        free = [d for d in range(self.inventory.nodes[node].gpu_count)
+                if (node, d) in pool and (node, d) not in self._dev_run and (node, d) not in self._reclaiming]
+        # Lent GPUs must come back within the reclaim deadline: a job that cannot stop that fast never starts there.
+        max_grace = (self.lending or LendingPolicy()).max_reclaim_s if lent else math.inf
+        while free:
+            q = self.training.take(len(free), max_grace)
+            if q is None:
+                break
+            devs, free = tuple(free[: q.job.gpus]), free[q.job.gpus:]
+            run = TrainingRun(q, node, devs, now, lent)
+            self.runs[q.name] = run
+            for d in devs:
+                self._dev_run[(node, d)] = q.name
+            self.stats.jobs_started += 1
+            heapq.heappush(self._events, (now + q.remaining_s, _JOB_DONE, 0, q.name))
+
+    def _scored(self, t0: float, t1: float) -> float:
+        """Seconds of ``[t0, t1)`` in the scored period."""
+        return max(0.0, t1 - max(t0, self.score_from))
+
+    def _goodput(self, run: TrainingRun, until: float) -> None:
+        kept = len(run.devices) * self._scored(run.started_at, until)
+        if run.lent:
+            self.stats.goodput_lent_s += kept
+        else:
+            self.stats.goodput_static_s += kept
+
+    def _sigterm(self, run: TrainingRun, now: float) -> None:
+        """Preempt: the work since the last checkpoint is lost; the GPUs stay taken for the grace period."""
+        ckpt = run.last_checkpoint_at(now)
+        kept_until = run.started_at if ckpt is None else ckpt
+        gpus = len(run.devices)
+        self._goodput(run, kept_until)
+        self.stats.lost_s += gpus * self._scored(kept_until, now)
+        grace = run.job.job.grace_s
+        self.stats.grace_s += gpus * self._scored(now, now + grace)
+        self.stats.preemptions += 1
+        run.job.done_s += kept_until - run.started_at
+        run.job.preemptions += 1
+        run.sigterm_at, run.stop_at = now, now + grace
+        heapq.heappush(self._events, (run.stop_at, _JOB_STOPPED, 0, run.job.name))
+
+    def _job_event(self, t: float, kind: int, name: str) -> None:
+        run = self.runs.get(name)
+        if run is None:
+            return
+        if kind == _JOB_DONE:
+            if run.stop_at is not None or t != run.started_at + run.job.remaining_s:
+                return  # stale: the run was preempted (or this is an earlier run of the same job)
+            self._goodput(run, t)
+            self.stats.jobs_finished += 1
+        elif run.stop_at != t:
+            return
+        del self.runs[name]
+        if kind == _JOB_STOPPED and self.training is not None:
+            self.training.requeue(run.job)
+        refill = False
+        for d in run.devices:
+            del self._dev_run[(run.node, d)]
+            if (run.node, d) in self._reclaiming:
+                self._give_back(run.node, d, t)
+            else:
+                refill = True
+        if refill:
+            self._fill(run.node, t, lent=run.lent)
+
+    def reserve_static_training(self, gpus: int, now: float = 0.0) -> list[tuple[str, int]]:
+        """The static-split baseline: take ``gpus`` idle GPUs out of the inference pool for training, never
+        preempted. Whole nodes from the end of the node list first (the packers fill from the front), so the
+        split is as contiguous as the nodes allow. Call before any replica is placed."""
+        taken: list[tuple[str, int]] = []
+        for node in reversed(list(self.inventory.nodes.values())):
+            for dev in reversed(range(node.gpu_count)):
+                if len(taken) >= gpus:
+                    break
+                if not self.inventory.device(node.name, dev).idle:
+                    continue
+                self._take_gpu(node.name, dev, static_owner(node.name, dev), STATIC_TRAINING_MODEL, 1)
+                self.static.add((node.name, dev))
+                taken.append((node.name, dev))
+        if len(taken) < gpus:
+            raise ValueError(f"a static split of {gpus} GPUs needs that many idle GPUs; {len(taken)} were")
+        self.pool_gpus -= len(taken)
+        for node in dict.fromkeys(n for n, _ in taken):
+            self._fill(node, now, lent=False)
+        return taken
+
+    def finish(self, end: float) -> None:
+        """End of the run: handle what is due by ``end``; jobs still running keep their work (nothing preempted
+        it), so it counts as goodput."""
+        self.advance(end)
+        for run in self.runs.values():
+            if run.stop_at is None:
+                self._goodput(run, end)
+
     def gpus_allocated(self) -> float:
         """GPU-equivalents held by replicas (starting, serving or draining): what the fleet pays for."""
         return self._gpus_held
 
     def idle_by_kind(self) -> np.ndarray:
         """Per GPU kind (``gpu_kinds`` order): idle reserved GPU-equivalents, the free capacity on nodes that
-        hold at least one replica. Every slot here is a replica's and compute is not oversubscribed (the
-        inventory's default), so a node's free capacity is its GPUs less what its replicas hold."""
+        hold at least one replica (:func:`autoscaler.cost.idle_reserved`). Compute is not oversubscribed (the
+        inventory's default), so a node's free capacity is its GPUs less what its replicas and training hold."""
         if self._idle is None:
-            free = np.where(self._node_replicas > 0, np.maximum(self._node_gpus - self._node_held, 0.0), 0.0)
+            # GPUs held whole by training (lent or statically split) are used, as in cost.idle: already lent
+            # capacity is not idle.
+            used = self._node_held + self._node_training
+            free = np.where(self._node_replicas > 0, np.maximum(self._node_gpus - used, 0.0), 0.0)
             self._idle = np.bincount(self._node_kind, weights=free, minlength=len(self.gpu_kinds))
         return self._idle
 

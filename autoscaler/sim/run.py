@@ -5,7 +5,9 @@ Time advances in ticks of ``tick_s`` without sleeping. Each tick:
     advance cluster (readiness, drains) -> snapshot + metrics window -> decide (pure core) -> apply plan
     -> queue engine serves the tick's traffic -> metrics recorded
 
-and the scorecard accumulates (see :mod:`autoscaler.sim.scorecard`).
+and the scorecard accumulates (see :mod:`autoscaler.sim.scorecard`). With ``SimConfig.lending`` the core's lend
+stage lends idle GPUs and the cluster runs preemptible training on them (:mod:`autoscaler.sim.training`); with
+``SimConfig.static_training_gpus`` a fixed part of the cluster runs training instead (the static-split baseline).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from autoscaler.core import CoreConfig, decide, fresh_state
 from autoscaler.cost import UNKNOWN_TEAM, price_table
 from autoscaler.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
-from autoscaler.sim.cluster import SimCluster
+from autoscaler.sim.cluster import LendingStats, SimCluster
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.metrics import SimMetrics
+from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
 from autoscaler.sim.workload import SimWorkload, served_as
 from autoscaler.spec import ModelSpec
+from sharing.lending import LendingPolicy
 from sharing.packer import Packer
 from sharing.slots import NodeSpec
 
@@ -44,6 +48,12 @@ class SimConfig:
     # Not scored: before metrics warm up and a replica asked for then is Ready, no policy can have acted
     # (the run starts from the same warm-started cluster for all). None = warmup_s + the longest cold start.
     burn_in_s: float | None = None
+    # Lend idle GPUs to preemptible training (None, or not enabled: no lending, the run is as without it).
+    lending: LendingPolicy | None = None
+    # The static-split baseline: this many GPUs taken out of the inference pool for training, never preempted.
+    static_training_gpus: int = 0
+    # The training backlog's jobs (None: the bundled Alibaba slice, loaded when lending or a static split needs it).
+    training: tuple[TrainingJob, ...] | None = None
 
 
 @dataclass
@@ -78,6 +88,15 @@ class SimResult:
     teams: tuple[str, ...] = ()  # per model: the spec's team (cost.UNKNOWN_TEAM for an invalid spec)
     namespaces: tuple[str, ...] = ()  # per model: the spec's namespace
     scored_s: float = 0.0  # simulated seconds scored (after the burn-in): the period the costs cover
+    # Lending (scored ticks only). The inference pool is every GPU not in a static split; idle reserved =
+    # pool GPUs less what inference replicas hold (starting, serving or draining) = lent + free.
+    lending_policy: LendingPolicy | None = None  # None: lending was off
+    static_training_gpus: int = 0
+    pool_gpus: float = 0.0
+    lent_gpu_seconds: np.ndarray | None = None  # (K,) whole GPUs lent x seconds, per GPU kind
+    idle_reserved_gpu_seconds: float = 0.0
+    lending: LendingStats | None = None  # reclaims, training goodput (None: neither lending nor a static split)
+    end_s: float = 0.0  # when the simulated period ends (open reclaims are judged against it)
 
 
 def _warm_start(
@@ -144,8 +163,18 @@ def simulate(
 
     profiles = workload.profiles
     drain = np.array([min(cfg.drain_timeout_s, float(profiles[x].occupancy_s.max())) for x in models])
-    cluster = SimCluster(nodes, models, specs, drain_s=drain, instant_start=policy.instant_start)
-    core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0)
+    lending = cfg.lending if cfg.lending is not None and cfg.lending.enabled else None
+    queue = None
+    if lending is not None or cfg.static_training_gpus > 0:
+        queue = TrainingQueue(cfg.training if cfg.training is not None else load_training())
+    cluster = SimCluster(nodes, models, specs, drain_s=drain, instant_start=policy.instant_start,
+                         lending=lending, training=queue)
+    cluster.score_from = burn_in
+    if cfg.static_training_gpus > 0:
+        cluster.reserve_static_training(cfg.static_training_gpus)
+    # As the live controller: in "pods" mode only whole idle nodes are lent (a node label cannot split a node).
+    core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0, lending=lending,
+                      lending_whole_nodes_only=lending is not None and lending.mode == "pods")
     _warm_start(cluster, workload, good, dt, core.packer)
     metrics = SimMetrics(
         models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
@@ -165,6 +194,8 @@ def simulate(
     # per tick two array adds: the cluster keeps both arrays up to date as slots are taken and released
     model_gpu_s = np.zeros_like(cluster.held)
     idle_s = np.zeros(len(cluster.gpu_kinds))
+    lent_s = np.zeros(len(cluster.gpu_kinds))
+    idle_reserved_s = 0.0
     unplaced_s = 0.0
     frag_sum, frag_n = 0.0, 0
     next_frag = 0.0
@@ -198,6 +229,9 @@ def simulate(
         gpu_seconds += cluster.gpus_allocated() * dt
         model_gpu_s += cluster.held * dt
         idle_s += cluster.idle_by_kind() * dt
+        idle_reserved_s += (cluster.pool_gpus - cluster.gpus_allocated()) * dt
+        if lending is not None:
+            lent_s += cluster.lent_by_kind * dt
         unplaced_s += float(cluster.shortfall.sum()) * dt
         if now >= next_frag:
             frag_sum += cluster.inventory.fragmentation()
@@ -205,6 +239,8 @@ def simulate(
             next_frag = now + cfg.fragmentation_every_s
         if progress is not None and k % report_every == 0:
             progress(k / n_ticks)
+    if queue is not None:
+        cluster.finish(n_ticks * dt)
     if progress is not None:
         progress(1.0)
     ticks_in_min[ticks_in_min == 0] = 1
@@ -236,4 +272,11 @@ def simulate(
         teams=tuple(s.team if isinstance(s, ModelSpec) else UNKNOWN_TEAM for s in (specs[x] for x in models)),
         namespaces=tuple(good[x].namespace for x in models),
         scored_s=max(0, n_ticks - first_scored) * dt,
+        lending_policy=lending,
+        static_training_gpus=cfg.static_training_gpus,
+        pool_gpus=cluster.pool_gpus,
+        lent_gpu_seconds=lent_s,
+        idle_reserved_gpu_seconds=idle_reserved_s,
+        lending=cluster.stats if queue is not None else None,
+        end_s=n_ticks * dt,
     )

@@ -1,7 +1,28 @@
-"""The scorecard: the numbers every simulation reports (printed, and written as JSON)."""
+"""The scorecard: the numbers every simulation reports (printed, and written as JSON).
+
+Lending (issue 8; :func:`lending_card`), all over the scored period, in whole-GPU hours:
+
+- ``idle_reserved_gpu_hours``: GPU-hours inference reserved but did not use = the inference pool's GPUs (every
+  GPU of the simulated cluster except a static split's) less the GPU-equivalents its replicas held (starting,
+  serving or draining) = **lent + idle not lent**. The simulated cluster is all inference's, so every node
+  counts: :func:`autoscaler.cost.idle_reserved` (the ``cost`` block's ``idle_gpu_hours``) counts only nodes
+  holding a replica, because a live controller cannot tell which replica-free nodes are inference's, and counts a
+  lent GPU as used; the two agree on nodes with replicas and no lent GPUs.
+- ``lent_gpu_hours``: whole GPUs lent x hours (from the LendGpus until the GPU is back, grace period included);
+  ``lending_efficiency`` = lent / idle reserved;
+- ``reclaims`` (ReclaimGpus decided in the scored period that took back at least one GPU), ``reclaim_p50_s`` /
+  ``reclaim_p99_s`` (decision -> last GPU free; empirical quantiles, the shortest measured duration that at least
+  50 % / 99 % of reclaims did not exceed: never interpolated), ``reclaims_late`` (took longer than their
+  ``deadline_s``, or still open at the end and already past it), ``reclaims_within_deadline`` (the share that were
+  not late), ``reclaim_max_late_s`` (the worst overrun, 0 when none);
+- ``training_goodput_gpu_hours``: training work kept (GPU-hours of running, less what preemption threw away;
+  a job still running at the end keeps its work), on lent GPUs and on a static split's;
+  ``training_lost_gpu_hours``: work thrown away since the last checkpoint by preemption.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -25,6 +46,17 @@ COLUMNS = (
     "fragmentation",
     "sim_wall_s",
 )
+# Shown in the table only when a run lent GPUs or had a static split.
+LENDING_COLUMNS = (
+    "idle_reserved_gpu_hours",
+    "lending_efficiency",
+    "reclaims",
+    "reclaim_p50_s",
+    "reclaim_p99_s",
+    "reclaims_late",
+    "training_goodput_gpu_hours",
+    "training_lost_gpu_hours",
+)
 
 
 def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[str, Any]:
@@ -43,6 +75,7 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
     # charged for the 5 % of requests it allows to be slow, but a missed minute charges all of its requests).
     violating = float(arrivals[has & ~met].sum())
     cost = cost_card(result)
+    lend = lending_card(result)
     per_model = {}
     for i, name in enumerate(result.models):
         a = float(arrivals[i].sum())
@@ -69,7 +102,11 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
         "gpu_hours_vs_oracle": (result.gpu_hours / oracle_gpu_hours) if oracle_gpu_hours else None,
         "cost_usd": cost["total_usd"],
         "idle_cost_usd": cost["idle_usd"],
-        "lent_gpu_hours": 0.0,  # lending arrives with its own issue
+        "lent_gpu_hours": lend["lent_gpu_hours"],
+        **{k: lend[k] for k in LENDING_COLUMNS},
+        "reclaims_within_deadline": lend["reclaims_within_deadline"],
+        "reclaim_max_late_s": lend["reclaim_max_late_s"],
+        "lending": lend["lending"],
         "scale_events": result.scale_events,
         "decisions_by_reason": result.reasons,
         "unplaced_replica_minutes": result.unplaced_replica_minutes,
@@ -115,6 +152,8 @@ def cost_card(result: SimResult) -> dict[str, Any]:
         t["cost_usd"] += row["cost_usd"]
         t["models"].append(name)
     idle_h = idle / 3600.0
+    lent = result.lent_gpu_seconds if result.lent_gpu_seconds is not None else np.zeros(len(kinds))
+    lent_h = lent / 3600.0
     return {
         "currency": "USD",
         "hours": result.scored_s / 3600.0,
@@ -124,11 +163,65 @@ def cost_card(result: SimResult) -> dict[str, Any]:
         "idle_gpu_hours_by_kind": {k: float(h) for k, h in zip(kinds, idle_h, strict=True)},
         "idle_gpu_hours": float(idle_h.sum()),
         "idle_usd": float((idle_h * prices).sum()),
-        "lent_gpu_hours": 0.0,  # lending arrives with its own issue: nothing is lent yet
-        "lent_usd": 0.0,
+        "lent_gpu_hours": float(lent_h.sum()),
+        "lent_gpu_hours_by_kind": {k: float(h) for k, h in zip(kinds, lent_h, strict=True) if h > 0},
+        "lent_usd": float((lent_h * prices).sum()),
         "by_team": by_team,
         "per_model": per_model,
     }
+
+
+def lending_card(result: SimResult) -> dict[str, Any]:
+    """The lending numbers of a run (module docstring); ``lending`` holds the details (None: lending off and
+    no static split), the other keys are always there (0 / None when nothing was lent)."""
+    lent_h = float(result.lent_gpu_seconds.sum()) / 3600.0 if result.lent_gpu_seconds is not None else 0.0
+    idle_h = result.idle_reserved_gpu_seconds / 3600.0
+    stats = result.lending
+    reclaims = stats.reclaims if stats is not None else []
+    done = np.array([r.duration_s for r in reclaims if r.duration_s is not None])
+    # An open reclaim is late once the end of the run is past its deadline; it has no duration yet.
+    overrun = [(r.duration_s if r.duration_s is not None else result.end_s - r.decided_at) - r.deadline_s
+               for r in reclaims]
+    late = sum(1 for x in overrun if x > 1e-9)
+    card: dict[str, Any] = {
+        "lent_gpu_hours": lent_h,
+        "idle_reserved_gpu_hours": idle_h,
+        "lending_efficiency": lent_h / idle_h if idle_h > 0 else 0.0,
+        "reclaims": len(reclaims),
+        "reclaim_p50_s": float(np.quantile(done, 0.5, method="inverted_cdf")) if done.size else None,
+        "reclaim_p99_s": float(np.quantile(done, 0.99, method="inverted_cdf")) if done.size else None,
+        "reclaims_late": late,
+        "reclaims_within_deadline": 1.0 - late / len(reclaims) if reclaims else None,
+        "reclaim_max_late_s": max(0.0, max(overrun, default=0.0)),
+        "training_goodput_gpu_hours": 0.0,
+        "training_lost_gpu_hours": 0.0,
+        "lending": None,
+    }
+    if stats is None:
+        return card
+    card["training_goodput_gpu_hours"] = (stats.goodput_lent_s + stats.goodput_static_s) / 3600.0
+    card["training_lost_gpu_hours"] = stats.lost_s / 3600.0
+    by_reason: dict[str, int] = {}
+    for r in reclaims:
+        by_reason[r.reason] = by_reason.get(r.reason, 0) + 1
+    card["lending"] = {
+        "policy": dataclasses.asdict(result.lending_policy) if result.lending_policy is not None else None,
+        "static_training_gpus": result.static_training_gpus,
+        "pool_gpus": result.pool_gpus,
+        "mean_lent_gpus": lent_h / (result.scored_s / 3600.0) if result.scored_s > 0 else 0.0,
+        "lends": stats.lends,
+        "lent_gpus": stats.lent_gpus,
+        "reclaims_by_reason": by_reason,
+        "reclaims_open": sum(1 for r in reclaims if r.freed_at is None),
+        "reclaim_noops": stats.reclaim_noops,
+        "preemptions": stats.preemptions,
+        "jobs_started": stats.jobs_started,
+        "jobs_finished": stats.jobs_finished,
+        "goodput_lent_gpu_hours": stats.goodput_lent_s / 3600.0,
+        "goodput_static_gpu_hours": stats.goodput_static_s / 3600.0,
+        "grace_gpu_hours": stats.grace_s / 3600.0,
+    }
+    return card
 
 
 def _num(x: float) -> float | None:
