@@ -17,7 +17,7 @@ from typing import Any
 from autoscaler.cost import price_table
 from sharing.catalog import load_catalog
 
-LENT_NOTE = "lent value is 0: lending idle capacity to training arrives with its own issue"
+LENT_NOTE = "lent value is 0: no GPU was lent to training in this range (lending off, or nothing idle enough)"
 
 
 @dataclass(frozen=True)
@@ -248,8 +248,9 @@ def sections_from_simulation(
             )
         hours = _opt(cost.get("hours")) or 0.0
         policy = str(card["policy"])
+        lent_by_kind = {k: float(h) for k, h in (cost.get("lent_gpu_hours_by_kind") or {}).items()}
         notes = [
-            LENT_NOTE,
+            *([] if sum(lent_by_kind.values()) > 0 else [LENT_NOTE]),
             "waiting: the simulator's p95 latency per model over the run (queue wait plus service); SLO attainment "
             "= requests settled within the SLO latency",
         ]
@@ -264,7 +265,7 @@ def sections_from_simulation(
                 models=models,
                 idle_gpu_hours_by_kind={k: float(h) for k, h in cost.get("idle_gpu_hours_by_kind", {}).items()},
                 fragmentation=_opt(card.get("fragmentation")),
-                lent_gpu_hours_by_kind={},
+                lent_gpu_hours_by_kind=lent_by_kind,
                 policy=policy,
                 slo_windows_met=_opt(card.get("slo_windows_met")),
                 notes=notes,
