@@ -76,21 +76,23 @@ def load_settings_file(path: str) -> dict[str, Any]:
     return data
 
 
+def _section(data: dict[str, Any], key: str, cls: type) -> Any:
+    """``data[key]`` (a mapping of ``cls``'s fields, removed from ``data``) as a ``cls``; unknown keys are errors."""
+    values = data.pop(key, {}) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{key}: expected a mapping of settings")
+    known = {f.name for f in fields(cls)}
+    bad = sorted(set(values) - known)
+    if bad:
+        raise ValueError(f"unknown {key} setting(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    return cls(**values)
+
+
 def build_settings(args: argparse.Namespace) -> ControllerSettings:
     data = load_settings_file(args.config) if args.config else {}
-    actuator_data = data.pop("actuator", {}) or {}
-    lending_data = data.pop("lending", {}) or {}
-    lend_known = {f.name for f in fields(LendingPolicy)}
-    bad_lending = sorted(set(lending_data) - lend_known)
-    if bad_lending:
-        raise ValueError(f"unknown lending setting(s) {', '.join(bad_lending)}; known: {', '.join(sorted(lend_known))}")
-    lending = LendingPolicy(**lending_data)
+    actuator = _section(data, "actuator", ActuatorConfig)
+    lending = _section(data, "lending", LendingPolicy)
     metrics_data = data.pop("metrics", {}) or {}
-    act_known = {f.name for f in fields(ActuatorConfig)}
-    bad = sorted(set(actuator_data) - act_known)
-    if bad:
-        raise ValueError(f"unknown actuator setting(s) {', '.join(bad)}; known: {', '.join(sorted(act_known))}")
-    actuator = ActuatorConfig(**actuator_data)
     if args.dry_run:
         actuator = replace(actuator, dry_run=True)
     if args.allow_mig_relayout:
