@@ -45,6 +45,7 @@ from autoscaler.ports import AsyncMetricsPort
 from autoscaler.snapshot import MetricsWindow
 from sharing.catalog import load_catalog
 from sharing.lending import LendingPolicy
+from sharing.packer import CostAwarePacker
 
 log = logging.getLogger("slotwise.controller")
 
@@ -144,7 +145,12 @@ class Controller:
                 window_s=settings.metrics_window_s, stale_after_s=settings.stale_after_s,
             )
         lending = settings.lending
+        # Lending whole nodes (pods mode) needs whole nodes idle: pack onto nodes already in use and empty the
+        # least-used node first on scale-down (measured: benchmarks section 7), as the simulator does.
+        consolidate = lending.enabled and lending.mode == "pods"
         self.core = CoreConfig(
+            packer=CostAwarePacker(prefer_open_nodes=consolidate),
+            consolidate_removals=consolidate,
             policy=make_policy(settings.policy, **settings.policy_knobs), report_every_decision=True,
             metric_lag_s=settings.metrics_step_s,
             lending=lending,  # disabled with GPUs still lent: the lend stage reclaims them (reason "disabled")

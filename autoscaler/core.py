@@ -64,6 +64,9 @@ class CoreConfig:
     # only for the Kubernetes "pods" mode (a node label cannot split a node).
     lending: LendingPolicy | None = None
     lending_whole_nodes_only: bool = False
+    # Opt-in (issue 8, pods-mode lending): a scale-down removes replicas on the nodes with the fewest replicas
+    # first (then as usual), so emptied nodes become whole and lendable.
+    consolidate_removals: bool = False
 
 
 @dataclass
@@ -145,11 +148,27 @@ def _update_forecaster(
     return forecaster
 
 
-def _choose_removals(obs: ModelObservation, count: int) -> list[str]:
-    """Remove replicas that serve nothing yet first (still starting), newest first, then the newest ready."""
+def _choose_removals(obs: ModelObservation, count: int, per_node: dict[str, int] | None = None) -> list[str]:
+    """Remove replicas that serve nothing yet first (still starting), newest first, then the newest ready.
+
+    With ``per_node`` (allocations per node, ``CoreConfig.consolidate_removals``): among those that serve (or among
+    those that do not), the replicas on the nodes with the fewest allocations first, so that a node empties and
+    can be lent whole."""
     live = [r for r in obs.replicas if not r.draining]
-    live.sort(key=lambda r: (r.ready, -r.started_at))
+    if per_node is None:
+        live.sort(key=lambda r: (r.ready, -r.started_at))
+    else:
+        live.sort(key=lambda r: (r.ready, per_node.get(r.slot.node, 0) if r.slot is not None else 0, -r.started_at))
     return [r.replica_id for r in live[:count]]
+
+
+def _node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """Allocations per node in the snapshot's inventory (lent GPUs aside)."""
+    out: dict[str, int] = {}
+    for owner, s in snapshot.inventory.allocations():
+        if not owner.startswith("lent:"):
+            out[s.node] = out.get(s.node, 0) + 1
+    return out
 
 
 def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
@@ -157,6 +176,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     plan = Plan(now=now)
     policy = config.policy
     inventory: Inventory | None = None  # copied lazily: most ticks change nothing
+    node_load: dict[str, int] | None = None  # allocations per node (consolidate_removals), computed lazily
     uses_forecast = getattr(policy, "uses_forecast", True)
     learns = getattr(policy, "learns", False)
     forecaster = _update_forecaster(snapshot, metrics, state, config) if uses_forecast else None
@@ -240,7 +260,9 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
                 detail = f"{detail}; {placed} placed on slower slots for {int(wanted)}".strip("; ")
             target = current + placed
         elif target < current:
-            for rid in _choose_removals(obs, current - target):
+            if config.consolidate_removals and node_load is None:
+                node_load = _node_load(snapshot)  # once per tick: the snapshot's, not changed within it
+            for rid in _choose_removals(obs, current - target, node_load):
                 plan.actions.append(RemoveReplica(name, rid, config.drain_timeout_s))
 
         if target != current:

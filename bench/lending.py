@@ -126,7 +126,10 @@ def run_trace(name: str, args: argparse.Namespace, jobs: tuple) -> dict[str, Any
     if hours is not None:
         trace = head(trace, (hist + hours) * 3600.0)
     workload = build_workload(trace, model_specs(trace), seed=args.seed, history_s=hist * 3600.0)
-    base = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, training=jobs)
+    base = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, training=jobs,
+                     lending_prefer_open_nodes=getattr(args, "prefer_open_nodes", None),
+                     lending_consolidate_removals=getattr(args, "consolidate_removals", None),
+                     lending_device_anti_affinity=getattr(args, "device_anti_affinity", None) or None)
     nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, base.tick_s, args.headroom)
     gpus = sum(n.gpu_count for n in nodes)
     knobs = {k: v for k, v in (("max_reclaim_s", args.max_reclaim_s), ("warm_buffer_gpus", args.warm_buffer_gpus))
@@ -210,6 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--training", default=BUNDLED, help="training job source (as slotwise simulate --training)")
     ap.add_argument("--checkpoint-every-s", type=float, default=DEFAULT_CHECKPOINT_EVERY_S)
     ap.add_argument("--training-grace-s", type=float, default=DEFAULT_GRACE_S)
+    ap.add_argument("--prefer-open-nodes", action=argparse.BooleanOptionalAction, default=None,
+                    help="pods mode: the packer prefers nodes that already hold something (keeps idle nodes whole; "
+                         "default on in pods mode)")
+    ap.add_argument("--consolidate-removals", action=argparse.BooleanOptionalAction, default=None,
+                    help="pods mode: scale-down removes replicas on the least occupied nodes first (default on in "
+                         "pods mode)")
+    ap.add_argument("--device-anti-affinity", action="store_true",
+                    help="pods mode: anti-affinity spreads a model's replicas over devices only, not nodes")
     ap.add_argument("--json", default=None, help="write every card and verdict here")
     args = ap.parse_args(argv)
     if args.hours is not None and not args.hours > 0:

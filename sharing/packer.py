@@ -291,11 +291,17 @@ class CostAwarePacker:
 
     name = "cost-aware"
 
-    def __init__(self, anti_affinity: bool = True, objective: str = "cost") -> None:
+    def __init__(self, anti_affinity: bool = True, objective: str = "cost", prefer_open_nodes: bool = False,
+                 node_anti_affinity: bool = True) -> None:
         if objective not in ("cost", "gpus"):
             raise ValueError(f"objective must be 'cost' or 'gpus', got {objective!r}")
         self.anti_affinity = anti_affinity
         self.objective = objective
+        # Opt-in (lending whole nodes, issue 8): rank a slot on a node with nothing on it after every slot on a
+        # node that already holds something (ahead of cost), so idle nodes stay whole and lendable.
+        self.prefer_open_nodes = prefer_open_nodes
+        # Opt-in False (lending whole nodes): anti-affinity spreads over devices only, never asks for another node.
+        self.node_anti_affinity = node_anti_affinity
         self._expected: dict[str, tuple[SlotRequest, int]] | None = None
         self._fit_cache: dict[tuple, dict[str, float]] = {}
         self._memo: dict[tuple, dict] = {}  # request shape -> DeviceSignature -> best slot (place)
@@ -350,7 +356,7 @@ class CostAwarePacker:
         # its device if it has one device.
         spread = self.anti_affinity and bool(same)
         lo = hi = -1  # the positions of the node to leave, when leaving a node is asked for
-        if spread:
+        if spread and self.node_anti_affinity:
             nodes = {n for n, _ in same}
             counts = inv.kind_node_counts()
             if len(nodes) == 1 and sum(counts[k] for k in kinds) > 1:
@@ -358,6 +364,10 @@ class CostAwarePacker:
                 lo = inv.position(node, 0)
                 hi = lo + inv.nodes[node].gpu_count
         off_node = lo >= 0
+        open_nodes: set[int] | None = None  # node ordinals holding something (prefer_open_nodes)
+        if self.prefer_open_nodes:
+            open_nodes = {inv.node_ordinal(p) for kind in kinds for sig, members in inv.device_groups(kind).items()
+                          if not sig.idle for p in members}
         # Candidates: (key, position, template slot or None for whole GPUs, kind, opens a device, GPUs).
         # The key is the reference key with (node order, GPU index) replaced by the position (same
         # order), plus a last element that puts a whole slot before a partial slot with an equal key, as
@@ -388,13 +398,26 @@ class CostAwarePacker:
                                         reps.append(p)
                                     break
                         reps.extend(used_by_sig.get(sig, ()))
+                    if open_nodes and sig.idle:
+                        for p in members:
+                            if inv.node_ordinal(p) in open_nodes and p not in used and not lo <= p < hi:
+                                if p not in reps:
+                                    reps.append(p)
+                                break
+                        for p in members:
+                            if inv.node_ordinal(p) in open_nodes and p not in used:
+                                if p not in reps:
+                                    reps.append(p)
+                                break
                     for p in reps:
                         cands.append(((*head, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
         if "whole" in req.kinds:
             for kind in kinds:
-                self._whole_candidates(inv, req, kind, lo, hi, cands)
+                self._whole_candidates(inv, req, kind, lo, hi, cands, open_nodes)
         if not cands:
             return None
+        if open_nodes is not None:
+            cands = [((0 if inv.node_ordinal(c[1]) in open_nodes else 1, *c[0]), *c[1:]) for c in cands]
         if spread:
             kept = [c for c in cands if not lo <= c[1] < hi] if off_node else []
             if kept:
@@ -441,7 +464,8 @@ class CostAwarePacker:
         return None if best is None else (best[0][0], best[0][1], best[1])
 
     def _whole_candidates(
-        self, inv: Inventory, req: SlotRequest, kind: str, lo: int, hi: int, cands: list
+        self, inv: Inventory, req: SlotRequest, kind: str, lo: int, hi: int, cands: list,
+        open_nodes: set[int] | None = None,
     ) -> None:
         """The first node of ``kind`` with ``req.gpus`` idle GPUs, and the first such node outside
         positions ``[lo, hi)`` (the node anti-affinity leaves), as whole-slot candidates."""
@@ -463,6 +487,11 @@ class CostAwarePacker:
         need = req.gpus
         first = -1
         cur, n = -1, 0
+        # With open_nodes: also the first such node that holds something, and the first off [lo, hi) that does.
+        want_open = open_nodes is not None
+        want_open_off = want_open and lo >= 0
+        done_off = False
+        added: set[int] = set()
         for p in idle[0] if len(idle) == 1 else heapq.merge(*idle):
             nd = inv.node_ordinal(p)
             if nd != cur:
@@ -470,12 +499,24 @@ class CostAwarePacker:
             n += 1
             if n == need:
                 p0 = p - inv.device_at(p).index  # the node's GPU 0
+                new = []
                 if first < 0:
                     first = p0
-                    cands.append(((*rank, p0, -1, 0), p0, None, kind, True, need))
-                if lo < 0 or p0 != lo:
-                    if p0 != first:
-                        cands.append(((*rank, p0, -1, 0), p0, None, kind, True, need))
+                    new.append(p0)
+                if not done_off and (lo < 0 or p0 != lo):
+                    new.append(p0)
+                    done_off = True
+                if want_open and nd in open_nodes:  # type: ignore[operator]
+                    new.append(p0)
+                    want_open = False
+                if want_open_off and nd in open_nodes and p0 != lo:  # type: ignore[operator]
+                    new.append(p0)
+                    want_open_off = False
+                for q in new:
+                    if q not in added:
+                        added.add(q)
+                        cands.append(((*rank, q, -1, 0), q, None, kind, True, need))
+                if done_off and not want_open and not want_open_off:
                     return
 
     def _reserve_fast(self, inv: Inventory, req: SlotRequest, cands: list) -> list:
@@ -638,11 +679,12 @@ class CostAwarePacker:
 
     @staticmethod
     def _spread_filter(
-        inv: Inventory, req: SlotRequest, cands: list[tuple[tuple, Slot]], used: dict[tuple[str, int], int]
+        inv: Inventory, req: SlotRequest, cands: list[tuple[tuple, Slot]], used: dict[tuple[str, int], int],
+        node_level: bool = True,
     ) -> list[tuple[tuple, Slot]]:
         """Keep the candidates that spread the model, if any do (anti-affinity "when feasible")."""
         nodes = {n for n, _ in used}
-        many_nodes = sum(1 for _ in eligible_nodes(inv, req)) > 1
+        many_nodes = node_level and sum(1 for _ in eligible_nodes(inv, req)) > 1
         if many_nodes and len(nodes) == 1:
             off_node = [c for c in cands if c[1].node not in nodes]
             if off_node:
@@ -677,9 +719,12 @@ def _reference_place(packer: CostAwarePacker, inv: Inventory, req: SlotRequest) 
     if not cands:
         return None
     if packer.anti_affinity and same:
-        cands = packer._spread_filter(inv, req, cands, same)
+        cands = packer._spread_filter(inv, req, cands, same, packer.node_anti_affinity)
     if packer._expected is not None:
         cands = packer._reserve(inv, req, cands)
+    if packer.prefer_open_nodes:
+        opened = {d.node for d in inv.devices.values() if not d.idle}
+        cands = [((0 if c[1].node in opened else 1, *c[0]), c[1]) for c in cands]
     return min(cands, key=lambda c: c[0])[1]
 
 

@@ -60,7 +60,12 @@ def inventories(draw) -> Inventory:
 
 @st.composite
 def packers(draw) -> CostAwarePacker:
-    p = CostAwarePacker(anti_affinity=draw(st.booleans()), objective=draw(st.sampled_from(["cost", "gpus"])))
+    p = CostAwarePacker(
+        anti_affinity=draw(st.booleans()),
+        objective=draw(st.sampled_from(["cost", "gpus"])),
+        prefer_open_nodes=draw(st.booleans()),
+        node_anti_affinity=draw(st.booleans()),
+    )
     if draw(st.integers(0, 3)) == 0:
         p.expect(draw(st.lists(requests, max_size=12)))
     return p
