@@ -62,6 +62,7 @@ class SeenRequest:
 @dataclass(eq=False)  # hashed by identity: kept in a set
 class _OpenWatch:
     cut: asyncio.Event = field(default_factory=asyncio.Event)
+    injected: asyncio.Queue = field(default_factory=asyncio.Queue)  # lines to send before the next upstream one
 
 
 def _status_body(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -147,6 +148,18 @@ class FaultProxy:
     def gone_next_watch(self, *, as_event: bool = True) -> None:
         """The next watch gets 410 Gone: an ERROR event (``as_event``) or an HTTP 410 response."""
         self._gone_next = "event" if as_event else "http"
+
+    def bookmark_open_watches(self, resource_version: str, kind: str = "ConfigMap", api_version: str = "v1") -> int:
+        """Send a BOOKMARK event at ``resource_version`` on every open watch now; returns how many got one.
+
+        The apiserver sends bookmarks only on a best-effort basis (the API promises none), so a test that must see
+        one injects it, in exactly the server's shape."""
+        event = {"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
+                                                 "metadata": {"resourceVersion": str(resource_version)}}}
+        line = json.dumps(event).encode() + b"\n"
+        for watch in self._open:
+            watch.injected.put_nowait(line)
+        return len(self._open)
 
     def cut_next_watch(self, after_events: int = 0) -> None:
         """Drop the next watch's connection (no clean end) after relaying ``after_events`` event lines."""
@@ -259,15 +272,24 @@ class FaultProxy:
 
     @staticmethod
     async def _next_line(upstream: aiohttp.ClientResponse, watch: _OpenWatch) -> bytes | None:
-        """The next line from the apiserver, or None if the watch is cut first."""
+        """The next line: an injected one, else the apiserver's; None if the watch is cut first."""
+        if not watch.injected.empty():
+            return watch.injected.get_nowait()
         read = asyncio.ensure_future(upstream.content.readline())
         cut = asyncio.ensure_future(watch.cut.wait())
+        inject = asyncio.ensure_future(watch.injected.get())
         try:
-            done, _ = await asyncio.wait({read, cut}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({read, cut, inject}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (read, cut):
+            for task in (read, cut, inject):
                 if not task.done():
-                    task.cancel()
+                    task.cancel()  # a pending readline consumed nothing yet: cancelling it loses no data
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
-        return read.result() if read in done else None
+        if read in done:
+            if inject in done:  # both at once: send the upstream line now, the injected one next
+                watch.injected.put_nowait(inject.result())
+            return read.result()
+        if inject in done:
+            return inject.result()
+        return None
