@@ -37,6 +37,10 @@ POLICY_ORDER = ("slotwise", "predictive", "hpa", "kpa", "static", "oracle")
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run the control loop on a simulated cluster driven by a trace")
     p.add_argument("--trace", default=DEFAULT_TRACE, help="bundled trace name or a trace file/folder")
+    p.add_argument("--scenario", default=None, metavar="FILE|NAME",
+                   help="a scenario file (teams, models, training, cluster, events; see autoscaler/sim/scenario.py) "
+                        f"or a shipped one ({', '.join(shipped_scenarios())}); replaces --trace, --models, "
+                        "--cluster and the training options; --hours shortens it")
     p.add_argument("--from", dest="fmt", default=None, help="trace format (default: detected)")
     p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_ORDER)}, a comma list, or all")
     p.add_argument(
@@ -222,7 +226,128 @@ def print_table(cards: list[dict[str, Any]], title: str) -> None:
     Console(width=max(100, 22 + 16 * len(cards))).print(table)
 
 
+def shipped_scenarios() -> dict[str, str]:
+    """The scenarios shipped in autoscaler/data/scenarios, by name (file name without .yaml)."""
+    import autoscaler
+
+    out: dict[str, str] = {}
+    for root in autoscaler.__path__:
+        folder = os.path.join(root, "data", "scenarios")
+        if os.path.isdir(folder):
+            for f in sorted(os.listdir(folder)):
+                if f.endswith(".yaml"):
+                    out.setdefault(f[: -len(".yaml")], os.path.join(folder, f))
+    return out
+
+
+def team_rows(card: dict[str, Any], teams: list[str]) -> list[dict[str, Any]]:
+    """Per team of one scorecard: models, requests, SLO attainment (requests within SLO / requests), GPU-hours,
+    cost (from the scorecard's per-model numbers)."""
+    rows: dict[str, dict[str, Any]] = {t: {"team": t, "models": 0, "requests": 0.0, "within_slo": 0.0,
+                                           "gpu_hours": 0.0, "cost_usd": 0.0} for t in teams}
+    for m in card["per_model"].values():
+        r = rows.setdefault(m.get("team", "default"), {"team": m.get("team", "default"), "models": 0,
+                                                      "requests": 0.0, "within_slo": 0.0, "gpu_hours": 0.0,
+                                                      "cost_usd": 0.0})
+        r["models"] += 1
+        r["requests"] += m["requests"]
+        r["within_slo"] += m["requests"] - m["late_requests"]
+        r["gpu_hours"] += m.get("gpu_hours", 0.0)
+        r["cost_usd"] += m.get("cost_usd", 0.0)
+    for r in rows.values():
+        r["slo_attainment"] = r["within_slo"] / r["requests"] if r["requests"] > 0 else 1.0
+    return list(rows.values())
+
+
+def run_scenario(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autoscaler.sim.scenario import load_scenario
+
+    names = _policies(args.policy)
+    if args.models or args.cluster or args.trace != DEFAULT_TRACE:
+        raise ValueError("--scenario declares the models, the trace and the cluster: drop --trace/--models/--cluster")
+    if args.lending or args.static_training_gpus:
+        raise ValueError("--scenario declares the training backlog (its 'training' key): drop --lending and "
+                         "--static-training-gpus")
+    if not args.tick > 0:
+        raise ValueError(f"--tick must be a positive number of seconds, got {args.tick}")
+    if args.hours is not None and not args.hours > 0:
+        raise ValueError(f"--hours must be positive, got {args.hours}")
+    path = args.scenario if os.path.exists(args.scenario) else shipped_scenarios().get(args.scenario, args.scenario)
+    sc = load_scenario(path)
+    hours = args.hours if args.hours is not None else sc.duration_h
+    workload = build_workload(sc.build_trace(hours), sc.specs, history_s=sc.history_h * 3600.0)
+    extra: dict[str, Any] = {}
+    if sc.training is not None:
+        t = sc.training
+        if t.lending:
+            extra["lending"] = LendingPolicy(enabled=True)
+        extra["static_training_gpus"] = t.static_gpus
+        extra["training"] = load_training(t.source, t.checkpoint_every_s, t.grace_s)
+    end_s = hours * 3600.0
+    events = tuple(e for e in sc.cluster_events if e.at_s < end_s)
+    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, events=events, **extra)
+    results, cards = run_policies(workload, sc.cluster, names, cfg)
+    gpus = sum(n.gpu_count for n in sc.cluster)
+    print_table(cards, f"slotwise simulate — scenario {sc.name} ({len(workload.models)} models, "
+                       f"{len(sc.teams)} teams, {hours:g} h, {gpus} GPUs, {args.mode})")
+    teams = [t.name for t in sc.teams]
+    table = Table(title=f"per team — scenario {sc.name}")
+    for col in ("policy", "team", "guaranteed GPUs", "models", "requests", "slo_attainment", "gpu_hours",
+                "cost_usd"):
+        table.add_column(col, justify="left" if col in ("policy", "team") else "right")
+    guaranteed = {t.name: t.guaranteed_gpus for t in sc.teams}
+    by_policy = {}
+    for c in cards:
+        rows = team_rows(c, teams)
+        by_policy[c["policy"]] = rows
+        for r in rows:
+            table.add_row(c["policy"], r["team"], f"{guaranteed.get(r['team'], 0.0):g}", _fmt(r["models"]),
+                          _fmt(r["requests"]), _fmt(r["slo_attainment"]), _fmt(r["gpu_hours"]), _fmt(r["cost_usd"]))
+    console = Console(width=120)
+    console.print(table)
+    fired = {r.policy: r.events for r in results}
+    surges = [s for s in sc.fired_surges() if s["at_s"] < end_s]
+    ev = Table(title="events")
+    for col in ("at", "kind", "target", "what happened"):
+        ev.add_column(col)
+    rows: list[tuple[float, str, str, str]] = []
+    for s in surges:
+        rows.append((float(s["at_s"]), "surge", str(s["target"]),
+                     f"x{s['multiplier']:g} for {s['duration_s']:g} s on {', '.join(s['models'])}"))
+    for policy, evs in fired.items():
+        for e in evs:
+            rows.append((float(e["at_s"]), str(e["kind"]), str(e["target"]) + (f" x{e['count']}" if e["count"] else ""),
+                         f"{policy}: nodes {', '.join(e['nodes']) or '-'}; {e['gpus_removed']} GPUs removed, "
+                         f"{e['replicas_lost']} replicas lost"))
+    for at, kind, target, what in sorted(rows, key=lambda r: r[0]):
+        ev.add_row(_clock(at), kind, target, what)
+    if not surges and not any(fired.values()):
+        ev.add_row("-", "-", "-", "no events")
+    console.print(ev)
+    if args.json or args.out:
+        json_path = args.json or os.path.join(args.out, "scorecard.json")
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+        doc = {"scenario": sc.name, "file": path, "mode": args.mode, "tick_s": args.tick, "hours": hours,
+               "teams": [t.__dict__ for t in sc.teams], "per_team": by_policy,
+               "events": {"surges": surges, "cluster": fired},
+               "results": cards if len(cards) > 1 else cards[0]}
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=2, default=str)
+        print(f"wrote {json_path}")
+    return 0
+
+
+def _clock(s: float) -> str:
+    return f"{int(s // 3600):02d}:{int(s % 3600 // 60):02d}"
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.scenario:
+        return run_scenario(args)
     names = _policies(args.policy)
     lending = lending_config(args)
     if not args.tick > 0:

@@ -47,6 +47,7 @@ from sharing.slots import Inventory, NodeSpec, Slot
 _READY, _RELEASE, _JOB_STOPPED, _JOB_DONE = 0, 1, 2, 3
 
 STATIC_TRAINING_MODEL = "(training)"  # the inventory's model for GPUs a static split gives to training
+LOST_MODEL = "(lost)"  # the inventory's model for the GPUs of a node lost in a scenario event
 
 
 def static_owner(node: str, device: int) -> str:
@@ -188,6 +189,7 @@ class SimCluster:
         self._reclaiming: dict[tuple[str, int], Reclaim] = {}  # lent GPU -> the reclaim waiting for it
         self._node_training = np.zeros(len(nodes_))  # whole GPUs per node held by training (lent or static)
         self._lent_view: MappingProxyType | None = None  # snapshot's read-only copy of ``lent``; None after a change
+        self.lost_nodes: list[str] = []  # nodes lost to scenario events, in order
 
     # -- ClusterPort ---------------------------------------------------------------------------
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -476,6 +478,35 @@ class SimCluster:
         for run in self.runs.values():
             if run.stop_at is None:
                 self._goodput(run, end)
+
+    def lose_node(self, node: str, now: float) -> dict[str, int]:
+        """A node fails at ``now`` (scenario events, :mod:`autoscaler.sim.scenario`): every replica on it is lost
+        at once (starting, serving or draining; its slot freed, no drain), and its GPUs leave the inference pool:
+        each is held by a ``lost:`` owner so that nothing is placed there again. GPUs held by training (lent or a
+        static split) or with pinned MIG instances are left as they are (training on a lost node is not modelled).
+        Returns ``{"replicas": lost, "gpus": removed}``."""
+        if node not in self.inventory.nodes:
+            raise KeyError(f"no node {node!r} in the cluster")
+        lost = 0
+        for i, reps in enumerate(self.replicas):
+            for r in [r for r in reps.values() if r.slot.node == node]:
+                if r.ready_at <= now and r.release_at is None:
+                    self.routable[i] -= 1
+                self._release(i, r)  # pending readiness/release events find no replica and are skipped
+                self._obs[i] = None
+                lost += 1
+        gpus = 0
+        gpu = self.inventory.gpu_of(node)
+        for dev in range(self.inventory.nodes[node].gpu_count):
+            d = self.inventory.device(node, dev)
+            if d.entries or d.pinned:
+                continue
+            self.inventory.allocate(Slot.whole(node, dev, gpu), f"lost:{node}/{dev}", model=LOST_MODEL)
+            gpus += 1
+        self.pool_gpus -= gpus
+        self.lost_nodes.append(node)
+        self._idle = None
+        return {"replicas": lost, "gpus": gpus}
 
     def gpus_allocated(self) -> float:
         """GPU-equivalents held by replicas (starting, serving or draining): what the fleet pays for."""

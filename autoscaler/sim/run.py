@@ -37,6 +37,51 @@ Progress = Callable[[float], None]  # called with the fraction done
 
 
 @dataclass(frozen=True)
+class ClusterEvent:
+    """A change to the simulated cluster at ``at_s`` (seconds into the simulated period), from a scenario file
+    (:mod:`autoscaler.sim.scenario`). Applied at the first tick boundary at or after ``at_s``.
+
+    - ``node_lost``: ``target`` is a node name, or with ``count`` a GPU kind: that many of its nodes (those holding
+      the most replicas' GPUs first) are lost; every replica on a lost node is lost at once.
+    - ``gpu_kind_removed``: every node of GPU kind ``target`` is lost.
+    """
+
+    at_s: float
+    kind: str  # "node_lost" | "gpu_kind_removed"
+    target: str
+    count: int | None = None
+
+
+def _nodes_of_kind(cluster: SimCluster, kind: str) -> list[str]:
+    from sharing.catalog import load_catalog
+
+    canon = load_catalog().get(kind).name
+    return [n.name for n in cluster.inventory.nodes.values()
+            if n.gpu_model == canon and n.gpu_count and n.name not in cluster.lost_nodes]
+
+
+def apply_event(cluster: SimCluster, event: ClusterEvent, now: float) -> dict[str, object]:
+    """Carry out ``event`` on ``cluster`` at ``now``; returns what happened (for the scenario report)."""
+    if event.kind == "node_lost" and event.count is None:
+        nodes = [event.target] if event.target not in cluster.lost_nodes else []
+    else:
+        nodes = _nodes_of_kind(cluster, event.target)
+        if event.kind == "node_lost":
+            held = {n: 0.0 for n in nodes}
+            for reps in cluster.replicas:
+                for r in reps.values():
+                    if r.slot.node in held:
+                        held[r.slot.node] += r.slot.gpu_fraction
+            nodes = sorted(nodes, key=lambda n: -held[n])[: event.count]
+    lost = {"replicas": 0, "gpus": 0}
+    for n in nodes:
+        for k, v in cluster.lose_node(n, now).items():
+            lost[k] += v
+    return {"at_s": now, "kind": event.kind, "target": event.target, "count": event.count, "nodes": nodes,
+            "replicas_lost": lost["replicas"], "gpus_removed": lost["gpus"]}
+
+
+@dataclass(frozen=True)
 class SimConfig:
     tick_s: float = 10.0
     mode: str = "fluid"  # or "des" (request logs)
@@ -62,6 +107,8 @@ class SimConfig:
     lending_prefer_open_nodes: bool | None = None
     lending_consolidate_removals: bool | None = None
     lending_device_anti_affinity: bool | None = None  # anti-affinity across devices only (not nodes)
+    # Cluster events of a scenario (node loss, a GPU kind removed), applied at tick boundaries; () = none.
+    events: tuple[ClusterEvent, ...] = ()
 
 
 @dataclass
@@ -105,6 +152,7 @@ class SimResult:
     idle_reserved_gpu_seconds: float = 0.0
     lending: LendingStats | None = None  # reclaims, training goodput (None: neither lending nor a static split)
     end_s: float = 0.0  # when the simulated period ends (open reclaims are judged against it)
+    events: list[dict[str, object]] = field(default_factory=list)  # the cluster events that fired (apply_event)
 
 
 def _warm_start(
@@ -213,10 +261,14 @@ def simulate(
     frag_sum, frag_n = 0.0, 0
     next_frag = 0.0
     report_every = max(1, n_ticks // 200)
+    pending = sorted(cfg.events, key=lambda e: e.at_s)
+    fired: list[dict[str, object]] = []
 
     for k in range(n_ticks):
         now = k * dt
         cluster.advance(now)
+        while pending and pending[0].at_s <= now + 1e-9:
+            fired.append(apply_event(cluster, pending.pop(0), now))
         if future is not None:
             # The oracle knows the load of the tick it is about to serve.
             metrics.future_rate = future[:, k]
@@ -292,4 +344,5 @@ def simulate(
         idle_reserved_gpu_seconds=idle_reserved_s,
         lending=cluster.stats if queue is not None else None,
         end_s=n_ticks * dt,
+        events=fired,
     )
