@@ -34,7 +34,7 @@ from autoscaler.plan import (
 from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
 from autoscaler.spec import ModelSpec
-from sharing.lending import LendingPolicy
+from sharing.lending import LENT_MODEL, LendingPolicy
 from sharing.packer import CostAwarePacker, Packer
 from sharing.slots import Inventory, SlotRequest
 
@@ -58,7 +58,7 @@ class CoreConfig:
     drain_timeout_s: float = 30.0
     metric_lag_s: float = 0.0
     # The live controller reports every decision (status, metrics: forecast and predicted latency); the
-    # simulator only asks for a status when the decision changes (the prediction costs a bisection).
+    # simulator only asks for a status when the decision changes, without the predicted latency (a search).
     report_every_decision: bool = False
     # Lending idle reserved GPUs to training (autoscaler/lend.py); None or disabled: no lend stage. Whole nodes
     # only for the Kubernetes "pods" mode (a node label cannot split a node).
@@ -165,8 +165,9 @@ def _choose_removals(obs: ModelObservation, count: int, per_node: dict[str, int]
 def _node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
     """Allocations per node in the snapshot's inventory (lent GPUs aside)."""
     out: dict[str, int] = {}
-    for owner, s in snapshot.inventory.allocations():
-        if not owner.startswith("lent:"):
+    inv = snapshot.inventory
+    for owner, s in inv.allocations():
+        if inv.model_of(owner) != LENT_MODEL:
             out[s.node] = out.get(s.node, 0) + 1
     return out
 
@@ -270,7 +271,9 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
         if config.report_every_decision or target != ms.last_desired or reason is not ms.last_reason:
             forecast_rps = None if ctx.forecast is None else ctx.forecast.at(config.upper_quantile)
             predicted_ms = None
-            if forecast_rps is not None:
+            # The prediction (a search over the queueing model) is for the live status and /metrics; the
+            # simulator's statuses only count reasons, so it does not pay for it.
+            if forecast_rps is not None and config.report_every_decision:
                 latency_s = predicted_latency_s(forecast_rps, target, ctx.capacity)
                 predicted_ms = latency_s * 1000.0 if math.isfinite(latency_s) else None
             plan.actions.append(
