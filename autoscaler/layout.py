@@ -15,7 +15,7 @@ import json
 import re
 
 from autoscaler.plan import SetMigLayout, SetTimeSlicing
-from sharing.render import mig_devices, mig_parted_config
+from sharing.render import layouts_from_inventory, mig_devices, mig_parted_config
 from sharing.slots import Inventory, SlotKind
 
 Layout = tuple[tuple[str, int], ...] | None  # a GPU's MIG instances (profile key, start); None = MIG off
@@ -26,12 +26,7 @@ def _slug(text: str) -> str:
 
 
 def _node_layouts(inv: Inventory, node: str) -> dict[int, Layout]:
-    spec = inv.nodes[node]
-    out: dict[int, Layout] = {}
-    for i in range(spec.gpu_count):
-        d = inv.device(node, i)
-        out[i] = tuple(d.instances()) if d.mig_enabled else None
-    return out
+    return {i: None if lay is None else tuple(lay) for i, lay in layouts_from_inventory(inv, node).items()}
 
 
 def _counts(inv: Inventory, node: str, layout: Layout) -> tuple | None:
