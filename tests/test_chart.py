@@ -626,13 +626,6 @@ class Load:
         return MetricsWindow(now=now, step_s=15.0, models=out)
 
 
-def _node(name: str, product: str, count: int, capacity: dict[str, str], extra: dict[str, str]) -> dict:
-    labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count),
-              "nvidia.com/gpu.memory": "81559" if "H100" in product else "23034", **extra}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "status": {"capacity": capacity, "allocatable": capacity}}
-
-
 def _deployment(name: str, annotations: dict[str, str], resources: dict | None, replicas: int) -> dict:
     labels = {"app": name}
     container: dict = {"name": "server", "image": "registry.invalid/vllm:test"}
@@ -648,20 +641,16 @@ async def _models_and_nodes(admin: kclient.ApiClient, r: Release) -> tuple[str, 
     """Two GPU nodes (4x L4; an H100 with one MIG 1g.10gb) and two models: chat (whole GPUs, 1 replica) and
     embed (0 replicas, MIG only: its first placement needs a re-layout of the H100)."""
     from kubernetes_asyncio import client
+    from realparts.clusterplay import create_gpu_node
 
-    core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
+    apps = client.AppsV1Api(admin)
     l4, h100 = f"{r.suffix}-l4", f"{r.suffix}-h100"
-    for body in (
-        _node(l4, "NVIDIA-L4", 4, {"nvidia.com/gpu": "4", "cpu": "32", "memory": "128Gi", "pods": "110"}, {}),
-        _node(h100, "NVIDIA-H100-80GB-HBM3", 1, {"nvidia.com/mig-1g.10gb": "1", "cpu": "32", "memory": "128Gi",
-                                                 "pods": "110"},
-              {"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
-               "nvidia.com/mig.config": "custom-1g", "nvidia.com/mig.config.state": "success"}),
-    ):
-        created = await core.create_node(body)
-        created.status.capacity = body["status"]["capacity"]
-        created.status.allocatable = body["status"]["allocatable"]
-        await core.replace_node_status(body["metadata"]["name"], created)
+    await create_gpu_node(admin, l4, "NVIDIA-L4", 4, {"nvidia.com/gpu": "4", "cpu": "32", "memory": "128Gi",
+                                                     "pods": "110"})
+    await create_gpu_node(admin, h100, "NVIDIA-H100-80GB-HBM3", 1,
+                          {"nvidia.com/mig-1g.10gb": "1", "cpu": "32", "memory": "128Gi", "pods": "110"},
+                          {"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
+                           "nvidia.com/mig.config": "custom-1g", "nvidia.com/mig.config.state": "success"})
     base = {"slotwise.io/slo-latency-ms": "500", "slotwise.io/service-time-ms": "100",
             "slotwise.io/cold-start-seconds": "10", "slotwise.io/max-replicas": "4"}
     await apps.create_namespaced_deployment(r.app_ns, _deployment(

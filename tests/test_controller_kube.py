@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
-from realparts.clusterplay import ClusterPlay
+from realparts.clusterplay import ClusterPlay, create_gpu_node
 
 from autoscaler.adapters.kube.actuator import ActuatorConfig
 from autoscaler.adapters.kube.objects import STATUS_ANNOTATION
@@ -56,13 +56,6 @@ class ScriptedLoad:
         return MetricsWindow(now=now, step_s=self.step_s, models=out)
 
 
-def _node(name: str, product: str, count: int, capacity: dict[str, str], extra: dict[str, str] | None = None) -> dict:
-    labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count),
-              "nvidia.com/gpu.memory": "81559" if "H100" in product else "23034", **(extra or {})}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "status": {"capacity": capacity, "allocatable": capacity}}
-
-
 def _deployment(name: str, annotations: dict[str, str], resources: dict | None = None, replicas: int = 1) -> dict:
     labels = {"app": name}
     container: dict = {"name": "server", "image": "registry.invalid/vllm:test"}
@@ -96,17 +89,12 @@ async def cluster(api: client.ApiClient) -> AsyncIterator[dict]:
                 raise
     l4 = f"{suffix}-l4"
     h100 = f"{suffix}-h100"
-    for body in (
-        _node(l4, "NVIDIA-L4", 4, {"nvidia.com/gpu": "4", "cpu": "32", "memory": "128Gi", "pods": "110"}),
-        _node(h100, "NVIDIA-H100-80GB-HBM3", 1,
-              {"nvidia.com/mig-1g.10gb": "1", "cpu": "32", "memory": "128Gi", "pods": "110"},
-              {"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
-               "nvidia.com/mig.config": "custom-1g", "nvidia.com/mig.config.state": "success"}),
-    ):
-        created = await core.create_node(body)
-        created.status.capacity = body["status"]["capacity"]
-        created.status.allocatable = body["status"]["allocatable"]
-        await core.replace_node_status(body["metadata"]["name"], created)
+    await create_gpu_node(api, l4, "NVIDIA-L4", 4,
+                          {"nvidia.com/gpu": "4", "cpu": "32", "memory": "128Gi", "pods": "110"})
+    await create_gpu_node(api, h100, "NVIDIA-H100-80GB-HBM3", 1,
+                          {"nvidia.com/mig-1g.10gb": "1", "cpu": "32", "memory": "128Gi", "pods": "110"},
+                          {"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
+                           "nvidia.com/mig.config": "custom-1g", "nvidia.com/mig.config.state": "success"})
     apps = client.AppsV1Api(api)
     base = {"slotwise.io/slo-latency-ms": "500", "slotwise.io/service-time-ms": "100",
             "slotwise.io/cold-start-seconds": "10", "slotwise.io/max-replicas": "4"}
@@ -309,11 +297,8 @@ async def test_controller_lends_an_idle_node_and_reclaims_it_ahead_of_need(api: 
     await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     busy, idle = f"{suffix}-busy", f"{suffix}-idle"
     for name, gpus in ((busy, 2), (idle, 4)):
-        body = _node(name, "NVIDIA-L4", gpus, {"nvidia.com/gpu": str(gpus), "cpu": "32", "memory": "128Gi",
-                                                "pods": "110"})
-        created = await core.create_node(body)
-        created.status.capacity = created.status.allocatable = body["status"]["capacity"]
-        await core.replace_node_status(name, created)
+        await create_gpu_node(api, name, "NVIDIA-L4", gpus,
+                              {"nvidia.com/gpu": str(gpus), "cpu": "32", "memory": "128Gi", "pods": "110"})
     await apps.create_namespaced_deployment(ns, _deployment(
         "chat", {"slotwise.io/slo-latency-ms": "500", "slotwise.io/service-time-ms": "100",
                  "slotwise.io/cold-start-seconds": "10", "slotwise.io/max-replicas": "6",

@@ -45,6 +45,22 @@ def _gpu_requests(pod_spec: dict) -> dict[str, int]:
     return out
 
 
+async def create_gpu_node(
+    api: client.ApiClient, name: str, product: str, count: int, capacity: dict[str, str],
+    labels: dict[str, str] | None = None,
+) -> None:
+    """A GPU Node as GPU Feature Discovery labels it, with ``capacity`` (= allocatable) set through the status
+    subresource (a create ignores status). Nodes are cluster-wide: the caller deletes it."""
+    all_labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(count),
+                  "nvidia.com/gpu.memory": "81559" if "H100" in product else "23034", **(labels or {})}
+    core = client.CoreV1Api(api)
+    created = await core.create_node({"apiVersion": "v1", "kind": "Node",
+                                      "metadata": {"name": name, "labels": all_labels}})
+    created.status.capacity = dict(capacity)
+    created.status.allocatable = dict(capacity)
+    await core.replace_node_status(name, created)
+
+
 def _tolerates(pod_spec: dict, taints: list[dict]) -> bool:
     """Whether the pod tolerates every NoSchedule/NoExecute taint (kube-scheduler's TaintToleration filter)."""
     tolerations = pod_spec.get("tolerations") or []
