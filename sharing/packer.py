@@ -298,7 +298,8 @@ class CostAwarePacker:
         self.anti_affinity = anti_affinity
         self.objective = objective
         # Opt-in (lending whole nodes, issue 8): rank a slot on a node with nothing on it after every slot on a
-        # node that already holds something (ahead of cost), so idle nodes stay whole and lendable.
+        # node that already holds something (ahead of cost; behind expect's reservation, which keeps scarce GPUs
+        # for replicas that fit nowhere else), so idle nodes stay whole and lendable.
         self.prefer_open_nodes = prefer_open_nodes
         # Opt-in False (lending whole nodes): anti-affinity spreads over devices only, never asks for another node.
         self.node_anti_affinity = node_anti_affinity
@@ -720,11 +721,11 @@ def _reference_place(packer: CostAwarePacker, inv: Inventory, req: SlotRequest) 
         return None
     if packer.anti_affinity and same:
         cands = packer._spread_filter(inv, req, cands, same, packer.node_anti_affinity)
-    if packer._expected is not None:
-        cands = packer._reserve(inv, req, cands)
     if packer.prefer_open_nodes:
         opened = {d.node for d in inv.devices.values() if not d.idle}
         cands = [((0 if c[1].node in opened else 1, *c[0]), c[1]) for c in cands]
+    if packer._expected is not None:  # the reservation ranks first, ahead of open nodes (see expect)
+        cands = packer._reserve(inv, req, cands)
     return min(cands, key=lambda c: c[0])[1]
 
 
