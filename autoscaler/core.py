@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autoscaler.arbitration import ArbitrationPolicy
 from autoscaler.capacity import ServiceProfile, predicted_latency_s, profile_from_spec
 from autoscaler.forecast import FleetForecaster
 from autoscaler.model_learning import ModelLearning
@@ -67,6 +68,8 @@ class CoreConfig:
     # Opt-in (issue 8, pods-mode lending): a scale-down removes replicas on the nodes with the fewest replicas
     # first (then as usual), so emptied nodes become whole and lendable.
     consolidate_removals: bool = False
+    # Who gets GPUs when they run out: team quotas, priorities, SLO damage, preemption (autoscaler/arbitration.py).
+    arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
 
 
 @dataclass

@@ -27,6 +27,26 @@ class Reason(StrEnum):
     STATIC = "static"
     ORACLE = "oracle"
     INVALID_SPEC = "invalid_spec"
+    PREEMPTED = "preempted"  # replicas drained for a higher-priority model or a team reclaiming its guarantee
+
+
+class ShortfallCause(StrEnum):
+    """Why replicas a model's policy asked for were not placed (autoscaler/arbitration.py). Exported as the
+    ``reason`` label of ``slotwise_shortfall_replicas``. ``RECLAIMING`` and ``PREEMPTING`` are grants in
+    progress (the capacity is being freed for the model); the others are refusals."""
+
+    UNPLACEABLE = "unplaceable"  # no slot fits, even on capacity being freed, and nothing may be preempted for it
+    BORROWING_LIMIT = "borrowing_limit"  # the team holds its guarantee + borrowing limit
+    HEADROOM = "headroom"  # the model meets its SLO without it: nothing is preempted for headroom
+    MIN_RUNTIME = "min_runtime"  # what it could preempt has not run the minimum runtime yet
+    OUTRANKED = "outranked"  # the preemptions this tick went to models ranked ahead (per-tick limit)
+    RECLAIMING = "reclaiming"  # lent training GPUs are being reclaimed for it
+    PREEMPTING = "preempting"  # lower-priority (or over-guarantee) replicas are draining for it
+
+
+class PreemptionReason(StrEnum):
+    PRIORITY = "priority"  # a higher-priority model would miss its SLO without the capacity
+    GUARANTEE = "guarantee"  # the preemptor's team is inside its guarantee; the victim's team is borrowing
 
 
 @dataclass(frozen=True)
@@ -51,20 +71,31 @@ class PlaceReplica:
 
 @dataclass(frozen=True)
 class RemoveReplica:
-    """Stop routing to a replica, then remove it once in-flight requests finish (or ``drain_s`` passes)."""
+    """Stop routing to a replica, then remove it once in-flight requests finish (or ``drain_s`` passes).
+
+    A preemption (``preempted_by`` set) is a removal for another model's sake: ``reason`` says why
+    (:class:`PreemptionReason`), ``message`` in words (for the Event)."""
 
     model: str
     replica_id: str
     drain_s: float = 30.0
+    preempted_by: str = ""
+    reason: str = ""
+    message: str = ""
 
 
 @dataclass(frozen=True)
 class Shortfall:
-    """The model needs ``missing`` more replicas than the cluster can place."""
+    """The model needs ``missing`` more replicas than it gets this tick: ``cause`` (machine-readable), ``reason``
+    (in words), its ``team``, and whether the team was inside its guarantee (``within_guarantee``: a refusal
+    then breaks the guarantee, unless the cause is a grant in progress, RECLAIMING or PREEMPTING)."""
 
     model: str
     missing: int
     reason: str
+    cause: ShortfallCause = ShortfallCause.UNPLACEABLE
+    team: str = ""
+    within_guarantee: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,9 +207,10 @@ class Plan:
                 case PlaceReplica():
                     lines.append(f"place {a.model}/{a.replica_id} on {a.slot.describe()}")
                 case RemoveReplica():
-                    lines.append(f"drain {a.model}/{a.replica_id} (timeout {a.drain_s:.0f}s)")
+                    why = f" preempted ({a.reason}) for {a.preempted_by}" if a.preempted_by else ""
+                    lines.append(f"drain {a.model}/{a.replica_id} (timeout {a.drain_s:.0f}s){why}")
                 case Shortfall():
-                    lines.append(f"shortfall {a.model}: {a.missing} replica(s) unplaceable: {a.reason}")
+                    lines.append(f"shortfall {a.model}: {a.missing} replica(s) {a.cause}: {a.reason}")
                 case UpdateStatus():
                     lines.append(f"status {a.model}: {a.current}/{a.desired} {a.reason} {a.message}".rstrip())
                 case SetMigLayout():
