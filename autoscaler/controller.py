@@ -34,6 +34,7 @@ from autoscaler.adapters.kube.objects import PREEMPTIBLE_LABEL, ClusterView
 from autoscaler.adapters.kube.templates import template_actions
 from autoscaler.adapters.kube.translate import build_view
 from autoscaler.adapters.prometheus_metrics import MetricNames, PrometheusMetrics
+from autoscaler.arbitration import ArbitrationPolicy
 from autoscaler.core import STALE_METRICS, ControllerState, CoreConfig, decide, fresh_state
 from autoscaler.cost import CostMetrics
 from autoscaler.exporter import ControllerMetrics, Health, start_http
@@ -75,6 +76,9 @@ class ControllerSettings:
     http_port: int = 8080
     actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
     lending: LendingPolicy = field(default_factory=LendingPolicy)  # off by default
+    # who gets GPUs when they run out: team quotas (`teams:` in the settings file), priorities, preemption
+    # (`arbitration:`); the default has no quotas and arbitrates by SLO damage
+    arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
     # USD per GPU-hour by GPU kind (any catalog name or GFD product label), overriding the catalog's rough
     # defaults: the price table cost attribution uses
     prices: dict = field(default_factory=dict)
@@ -131,7 +135,8 @@ class Controller:
         # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
         # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
         self.lender = LendingActuator(api_client, settings.lending, dry_run=settings.actuator.dry_run, clock=clock)
-        self.exporter = ControllerMetrics(reclaim_deadline_s=settings.lending.max_reclaim_s)
+        self.exporter = ControllerMetrics(reclaim_deadline_s=settings.lending.max_reclaim_s,
+                                          teams=settings.arbitration.teams)
         # GPU-slot-seconds and cost per team/namespace/model, on the same /metrics registry
         self.cost = CostMetrics(self.exporter.registry, load_catalog(), settings.prices)
         self._cost_at: float | None = None  # when cost was last recorded (None: not since leading)
@@ -154,6 +159,7 @@ class Controller:
             policy=make_policy(settings.policy, **settings.policy_knobs), report_every_decision=True,
             metric_lag_s=settings.metrics_step_s,
             lending=lending,  # disabled with GPUs still lent: the lend stage reclaims them (reason "disabled")
+            arbitration=settings.arbitration,
             # a node label/taint cannot split a node: in pods mode only whole idle nodes are lent
             lending_whole_nodes_only=lending.mode == "pods",
             # lending looks ahead by the reclaim deadline plus a cold start: forecast that far

@@ -1,29 +1,40 @@
 """The decision core: a pure function (snapshot, metrics window, controller state) -> (plan, state).
 
 One code path for the simulator, the benchmarks and the live controller. No I/O, no clock
-(time is ``snapshot.now``), no Kubernetes. Per model and tick it runs the stages
+(time is ``snapshot.now``), no Kubernetes. Each tick it runs the stages
 
-    forecast -> size (the policy, inside its rails) -> pack -> lend (when ``CoreConfig.lending`` is enabled)
+    per due model: forecast -> size (the policy, inside its rails)
+    all asks together: arbitrate + pack (autoscaler/arbitration.py) -> lend (when ``CoreConfig.lending`` is enabled)
 
 and emits typed actions (:mod:`autoscaler.plan`). Packing works on a copy of the snapshot's inventory,
 so only replicas that can actually be placed are counted as capacity; the rest is a :class:`Shortfall`
-with a reason, never a silent Pending pod.
+with a cause, never a silent Pending pod. When the asks do not all fit, arbitration decides who gets the GPUs
+(team guarantees, priority, SLO damage) and whom to preempt, with a reason for each.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoscaler.arbitration import ArbitrationPolicy
+from autoscaler.arbitration import (
+    ArbitrationPolicy,
+    ArbitrationResult,
+    ArbitrationState,
+    Ask,
+    Candidate,
+    ModelLoad,
+    arbitrate,
+)
 from autoscaler.capacity import ServiceProfile, predicted_latency_s, profile_from_spec
 from autoscaler.forecast import FleetForecaster
 from autoscaler.model_learning import ModelLearning
 from autoscaler.plan import (
+    GRANTS,
     PlaceReplica,
     Plan,
     Reason,
@@ -32,12 +43,12 @@ from autoscaler.plan import (
     Shortfall,
     UpdateStatus,
 )
-from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails
+from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails, window_mean
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
 from autoscaler.spec import ModelSpec
 from sharing.lending import LENT_MODEL, LendingPolicy
 from sharing.packer import CostAwarePacker, Packer
-from sharing.slots import Inventory, SlotRequest
+from sharing.slots import Inventory, Slot, SlotRequest
 
 if TYPE_CHECKING:
     from autoscaler.lend import LendState
@@ -82,6 +93,8 @@ class ModelState:
     learning: ModelLearning | None = None
     last_reason: Reason | None = None
     last_desired: int = -1
+    load_rps: float = 0.0  # the load it was last sized for (arbitration's SLO-damage input)
+    expected_rps: float = 0.0  # the load it expects (median forecast, at least observed): when it would miss
 
 
 @dataclass
@@ -95,6 +108,7 @@ class ControllerState:
     forecaster: FleetForecaster | None = None
     forecast_models: frozenset[str] = frozenset()  # the models the forecaster was last synced to
     lending: LendState | None = None  # the lend stage's memory (need-soon per model, reclaims in flight)
+    arbitration: ArbitrationState = field(default_factory=ArbitrationState)  # teams' recent borrowing
 
 
 @dataclass
@@ -175,17 +189,37 @@ def _node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
     return out
 
 
+@dataclass
+class _Sized:
+    """One due model's sizing, before arbitration decides what of it is placed."""
+
+    obs: ModelObservation
+    ms: ModelState
+    ctx: PolicyContext
+    learning: ModelLearning | None
+    target: int
+    reason: Reason
+    detail: str
+
+
+def _sized_load(ctx: PolicyContext, quantile: float) -> float:
+    """The load a model is sized for (forecast at its sizing quantile, at least the observed load over the last
+    minute): the SLO-damage input of arbitration."""
+    observed = window_mean(ctx.metrics.rate, ctx.metrics_step_s, 60.0) or 0.0
+    forecast = ctx.forecast.at(quantile) if ctx.forecast is not None else math.nan
+    return max(forecast, observed) if math.isfinite(forecast) else observed
+
+
 def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
     now = snapshot.now
     plan = Plan(now=now)
     policy = config.policy
-    inventory: Inventory | None = None  # copied lazily: most ticks change nothing
     node_load: dict[str, int] | None = None  # allocations per node (consolidate_removals), computed lazily
     uses_forecast = getattr(policy, "uses_forecast", True)
     learns = getattr(policy, "learns", False)
     forecaster = _update_forecaster(snapshot, metrics, state, config) if uses_forecast else None
-    # Within one tick free capacity only shrinks, so a request shape that failed once fails again.
-    unplaceable: set[tuple] = set()
+    sized: list[_Sized] = []
+    removals: dict[str, list[RemoveReplica]] = {}
     for name, obs in snapshot.models.items():
         if obs.spec is None:
             # Invalid annotations affect this model only: say so, touch nothing.
@@ -234,64 +268,37 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
         )
         result = apply_rails(policy, ctx)
         ms.policy_state = result.state
-        target, reason, detail = result.desired, result.reason, result.detail
-
-        if target > current:
-            if inventory is None:
-                inventory = snapshot.inventory.copy()
-            request = slot_request(spec)
-            shape = (request.memory_gib, request.compute_fraction, request.gpus, request.kinds)
-            # The policy sized in replicas of the kind it was sized for; a replica the packer puts on a
-            # slower kind (the cheaper or the only one free) counts for its speed, and more are placed
-            # until the capacity asked for is there (within max replicas).
-            wanted, units, placed = float(target - current), 0.0, 0
-            while units < wanted - 1e-9 and current + placed < spec.max_replicas:
-                slot = None if shape in unplaceable else config.packer.place(inventory, request)
-                if slot is None:
-                    unplaceable.add(shape)
-                    break
-                state.replica_seq += 1
-                rid = f"{name}-{state.replica_seq}"
-                inventory.allocate(slot, rid)
-                plan.actions.append(PlaceReplica(name, rid, slot))
-                placed += 1
-                units += 1.0 if learning is None else learning.relative_speed(slot)
-            if units < wanted - 1e-9:
-                missing = math.ceil(wanted - units - 1e-9)
-                plan.actions.append(Shortfall(name, missing, "no free GPU slot fits the replica"))
-                reason, detail = Reason.UNPLACEABLE, f"{missing} replica(s) unplaceable; {detail}".strip("; ")
-            elif placed > wanted + 1e-9:
-                detail = f"{detail}; {placed} placed on slower slots for {int(wanted)}".strip("; ")
-            target = current + placed
-        elif target < current:
+        ms.load_rps = _sized_load(ctx, ctx.sizing_quantile or config.upper_quantile)
+        ms.expected_rps = _sized_load(ctx, 0.5)
+        target = result.desired
+        if target < current:
             if config.consolidate_removals and node_load is None:
                 node_load = _node_load(snapshot)  # once per tick: the snapshot's, not changed within it
-            for rid in _choose_removals(obs, current - target, node_load):
-                plan.actions.append(RemoveReplica(name, rid, config.drain_timeout_s))
+            removals[name] = [RemoveReplica(name, rid, config.drain_timeout_s)
+                              for rid in _choose_removals(obs, current - target, node_load)]
+        sized.append(_Sized(obs, ms, ctx, learning, target, result.reason, result.detail))
 
-        if target != current:
-            plan.actions.append(ScaleModel(name, target, current, reason, detail))
-        if config.report_every_decision or target != ms.last_desired or reason is not ms.last_reason:
-            forecast_rps = None if ctx.forecast is None else ctx.forecast.at(config.upper_quantile)
-            predicted_ms = None
-            # The prediction (a search over the queueing model) is for the live status and /metrics; the
-            # simulator's statuses only count reasons, so it does not pay for it.
-            if forecast_rps is not None and config.report_every_decision:
-                latency_s = predicted_latency_s(forecast_rps, target, ctx.capacity)
-                predicted_ms = latency_s * 1000.0 if math.isfinite(latency_s) else None
-            plan.actions.append(
-                UpdateStatus(
-                    name,
-                    desired=target,
-                    current=obs.ready_replicas,
-                    reason=reason,
-                    forecast_rps=forecast_rps,
-                    message=detail,
-                    predicted_latency_ms=predicted_ms,
-                    slo_latency_ms=spec.slo_latency_ms,
-                )
-            )
-        ms.last_desired, ms.last_reason = target, reason
+    inventory: Inventory | None = None  # copied only when something is to be placed: most ticks place nothing
+    outcome = ArbitrationResult()
+    asks = [_ask(s, i) for i, s in enumerate(sized) if s.target > s.obs.active_replicas]
+    if asks:
+        inventory = snapshot.inventory.copy()
+        outcome = _arbitrate(asks, snapshot, inventory, removals, state, config)
+
+    preempted: dict[str, list[RemoveReplica]] = {}
+    for r in outcome.preemptions:
+        preempted.setdefault(r.model, []).append(r)
+    shortfalls: dict[str, list[Shortfall]] = {}
+    for sf in outcome.shortfalls:
+        shortfalls.setdefault(sf.model, []).append(sf)
+    due = set()
+    for s in sized:
+        due.add(s.obs.name)
+        _finish(s, plan, outcome.placed.get(s.obs.name, ()), shortfalls.get(s.obs.name, ()),
+                removals.get(s.obs.name, []) + preempted.get(s.obs.name, []), config)
+    for name, victims in preempted.items():
+        if name not in due:  # a model not deciding this tick, preempted for another
+            _finish_victim(snapshot.models[name], state.models[name], victims, plan)
     lending = config.lending
     if lending is not None and (lending.enabled or snapshot.lent):
         # Imported here: the stage imports this module. (Disabled with GPUs still lent: they are reclaimed.)
@@ -300,6 +307,126 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
         after = inventory if inventory is not None else snapshot.inventory
         plan.actions.extend(lend_stage(snapshot, metrics, plan, after, state, config, forecaster))
     return Decision(plan=plan, state=state, inventory=inventory)
+
+
+def _ask(s: _Sized, order: int) -> Ask:
+    spec = s.obs.spec
+    assert spec is not None
+    current = s.obs.active_replicas
+    learning = s.learning
+    return Ask(
+        model=s.obs.name, team=spec.team, priority=spec.priority, request=slot_request(spec),
+        # The policy sized in replicas of the kind it was sized for; a replica the packer puts on a slower kind
+        # (the cheaper or the only one free) counts for its speed, and more are placed until the capacity asked
+        # for is there (within max replicas).
+        wanted=float(s.target - current), current=current, max_new=max(0, spec.max_replicas - current),
+        load_rps=s.ms.load_rps, profile=s.ctx.capacity, slo_target=spec.slo_percentile / 100.0, order=order,
+        expected_rps=s.ms.expected_rps,
+        speed=None if learning is None else learning.relative_speed,
+    )
+
+
+def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
+               removals: dict[str, list[RemoveReplica]], state: ControllerState,
+               config: CoreConfig) -> ArbitrationResult:
+    """The views arbitration needs (teams, damage inputs, what may be preempted, what is being freed)."""
+    team_of: dict[str, str] = {}
+    loads: dict[str, ModelLoad] = {}
+    candidates: list[Candidate] = []
+    freeing: list[tuple[str, Slot]] = []
+    for name, obs in snapshot.models.items():
+        spec = obs.spec
+        if spec is None:
+            continue
+        team_of[name] = spec.team
+        ms = state.models.get(name)
+        loads[name] = ModelLoad(ms.load_rps if ms else 0.0, ms.capacity if ms else None,
+                                spec.slo_percentile / 100.0, obs.active_replicas, spec.min_replicas,
+                                ms.expected_rps if ms else None)
+        removed = {r.replica_id for r in removals.get(name, ())}
+        for r in obs.replicas:
+            if r.slot is None:
+                continue
+            if r.draining or r.replica_id in removed:
+                freeing.append((r.replica_id, r.slot))
+            else:
+                candidates.append(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at))
+
+    def name_replica(model: str) -> str:
+        state.replica_seq += 1
+        return f"{model}-{state.replica_seq}"
+
+    return arbitrate(asks, inventory, config.packer, config.arbitration, snapshot.now, team_of=team_of,
+                     loads=loads, candidates=candidates, freeing=freeing, state=state.arbitration,
+                     name_replica=name_replica)
+
+
+def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfalls: Sequence[Shortfall],
+            removed: list[RemoveReplica], config: CoreConfig) -> None:
+    """A due model's actions: its placements, shortfalls, removals (its own and preemptions), scale and status."""
+    obs, ms, ctx = s.obs, s.ms, s.ctx
+    spec = obs.spec
+    assert spec is not None
+    current = obs.active_replicas
+    reason, detail = s.reason, s.detail
+    for rid, slot in placed:
+        plan.actions.append(PlaceReplica(obs.name, rid, slot))
+    plan.actions.extend(shortfalls)
+    refused = [sf for sf in shortfalls if sf.cause not in GRANTS]
+    waiting = sum(sf.missing for sf in shortfalls if sf.cause in GRANTS)
+    if refused:
+        missing = sum(sf.missing for sf in refused)
+        causes = ", ".join(sorted({str(sf.cause) for sf in refused}))
+        reason, detail = Reason.UNPLACEABLE, f"{missing} replica(s) {causes}; {detail}".strip("; ")
+    if waiting:
+        detail = f"{waiting} replica(s) waiting for capacity being freed; {detail}".strip("; ")
+    if s.target > current and s.learning is not None and placed:
+        units = sum(s.learning.relative_speed(slot) for _, slot in placed)
+        if len(placed) > units + 1e-9 and not refused:
+            detail = f"{detail}; {len(placed)} placed on slower slots for {s.target - current}".strip("; ")
+    plan.actions.extend(removed)
+    preempted = [r for r in removed if r.preempted_by]
+    if preempted:
+        reason = Reason.PREEMPTED
+        detail = f"{len(preempted)} replica(s) preempted for {', '.join(sorted({r.preempted_by for r in preempted}))}"
+    target = current + len(placed) - len(removed) if s.target >= current else s.target - len(preempted)
+    if target != current:
+        plan.actions.append(ScaleModel(obs.name, target, current, reason, detail))
+    if config.report_every_decision or target != ms.last_desired or reason is not ms.last_reason:
+        forecast_rps = None if ctx.forecast is None else ctx.forecast.at(config.upper_quantile)
+        predicted_ms = None
+        # The prediction (a search over the queueing model) is for the live status and /metrics; the
+        # simulator's statuses only count reasons, so it does not pay for it.
+        if forecast_rps is not None and config.report_every_decision:
+            latency_s = predicted_latency_s(forecast_rps, target, ctx.capacity)
+            predicted_ms = latency_s * 1000.0 if math.isfinite(latency_s) else None
+        plan.actions.append(
+            UpdateStatus(
+                obs.name,
+                desired=target,
+                current=obs.ready_replicas,
+                reason=reason,
+                forecast_rps=forecast_rps,
+                message=detail,
+                predicted_latency_ms=predicted_ms,
+                slo_latency_ms=spec.slo_latency_ms,
+            )
+        )
+    ms.last_desired, ms.last_reason = target, reason
+
+
+def _finish_victim(obs: ModelObservation, ms: ModelState, victims: list[RemoveReplica], plan: Plan) -> None:
+    """A model that did not decide this tick lost replicas to a preemption: drain them and say so."""
+    spec = obs.spec
+    assert spec is not None
+    current = obs.active_replicas
+    target = current - len(victims)
+    detail = f"{len(victims)} replica(s) preempted for {', '.join(sorted({r.preempted_by for r in victims}))}"
+    plan.actions.extend(victims)
+    plan.actions.append(ScaleModel(obs.name, target, current, Reason.PREEMPTED, detail))
+    plan.actions.append(UpdateStatus(obs.name, desired=target, current=obs.ready_replicas, reason=Reason.PREEMPTED,
+                                     message=detail, slo_latency_ms=spec.slo_latency_ms))
+    ms.last_desired, ms.last_reason = target, Reason.PREEMPTED
 
 
 def fresh_state(

@@ -30,40 +30,59 @@ records its duration only, and a replica that regains the lease counts requests 
 
 Label cardinality stays bounded: labels are model keys (the managed models, whose series are REMOVED when
 a model leaves the snapshot: no stale series forever), reasons (the core's :class:`~autoscaler.plan.Reason`
-values; shortfall reasons are the core's fixed texts), GPU kinds, and action kinds / outcomes, which come
-from the actuator's report lines and are capped at :data:`MAX_LABEL_VALUES` distinct values each (beyond,
-``other``).
+values; shortfall reasons are :class:`~autoscaler.plan.ShortfallCause` values, preemption reasons
+:class:`~autoscaler.plan.PreemptionReason` values, anything else ``other``), teams (of the managed models and the
+configured quotas), GPU kinds, and action kinds / outcomes, which come from the actuator's report lines and are
+capped at :data:`MAX_LABEL_VALUES` distinct values each (beyond, ``other``).
 
 Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or share its compute fraction):
 
-=====================================================  =====================================================
-``slotwise_decisions_total{model,reason}``              decision reports (one per model with a status update
-                                                        or a scale action in a tick), by reason
-``slotwise_desired_replicas{model}``                    the replica count the plan wants (else the
-                                                        Deployment's current scale)
-``slotwise_current_replicas{model}``                    replicas placed and not draining
-``slotwise_forecast_requests_per_second{model}``        the forecast's upper quantile (absent: no forecast)
-``slotwise_observed_requests_per_second{model}``        the metrics window's last step (absent: stale)
-``slotwise_predicted_latency_seconds{model}``           predicted latency at the SLO percentile
-``slotwise_slo_latency_seconds{model}``                 the model's SLO latency
-``slotwise_gpu_slots{gpu_model,state}``                 ``used`` / ``free`` by inference, ``lent`` to training
-``slotwise_fragmentation_ratio``                        stranded share of free GPU memory (Inventory)
-``slotwise_shortfall_replicas{model,reason}``           replicas the cluster cannot place this tick
-``slotwise_metrics_stale{model}``                       1 while the model's metrics are stale
-``slotwise_tick_duration_seconds``                      histogram of the decision tick's duration
-``slotwise_errors_total{kind}``                         errors by kind (``metrics``, ``kube``, ``actuation``, ...)
-``slotwise_is_leader``                                  1 while this replica holds the leader Lease
-``slotwise_actions_total{kind,outcome}``                actuation: ``applied``, ``error`` or the skip reason
-``slotwise_requests_total{model}``                      requests finished, per metrics step, each step once
-``slotwise_requests_late_total{model}``                 of those, settled beyond the model's SLO latency
-``slotwise_slo_objective_ratio{model}``                 the SLO's objective: percentile / 100 (e.g. 0.95)
-``slotwise_lent_gpu_slots{gpu_model}``                  GPUs lent to training now (``ClusterSnapshot.lent``)
-``slotwise_lends_total``                                lends applied (a node lent; a lendingLimit raised)
-``slotwise_reclaims_total{reason}``                     reclaims started, by the plan's reason
-``slotwise_reclaim_duration_seconds``                   histogram: decision to reclaim -> GPUs free, per
-                                                        finished reclaim; a bucket bound at the deadline
-``slotwise_reclaim_deadline_seconds``                   the published reclaim deadline (``max_reclaim_s``)
-=====================================================  =====================================================
+==========================================================  =====================================================
+``slotwise_decisions_total{model,reason}``                  decision reports (one per model with a status update
+                                                            or a scale action in a tick), by reason
+``slotwise_desired_replicas{model}``                        the replica count the plan wants (else the
+                                                            Deployment's current scale)
+``slotwise_current_replicas{model}``                        replicas placed and not draining
+``slotwise_forecast_requests_per_second{model}``            the forecast's upper quantile (absent: no forecast)
+``slotwise_observed_requests_per_second{model}``            the metrics window's last step (absent: stale)
+``slotwise_predicted_latency_seconds{model}``               predicted latency at the SLO percentile
+``slotwise_slo_latency_seconds{model}``                     the model's SLO latency
+``slotwise_gpu_slots{gpu_model,state}``                     ``used`` / ``free`` by inference, ``lent`` to training
+``slotwise_fragmentation_ratio``                            stranded share of free GPU memory (Inventory)
+``slotwise_shortfall_replicas{team,model,reason}``          replicas asked for but not placed this tick, by cause
+                                                            (``reason`` = :class:`~autoscaler.plan.ShortfallCause`)
+``slotwise_metrics_stale{model}``                           1 while the model's metrics are stale
+``slotwise_tick_duration_seconds``                          histogram of the decision tick's duration
+``slotwise_errors_total{kind}``                             errors by kind (``metrics``, ``kube``, ``actuation``, ...)
+``slotwise_is_leader``                                      1 while this replica holds the leader Lease
+``slotwise_actions_total{kind,outcome}``                    actuation: ``applied``, ``error`` or the skip reason
+``slotwise_requests_total{model}``                          requests finished, per metrics step, each step once
+``slotwise_requests_late_total{model}``                     of those, settled beyond the model's SLO latency
+``slotwise_slo_objective_ratio{model}``                     the SLO's objective: percentile / 100 (e.g. 0.95)
+``slotwise_lent_gpu_slots{gpu_model}``                      GPUs lent to training now (``ClusterSnapshot.lent``)
+``slotwise_lends_total``                                    lends applied (a node lent; a lendingLimit raised)
+``slotwise_reclaims_total{reason}``                         reclaims started, by the plan's reason
+``slotwise_reclaim_duration_seconds``                       histogram: decision to reclaim -> GPUs free, per
+                                                            finished reclaim; a bucket bound at the deadline
+``slotwise_reclaim_deadline_seconds``                       the published reclaim deadline (``max_reclaim_s``)
+``slotwise_preemptions_total{team,model,reason}``           replicas preempted: the victim's team and model, the
+                                                            :class:`~autoscaler.plan.PreemptionReason`
+``slotwise_guarantee_refusals_total{team,model,reason}``    replicas refused while the team was inside its
+                                                            guarantee (cause not ``reclaiming``/``preempting``),
+                                                            in missing replicas per tick (replica-ticks)
+``slotwise_team_gpus{team,kind}``                           ``held`` (GPU-equivalents the team's replicas hold in
+                                                            the tick's inventory), ``guaranteed``, ``limit``
+                                                            (guarantee + borrowing limit; only when finite)
+==========================================================  =====================================================
+
+Arbitration (issue 9): a model's team is its spec's (``slotwise.io/team``; ``unknown`` for invalid annotations,
+as in :mod:`autoscaler.cost`), else the Shortfall's ``team``. A preemption is a ``RemoveReplica`` with
+``preempted_by`` set; it is counted when planned (in a dry run too, like the decisions), once per replica even
+when the core plans it again on later ticks (the scale write failed or was rate-limited, or a dry run changed
+nothing): the exporter remembers preempted replicas for :data:`PREEMPTION_MEMORY_S`. Each managed model has a
+``slotwise_preemptions_total`` series at 0 per preemption reason from its first tick, so that ``increase()``
+sees its first preemption (a series born at 1 would hide it). Shortfall series of a model or cause absent this
+tick are removed (a gauge that exists says "short now").
 
 Lending (issue 8) is fed by :meth:`~ControllerMetrics.record_lending` with the lending actuator's report
 (:class:`~autoscaler.adapters.kube.lending.LendingReport`, duck-typed) and, for the lent gauge, by
@@ -80,14 +99,24 @@ import contextlib
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from autoscaler.plan import Plan, ScaleModel, Shortfall, UpdateStatus
+from autoscaler.arbitration import TeamQuota
+from autoscaler.cost import DEFAULT_TEAM, identity
+from autoscaler.plan import (
+    Plan,
+    PreemptionReason,
+    RemoveReplica,
+    ScaleModel,
+    Shortfall,
+    ShortfallCause,
+    UpdateStatus,
+)
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow
 from sharing.lending import LENT_MODEL
 from sharing.slots import Inventory
@@ -99,6 +128,14 @@ RECLAIM_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180
 DEFAULT_RECLAIM_DEADLINE_S = 120.0  # LendingPolicy.max_reclaim_s's default
 _WORD = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 _GRID_EPS = 1e-6  # in steps: two step times closer than this are the same step (float noise of now / step_s)
+# A replica preempted is counted once; the core may plan the same preemption again while the scale-down has not
+# happened yet (a failed or rate-limited write, the ReplicaSet not done): remember it this long.
+PREEMPTION_MEMORY_S = 3600.0
+PREEMPTION_MEMORY_MAX = 10_000  # replicas remembered at most (the oldest are forgotten first)
+# Shortfall causes that are grants in progress, not refusals (plan.ShortfallCause)
+GRANT_CAUSES = frozenset({str(ShortfallCause.RECLAIMING), str(ShortfallCause.PREEMPTING)})
+_CAUSES = frozenset(str(c) for c in ShortfallCause)
+_PREEMPTION_REASONS = tuple(str(r) for r in PreemptionReason)
 
 
 def step_times(now: float, step_s: float, n: int) -> np.ndarray:
@@ -189,10 +226,12 @@ class ControllerMetrics:
     """The controller's Prometheus metrics, in their own registry (``registry``: share one, else new)."""
 
     def __init__(self, registry: CollectorRegistry | None = None, *,
-                 reclaim_deadline_s: float = DEFAULT_RECLAIM_DEADLINE_S) -> None:
+                 reclaim_deadline_s: float = DEFAULT_RECLAIM_DEADLINE_S, teams: Sequence[TeamQuota] = ()) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.reclaim_deadline_s = float(reclaim_deadline_s)
+        # the team quotas of the arbitration settings: the guaranteed / limit series of slotwise_team_gpus
+        self.quotas = {t.name: t for t in teams}
         self.decisions = Counter(
             "slotwise_decisions", "Decision reports per model and reason.", ["model", "reason"], registry=r
         )
@@ -223,7 +262,24 @@ class ControllerMetrics:
             "slotwise_fragmentation_ratio", "Share of free GPU memory that is stranded.", registry=r
         )
         self.shortfall = Gauge(
-            "slotwise_shortfall_replicas", "Replicas the cluster cannot place.", ["model", "reason"], registry=r
+            "slotwise_shortfall_replicas", "Replicas asked for but not placed this tick, by cause.",
+            ["team", "model", "reason"], registry=r,
+        )
+        self.preemptions = Counter(
+            "slotwise_preemptions",
+            "Replicas preempted for another model, by the victim's team and model and the preemption reason.",
+            ["team", "model", "reason"], registry=r,
+        )
+        self.guarantee_refusals = Counter(
+            "slotwise_guarantee_refusals",
+            "Replicas refused while the model's team was inside its guarantee, per tick (replica-ticks), by cause.",
+            ["team", "model", "reason"], registry=r,
+        )
+        self.team_gpus = Gauge(
+            "slotwise_team_gpus",
+            "GPU-equivalents a team's replicas hold (held), its guarantee (guaranteed), guarantee + borrowing "
+            "limit (limit, only when finite).",
+            ["team", "kind"], registry=r,
         )
         self.stale = Gauge("slotwise_metrics_stale", "1 while a model's metrics are stale.", ["model"], registry=r)
         self.tick_duration = Histogram(
@@ -265,7 +321,10 @@ class ControllerMetrics:
         self._counted_until: dict[str, float] = {}  # model -> time of the newest metrics step counted
         self._follower = False  # told it lost the lease (never told anything: a single replica, a test)
         self._models: set[str] = set()
-        self._shortfalls: set[tuple[str, str]] = set()
+        self._shortfalls: set[tuple[str, str, str]] = set()  # (team, model, cause) series set last tick
+        self._arb_series: dict[str, set[tuple[Any, tuple[str, str, str]]]] = {}  # model -> (counter, labels)
+        self._preempted: dict[tuple[str, str], float] = {}  # (model, replica) -> when last planned
+        self._teams: set[str] = set()  # teams with slotwise_team_gpus series
         self._decision_labels: set[tuple[str, str]] = set()
         self._gpu_kinds: set[str] = set()
         self._action_kind = _Bounded()
@@ -317,15 +376,7 @@ class ControllerMetrics:
             if not stale and m is not None:
                 self._count_requests(name, m.rate, m.within_rate, window)
 
-        shortfalls: dict[tuple[str, str], int] = {}
-        for a in plan.of_type(Shortfall):
-            key = (a.model, a.reason)
-            shortfalls[key] = shortfalls.get(key, 0) + a.missing
-        for key in self._shortfalls - set(shortfalls):
-            self._remove(self.shortfall, *key)
-        for key, missing in shortfalls.items():
-            self.shortfall.labels(*key).set(missing)
-        self._shortfalls = set(shortfalls)
+        self._record_arbitration(plan, snapshot)
 
         inv = snapshot.inventory
         slots = gpu_slots(inv)
@@ -350,6 +401,78 @@ class ControllerMetrics:
         self._lent_kinds = lent_kinds
         self.fragmentation.set(inv.fragmentation())
         self.tick_duration.observe(max(0.0, seconds))
+
+    # -- arbitration: shortfalls by cause, preemptions, guarantee refusals, team GPUs ----------------------------
+    @staticmethod
+    def _team(snapshot: ClusterSnapshot, model: str, hint: str = "") -> str:
+        """The model's team: its spec's (as cost attribution names it), else ``hint`` (a Shortfall's team)."""
+        obs = snapshot.models.get(model)
+        if obs is not None and obs.spec is not None:
+            return identity(model, obs)[0]
+        return hint or (identity(model, obs)[0] if obs is not None else DEFAULT_TEAM)
+
+    def _arb_inc(self, counter: Counter, labels: tuple[str, str, str], amount: float) -> None:
+        counter.labels(*labels).inc(amount)
+        self._arb_series.setdefault(labels[1], set()).add((counter, labels))
+
+    def _record_arbitration(self, plan: Plan, snapshot: ClusterSnapshot) -> None:
+        now = snapshot.now
+        # a model whose team changed (its annotation was edited) drops the old team's series: one identity each
+        for name in snapshot.models:
+            team = self._team(snapshot, name)
+            for counter, labels in [x for x in self._arb_series.get(name, ()) if x[1][0] != team]:
+                self._remove(counter, *labels)
+                self._arb_series[name].discard((counter, labels))
+            if snapshot.models[name].spec is None:
+                continue  # invalid annotations: the core leaves the model alone, nothing preempts it
+            for reason in _PREEMPTION_REASONS:  # 0 from the first tick: increase() sees the first preemption
+                self._arb_inc(self.preemptions, (team, name, reason), 0.0)
+
+        shortfalls: dict[tuple[str, str, str], int] = {}
+        for a in plan.of_type(Shortfall):
+            cause = str(a.cause) if str(a.cause) in _CAUSES else "other"
+            key = (self._team(snapshot, a.model, a.team), a.model, cause)
+            shortfalls[key] = shortfalls.get(key, 0) + a.missing
+            if a.within_guarantee and cause not in GRANT_CAUSES and a.missing > 0:
+                self._arb_inc(self.guarantee_refusals, key, float(a.missing))
+        for key in self._shortfalls - set(shortfalls):
+            self._remove(self.shortfall, *key)
+        for key, missing in shortfalls.items():
+            self.shortfall.labels(*key).set(missing)
+        self._shortfalls = set(shortfalls)
+
+        for a in plan.of_type(RemoveReplica):
+            if not a.preempted_by:
+                continue
+            seen = (a.model, a.replica_id)
+            if seen not in self._preempted:
+                reason = str(a.reason) if str(a.reason) in _PREEMPTION_REASONS else "other"
+                self._arb_inc(self.preemptions, (self._team(snapshot, a.model), a.model, reason), 1.0)
+            self._preempted[seen] = now
+        self._preempted = {k: t for k, t in self._preempted.items() if now - t <= PREEMPTION_MEMORY_S}
+        if len(self._preempted) > PREEMPTION_MEMORY_MAX:
+            newest = sorted(self._preempted.items(), key=lambda kv: kv[1])[-PREEMPTION_MEMORY_MAX:]
+            self._preempted = dict(newest)
+
+        held: dict[str, float] = {}
+        for model, allocations in snapshot.inventory.allocations_by_model().items():
+            if model not in snapshot.models:  # lent training (LENT_MODEL) and unmanaged holders: no team
+                continue
+            team = self._team(snapshot, model)
+            held[team] = held.get(team, 0.0) + sum(slot.gpu_fraction for _, slot in allocations)
+        teams = set(held) | set(self.quotas) | {self._team(snapshot, m) for m in snapshot.models}
+        for team in self._teams - teams:
+            for kind in ("held", "guaranteed", "limit"):
+                self._remove(self.team_gpus, team, kind)
+        for team in teams:
+            quota = self.quotas.get(team) or TeamQuota(team)
+            self.team_gpus.labels(team, "held").set(held.get(team, 0.0))
+            self.team_gpus.labels(team, "guaranteed").set(quota.guaranteed_gpus)
+            if math.isfinite(quota.limit_gpus):
+                self.team_gpus.labels(team, "limit").set(quota.limit_gpus)
+            else:
+                self._remove(self.team_gpus, team, "limit")
+        self._teams = teams
 
     def _count_requests(self, model: str, rate: np.ndarray, within: np.ndarray | None, window: MetricsWindow) -> None:
         """Add the requests (and the late ones) of the window's steps not counted yet (module docstring)."""
@@ -388,9 +511,13 @@ class ControllerMetrics:
         for labels in [k for k in self._decision_labels if k[0] == model]:
             self._remove(self.decisions, *labels)
             self._decision_labels.discard(labels)
-        for key in [k for k in self._shortfalls if k[0] == model]:
+        for key in [k for k in self._shortfalls if k[1] == model]:
             self._remove(self.shortfall, *key)
             self._shortfalls.discard(key)
+        for counter, labels in self._arb_series.pop(model, set()):
+            self._remove(counter, *labels)
+        for key in [k for k in self._preempted if k[0] == model]:
+            del self._preempted[key]
 
     @staticmethod
     def _remove(metric: Any, *labels: str) -> None:

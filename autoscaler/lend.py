@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from autoscaler.capacity import min_replicas_for_slo
 from autoscaler.core import STALE_METRICS, ControllerState, CoreConfig, slot_request
 from autoscaler.forecast import FleetForecaster
-from autoscaler.plan import LendGpus, Plan, ReclaimGpus, ScaleModel, Shortfall
+from autoscaler.plan import LendGpus, Plan, ReclaimGpus, ScaleModel, Shortfall, ShortfallCause
 from autoscaler.policies.base import Forecast
 from autoscaler.policies.slo import quantize_up
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelObservation, TrainingWorkload
@@ -51,6 +51,9 @@ from sharing.lending import (
 )
 from sharing.packer import decreasing_order
 from sharing.slots import Inventory, SlotRequest
+
+# Shortfalls that lent GPUs can fix: not a team at its limit, headroom, or replicas waiting for a drain.
+_RECLAIM_FOR = frozenset({ShortfallCause.UNPLACEABLE, ShortfallCause.RECLAIMING})
 
 
 @dataclass
@@ -163,7 +166,7 @@ def lend_stage(
         for a in plan.actions:
             if isinstance(a, ScaleModel):
                 after[a.model] = a.replicas
-            elif isinstance(a, Shortfall):
+            elif isinstance(a, Shortfall) and a.cause in _RECLAIM_FOR:
                 obs = snapshot.models.get(a.model)
                 if obs is not None and obs.spec is not None:
                     need.extend([NeedRequest(slot_request(obs.spec), SHORTFALL)] * a.missing)

@@ -39,9 +39,15 @@ class ShortfallCause(StrEnum):
     BORROWING_LIMIT = "borrowing_limit"  # the team holds its guarantee + borrowing limit
     HEADROOM = "headroom"  # the model meets its SLO without it: nothing is preempted for headroom
     MIN_RUNTIME = "min_runtime"  # what it could preempt has not run the minimum runtime yet
-    OUTRANKED = "outranked"  # the preemptions this tick went to models ranked ahead (per-tick limit)
+    OUTRANKED = "outranked"  # the preemptions this tick went to models ranked ahead (per-tick limit, claimed GPUs)
+    MAX_REPLICAS = "max_replicas"  # the slots it got are slower than sized for, and max replicas are reached
+    DAMAGE = "damage"  # preempting for it would cost the victims more SLO than it brings (priority-weighted)
     RECLAIMING = "reclaiming"  # lent training GPUs are being reclaimed for it
     PREEMPTING = "preempting"  # lower-priority (or over-guarantee) replicas are draining for it
+
+
+# Causes that are grants in progress, not refusals.
+GRANTS = frozenset({ShortfallCause.RECLAIMING, ShortfallCause.PREEMPTING})
 
 
 class PreemptionReason(StrEnum):

@@ -198,6 +198,10 @@ MUTATIONS = [
      "(slotwise_observed_requests_per_second)"),
     ("capacity.yaml", ") >= 3\n", ") >= 2\n"),
     ("capacity.yaml", "            > on ()\n", "            < on ()\n"),
+    # a guarantee refused for 5 minutes would open a ticket; a 15-minute window keeps a short refusal alive
+    ("capacity.yaml", "[5m])) > 0\n        for: 10m", "[5m])) > 0\n        for: 5m"),
+    ("capacity.yaml", "(slotwise_guarantee_refusals_total[5m])", "(slotwise_guarantee_refusals_total[15m])"),
+    ("capacity.yaml", "(slotwise_preemptions_total[10m])) > 20", "(slotwise_preemptions_total[10m])) > 10"),
     ("controller.yaml", "(slotwise_is_leader) == 0\n        for: 2m", "(slotwise_is_leader) == 0\n        for: 0m"),
     ("controller.yaml", "(slotwise_is_leader) > 1\n", "(slotwise_is_leader) >= 1\n"),
     ("controller.yaml", "[10m])) > 0.05", "[10m])) > 0.01"),

@@ -40,6 +40,7 @@ import yaml
 from autoscaler.adapters.kube.actuator import ActuatorConfig, KubeActuator
 from autoscaler.adapters.kube.objects import POD_DELETION_COST, STATUS_ANNOTATION
 from autoscaler.adapters.prometheus_metrics import MetricNames
+from autoscaler.arbitration import ArbitrationPolicy, TeamQuota
 from autoscaler.cli import build_parser
 from autoscaler.commands.run import build_settings
 from autoscaler.controller import Controller, ControllerSettings
@@ -152,13 +153,15 @@ def test_schema_closes_every_object() -> None:
 
 
 def test_schema_covers_exactly_the_controller_settings() -> None:
-    """`config:` keys are ControllerSettings fields; `actuator:` all of ActuatorConfig; `metrics:` MetricNames."""
+    """`config:` keys are ControllerSettings fields; `actuator:` all of ActuatorConfig; `metrics:` MetricNames;
+    `arbitration:` ArbitrationPolicy but its teams, which are the top-level `teams:` list of TeamQuota."""
     config = SCHEMA["properties"]["config"]["properties"]
     settings_fields = {f.name for f in fields(ControllerSettings)}
     # set by the chart itself (http_port <- listenPort; identity = the pod's hostname) or fixed because RBAC is
     # derived from them (training_paths, kueue_workloads_path); metric_names is the `metrics:` mapping
     not_values = {"metric_names", "http_host", "http_port", "identity", "training_paths", "kueue_workloads_path"}
-    assert set(config) - {"metrics"} <= settings_fields, set(config) - settings_fields
+    # `metrics:` becomes metric_names; `teams:` becomes arbitration.teams
+    assert set(config) - {"metrics", "teams"} <= settings_fields, set(config) - settings_fields
     assert settings_fields - set(config) == not_values, (
         "a ControllerSettings field is neither a chart value nor knowingly left out: expose it in values.yaml, "
         f"values.schema.json and README.md: {sorted(settings_fields - set(config) - not_values)}")
@@ -172,6 +175,14 @@ def test_schema_covers_exactly_the_controller_settings() -> None:
     assert set(config["lending"]["properties"]) == set(defaults["lending"]) == {f.name for f in fields(LendingPolicy)}
     for f in fields(LendingPolicy):
         assert defaults["lending"][f.name] == f.default, f.name
+    # `arbitration:` is ArbitrationPolicy without teams, with its defaults; `teams:` items are TeamQuota
+    policy_fields = {f.name for f in fields(ArbitrationPolicy)} - {"teams"}
+    assert set(config["arbitration"]["properties"]) == set(defaults["arbitration"]) == policy_fields
+    for f in fields(ArbitrationPolicy):
+        if f.name != "teams":
+            assert defaults["arbitration"][f.name] == f.default, f.name
+    assert set(config["teams"]["items"]["properties"]) == {f.name for f in fields(TeamQuota)}
+    assert defaults["teams"] == [] and ArbitrationPolicy().teams == ()
 
 
 def test_readme_lists_every_value_and_the_rbac() -> None:
@@ -244,6 +255,9 @@ def test_validation_catches_a_bad_manifest(helm: Helm, kubernetes_validate: Kube
     (["--set", "serviceMonitor.enable=true"], "Additional property enable is not allowed"),
     (["--set", "config.policy=sloth"], "config.policy"),
     (["--set", "config.actuator.mig_parted_configmap=a/b/c"], "mig_parted_configmap"),
+    (["--set", "config.arbitration.mode=fifo"], "config.arbitration.mode"),
+    (["--set", "config.teams[0].name=a", "--set", "config.teams[0].guaranteed=2"],
+     "Additional property guaranteed is not allowed"),
 ])
 def test_values_typo_fails_against_the_schema(helm: Helm, args: list[str], message: str) -> None:
     for cmd in (["template", "rel", str(CHART_DIR)], ["lint", "--strict", str(CHART_DIR)]):
@@ -305,6 +319,7 @@ def test_rendered_settings_are_what_the_controller_loads(helm: Helm, values: Pat
     act = {**cfg["actuator"], **cfg.get("actuator", {})}
     assert settings.actuator == ActuatorConfig(**act)
     assert settings.lending == LendingPolicy(**cfg["lending"])
+    assert settings.arbitration == ArbitrationPolicy.from_mapping(cfg["arbitration"], cfg["teams"])
     assert settings.policy == cfg["policy"] and settings.tick_s == cfg["tick_s"]
     assert settings.namespace == (cfg["namespace"] or None)
     assert settings.label_selector == (cfg["label_selector"] or None)
@@ -323,7 +338,10 @@ def test_rendered_settings_are_what_the_controller_loads(helm: Helm, values: Pat
 def test_a_settings_typo_is_rejected_by_the_controller(helm: Helm, tmp_path: Path) -> None:
     good = yaml.safe_load(settings_text(render(helm)))
     for broken, message in (({**good, "tick": 3}, "unknown setting(s) tick"),
-                            ({**good, "actuator": {**good["actuator"], "dryrun": True}}, "unknown actuator setting")):
+                            ({**good, "actuator": {**good["actuator"], "dryrun": True}}, "unknown actuator setting"),
+                            ({**good, "arbitration": {**good["arbitration"], "preempt": True}},
+                             "arbitration: unknown key(s) preempt"),
+                            ({**good, "teams": [{"name": "a", "guaranteed": 2}]}, "teams[0]: unknown key(s)")):
         path = tmp_path / "config.yaml"
         path.write_text(yaml.safe_dump(broken))
         with pytest.raises(ValueError, match=re.escape(message)):

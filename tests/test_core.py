@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 
 from autoscaler.core import CoreConfig, decide, fresh_state, slot_request
-from autoscaler.plan import PlaceReplica, Plan, Reason, RemoveReplica, ScaleModel, Shortfall, UpdateStatus
+from autoscaler.plan import (
+    PlaceReplica,
+    Plan,
+    Reason,
+    RemoveReplica,
+    ScaleModel,
+    Shortfall,
+    ShortfallCause,
+    UpdateStatus,
+)
 from autoscaler.policies import make_policy
 from autoscaler.policies.base import PolicyContext, PolicyResult
 from autoscaler.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
@@ -232,14 +241,14 @@ def test_nothing_fits_gives_no_scale_action_but_a_shortfall() -> None:
     assert status.reason is Reason.UNPLACEABLE
 
 
-def test_two_models_compete_for_the_last_gpus() -> None:
+def test_two_equal_models_share_the_last_gpus() -> None:
+    """Same priority, same load: each next GPU goes to the one that would miss its SLO worst, so they split."""
     inv = inventory("4xH100-80GB")
     w2 = WHOLE.with_(name="w2")
     plan, _ = run([obs(WHOLE), obs(w2)], FakePolicy({"w": 3, "w2": 3}), inv)
-    assert len(of_model(plan, PlaceReplica, "w")) == 3
-    assert len(of_model(plan, PlaceReplica, "w2")) == 1
-    assert [s.missing for s in of_model(plan, Shortfall, "w2")] == [2]
-    assert not of_model(plan, Shortfall, "w")
+    assert len(of_model(plan, PlaceReplica, "w")) == 2
+    assert len(of_model(plan, PlaceReplica, "w2")) == 2
+    assert [(s.missing, s.cause) for s in plan.of_type(Shortfall)] == [(1, ShortfallCause.UNPLACEABLE)] * 2
     scratch = inv.copy()
     for p in plan.of_type(PlaceReplica):
         scratch.allocate(p.slot, p.replica_id)

@@ -42,8 +42,17 @@ import yaml
 from prometheus_client import CollectorRegistry
 from realparts.prometheus import PrometheusServer, running_prometheus
 
+from autoscaler.arbitration import TeamQuota
 from autoscaler.exporter import ControllerMetrics
-from autoscaler.plan import Plan, Reason, Shortfall, UpdateStatus
+from autoscaler.plan import (
+    Plan,
+    PreemptionReason,
+    Reason,
+    RemoveReplica,
+    Shortfall,
+    ShortfallCause,
+    UpdateStatus,
+)
 from autoscaler.snapshot import (
     ClusterSnapshot,
     MetricsWindow,
@@ -242,7 +251,7 @@ def test_dashboard_has_the_structure_grafana_imports(dashboard) -> None:
                 assert (x, y) not in cells, f"{p['title']!r} overlaps {cells[(x, y)]!r}"
                 cells[(x, y)] = p["title"]
     rows = [p for p in panels if p["type"] == "row"]
-    assert [r["title"] for r in rows] == ["Models", "Fleet", "Cost"]
+    assert [r["title"] for r in rows] == ["Models", "Fleet", "Cost", "Teams"]
     titles = [p["title"] for p in query_panels(dashboard)]
     assert len(titles) == len(set(titles)), "panel titles must be unique (the value tests find panels by title)"
     for p in query_panels(dashboard):
@@ -385,17 +394,20 @@ L4 = load_catalog().get("L4-24GB")
 LATE_SHARE = {"prod/chat": 0.1, "prod/embed": 0.0}  # research/llm: stale metrics, nothing counted
 PERCENTILE = {"prod/chat": 95.0, "prod/embed": 99.0, "research/llm": 95.0}
 TEAM = {"prod/chat": "search", "prod/embed": "search", "research/llm": "ml"}
+QUOTAS = (TeamQuota("search", 2.0, 1.0), TeamQuota("ml", 1.0))  # search may hold 3 GPUs; ml has no limit
+PREEMPT_EVERY = 20  # ticks: research/llm loses a replica to prod/chat every 10 minutes
 
 
 class Fleet:
     """A small fleet and the controller's metrics over it, one tick at a time: ``prod/chat`` (team search) on
     a whole L4, ``prod/embed`` (search) and ``research/llm`` (ml) on MIG 3g slices of one A100 of a two-A100
-    node, training lent one GPU there; chat is one replica short and 10% of its requests are late, llm's
-    metrics are stale."""
+    node, training lent one GPU there; chat is one replica short (unplaceable, within search's guarantee: a
+    guarantee refusal every tick) and 10% of its requests are late, llm's metrics are stale and one of its
+    replicas is preempted for chat every :data:`PREEMPT_EVERY` ticks."""
 
     def __init__(self, start: float = 1_700_000_010.0) -> None:
         self.start = start
-        self.metrics = ControllerMetrics()
+        self.metrics = ControllerMetrics(teams=QUOTAS)
         self.cost = None if CostMetrics is None else CostMetrics(self.metrics.registry, load_catalog(), PRICES)
         self.metrics.set_leader(True)
         inv = Inventory.from_nodes([NodeSpec("n1", "A100-80GB", 2, mig_enabled=True), NodeSpec("n2", "L4-24GB", 1)])
@@ -423,12 +435,15 @@ class Fleet:
             for key, r in rate.items()
         } | {"research/llm": ModelMetrics(rate=np.zeros(0), in_flight=np.zeros(0), stale=True)})
         plan = Plan(now=now, actions=[
-            Shortfall("prod/chat", 1, "no free GPU slot fits the replica"),
+            Shortfall("prod/chat", 1, "no free GPU slot fits the replica", ShortfallCause.UNPLACEABLE, "search", True),
             UpdateStatus("prod/chat", 2, 1, Reason.UNPLACEABLE, forecast_rps=12.5, predicted_latency_ms=420.0,
                          slo_latency_ms=500.0),
             UpdateStatus("prod/embed", 1, 1, Reason.STABLE, forecast_rps=5.5, predicted_latency_ms=120.0),
             UpdateStatus("research/llm", 1, 1, Reason.METRICS_STALE),
         ])
+        if self.ticks % PREEMPT_EVERY == 0:
+            plan.actions.append(RemoveReplica("research/llm", f"research/llm-p{self.ticks}", preempted_by="prod/chat",
+                                              reason=PreemptionReason.PRIORITY, message="preempted for prod/chat"))
         snapshot = ClusterSnapshot(now=now, models=self.snapshot.models, inventory=self.snapshot.inventory,
                                    training=self.snapshot.training)
         self.metrics.record_tick(plan, snapshot, window, seconds=0.02 + 0.01 * (self.ticks % 5))
@@ -672,3 +687,26 @@ def test_fleet_panels_show_slots_leader_and_controller_health(dashboard, prom) -
     ticks = {t["legendFormat"]: prom.query(expand(t["expr"], ALL)) for t in
              _panel(dashboard, "Tick duration")["targets"]}
     assert all(0.0 < r[0]["value"] <= 0.1 for r in ticks.values()), ticks
+
+
+def test_team_panels_show_gpus_shortfall_preemptions_and_refusals(dashboard, prom) -> None:
+    """search holds a whole L4 and a 3g slice (1 + 3/7) of its 2 guaranteed (limit 3); ml a 3g slice of its 1 (no
+    limit); chat is 1 short (unplaceable) and refused 1 replica per 30 s tick within search's guarantee; llm loses
+    a replica every 10 minutes."""
+    target = _panel(dashboard, "Team GPUs: held vs guaranteed")["targets"][0]["expr"]
+    got = {(r["metric"]["team"], r["metric"]["kind"]): r["value"] for r in prom.query(expand(target, ALL))}
+    assert got == pytest.approx({("search", "held"): 1 + 3 / 7, ("search", "guaranteed"): 2.0,
+                                 ("search", "limit"): 3.0, ("ml", "held"): 3 / 7, ("ml", "guaranteed"): 1.0})
+    assert _values(prom, dashboard, "Shortfall by cause", "reason") == {"unplaceable": 1.0}
+    per_range = RANGE_S / TICK_S
+    refusals = _values(prom, dashboard, "Guarantee refusals over the range", "model")
+    assert refusals == pytest.approx({"prod/chat": per_range}, rel=0.05)
+    preempted = _values(prom, dashboard, "Preemptions per model over the range", "model")
+    assert set(preempted) == {"prod/chat", "prod/embed", "research/llm"}  # every model's series exists (at 0)
+    assert preempted["prod/chat"] == 0 and preempted["prod/embed"] == 0
+    assert preempted["research/llm"] == pytest.approx(per_range / PREEMPT_EVERY, abs=1.5)
+    recent = _values(prom, dashboard, "Preemptions by team and reason", "team")
+    assert set(recent) == {"ml", "search"}
+    # the team variable narrows the team panels
+    only_ml = {(r["metric"]["team"], r["metric"]["kind"]) for r in prom.query(expand(target, {"team": ["ml"]}))}
+    assert only_ml == {("ml", "held"), ("ml", "guaranteed")}

@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from autoscaler.arbitration import TeamQuota
 from autoscaler.exporter import (
     ControllerMetrics,
     Health,
@@ -22,7 +23,16 @@ from autoscaler.exporter import (
     reclaim_buckets,
     start_http,
 )
-from autoscaler.plan import Plan, Reason, ScaleModel, Shortfall, UpdateStatus
+from autoscaler.plan import (
+    Plan,
+    PreemptionReason,
+    Reason,
+    RemoveReplica,
+    ScaleModel,
+    Shortfall,
+    ShortfallCause,
+    UpdateStatus,
+)
 from autoscaler.snapshot import (
     ClusterSnapshot,
     MetricsWindow,
@@ -57,6 +67,8 @@ CONTRACT = (
     "slotwise_slo_objective_ratio",
     "slotwise_lent_gpu_slots",
     "slotwise_reclaim_deadline_seconds",
+    "slotwise_preemptions_total",
+    "slotwise_team_gpus",
 )
 A100 = load_catalog().get("A100-80GB")
 L4 = load_catalog().get("L4-24GB")
@@ -167,7 +179,8 @@ async def test_metrics_after_a_tick_carry_every_contract_metric(served) -> None:
     assert _value(got, "slotwise_predicted_latency_seconds", model="ns/a") == pytest.approx(0.42)
     assert _value(got, "slotwise_slo_latency_seconds", model="ns/a") == pytest.approx(0.5)
     assert _value(got, "slotwise_slo_latency_seconds", model="ns/b") == pytest.approx(0.25)
-    assert _value(got, "slotwise_shortfall_replicas", model="ns/a", reason="no free GPU slot fits the replica") == 1
+    # the shortfall's cause is the reason label (the words are for Events); the team is the spec's
+    assert _value(got, "slotwise_shortfall_replicas", team="default", model="ns/a", reason="unplaceable") == 1
     # the window: the last step's rate, stale flags (a stale model has no observed rate)
     assert _value(got, "slotwise_observed_requests_per_second", model="ns/a") == 11.5
     assert _value(got, "slotwise_observed_requests_per_second", model="ns/b") is None
@@ -505,3 +518,112 @@ def test_reclaim_histogram_has_a_bucket_at_the_deadline_and_counts_reports() -> 
     assert get("slotwise_lends_total") == 3 and get("slotwise_reclaims_total", {"reason": "hysteresis"}) == 1
     with pytest.raises(ValueError):
         ControllerMetrics(reclaim_deadline_s=float("inf"))
+
+
+# -- arbitration: shortfalls by cause, preemptions, guarantee refusals, team GPUs ------------------------------------
+
+
+def _teams_snapshot(now: float, models: tuple[str, ...] = ("ns/a", "ns/b"), team_a: str = "search") -> ClusterSnapshot:
+    """ns/a (team ``team_a``) on a whole L4 (1 GPU-equivalent) and a MIG 3g slice (3/7); ns/b (team ml) on one
+    3g slice; one A100 lent to training (no team's)."""
+    inv = Inventory.from_nodes([NodeSpec("n1", "A100-80GB", 2, mig_enabled=True), NodeSpec("n2", "L4-24GB", 1),
+                                NodeSpec("n3", "A100-80GB", 1)])
+    inv.allocate(Slot.whole("n2", 0, L4), "ns/a-1", "ns/a")
+    inv.allocate(Slot.mig("n1", 1, A100, "3g", 0), "ns/a-2", "ns/a")
+    inv.allocate(Slot.whole("n3", 0, A100), lent_owner("n3", 0), LENT_MODEL)
+    if "ns/b" in models:
+        inv.allocate(Slot.mig("n1", 0, A100, "3g", 0), "ns/b-1", "ns/b")
+    team = {"ns/a": team_a, "ns/b": "ml"}
+    obs = {}
+    for key in models:
+        ns, name = key.split("/")
+        placed = tuple(Replica(owner, slot, True, 0.0) for owner, slot in inv.allocations_by_model().get(key, []))
+        obs[key] = ModelObservation(key, ModelSpec(name, ns, slo_latency_ms=500, team=team[key]), len(placed), placed)
+    return ClusterSnapshot(now=now, models=obs, inventory=inv, lent={("n3", 0): 0.0})
+
+
+def _preempt(replica: str, reason: PreemptionReason) -> RemoveReplica:
+    return RemoveReplica("ns/b", replica, preempted_by="ns/a", reason=reason,
+                         message=f"{replica} preempted ({reason}) for ns/a")
+
+
+def test_arbitration_metrics_from_a_hand_built_plan() -> None:
+    m = ControllerMetrics(teams=(TeamQuota("search", 2.0, 1.0), TeamQuota("ml", 0.5), TeamQuota("idle", 4.0, 0.0)))
+    get = m.registry.get_sample_value
+    window = MetricsWindow(now=100.0, step_s=15.0)
+    plan = Plan(now=100.0, actions=[
+        Shortfall("ns/a", 2, "lower-priority replicas are draining", ShortfallCause.PREEMPTING, "search", True),
+        Shortfall("ns/a", 1, "meets its SLO without it", ShortfallCause.HEADROOM, "search", False),
+        Shortfall("ns/a", 1, "no free GPU slot fits the replica", ShortfallCause.UNPLACEABLE, "search", True),
+        Shortfall("ns/a", 1, "no free GPU slot fits the replica", ShortfallCause.UNPLACEABLE, "search", True),
+        _preempt("ns/b-1", PreemptionReason.GUARANTEE),
+        _preempt("ns/b-2", PreemptionReason.PRIORITY),
+        RemoveReplica("ns/a", "ns/a-9"),  # an ordinary scale-down: no preemption
+    ])
+    m.record_tick(plan, _teams_snapshot(100.0), window, seconds=0.01)
+
+    def short(reason: str, model: str = "ns/a", team: str = "search") -> float | None:
+        return get("slotwise_shortfall_replicas", {"team": team, "model": model, "reason": reason})
+
+    assert (short("preempting"), short("headroom"), short("unplaceable")) == (2, 1, 2)
+    # refusals inside the guarantee, in missing replicas: the grant in progress (preempting) and the headroom
+    # ask (outside the guarantee) are not refusals
+    refusals = {s.labels["reason"]: s.value for s in m.guarantee_refusals.collect()[0].samples
+                if s.name.endswith("_total")}
+    assert refusals == {"unplaceable": 2}
+    assert get("slotwise_guarantee_refusals_total", {"team": "search", "model": "ns/a", "reason": "unplaceable"}) == 2
+
+    def preempted(reason: str, model: str = "ns/b", team: str = "ml") -> float | None:
+        return get("slotwise_preemptions_total", {"team": team, "model": model, "reason": reason})
+
+    assert (preempted("guarantee"), preempted("priority")) == (1, 1)  # the victim's team and model
+    # every managed model has its series at 0 from the start (increase() then sees a first preemption)
+    assert (preempted("guarantee", "ns/a", "search"), preempted("priority", "ns/a", "search")) == (0, 0)
+
+    def gpus(team: str, kind: str) -> float | None:
+        return get("slotwise_team_gpus", {"team": team, "kind": kind})
+
+    assert gpus("search", "held") == pytest.approx(1 + 3 / 7)  # a whole L4 + a 3g slice; lent GPUs are no team's
+    assert (gpus("search", "guaranteed"), gpus("search", "limit")) == (2.0, 3.0)
+    assert gpus("ml", "held") == pytest.approx(3 / 7)
+    assert gpus("ml", "guaranteed") == 0.5 and gpus("ml", "limit") is None  # no borrowing limit: no series
+    assert (gpus("idle", "held"), gpus("idle", "guaranteed"), gpus("idle", "limit")) == (0.0, 4.0, 4.0)
+
+    # next tick: the core plans ns/b-1's preemption again (its scale-down not done yet) and one more; only the
+    # unplaceable shortfall is left (the others' series go), and it is refused again
+    plan2 = Plan(now=110.0, actions=[
+        Shortfall("ns/a", 1, "no free GPU slot fits the replica", ShortfallCause.UNPLACEABLE, "search", True),
+        _preempt("ns/b-1", PreemptionReason.GUARANTEE),
+        _preempt("ns/b-3", PreemptionReason.PRIORITY),
+    ])
+    m.record_tick(plan2, _teams_snapshot(110.0), window, seconds=0.01)
+    assert (preempted("guarantee"), preempted("priority")) == (1, 2)  # each replica once
+    assert (short("preempting"), short("headroom"), short("unplaceable")) == (None, None, 1)
+    assert get("slotwise_guarantee_refusals_total", {"team": "search", "model": "ns/a", "reason": "unplaceable"}) == 3
+
+    # ns/b leaves: its series go; ml stays (a configured quota), holding nothing
+    m.record_tick(Plan(now=120.0), _teams_snapshot(120.0, ("ns/a",)), window, seconds=0.01)
+    assert preempted("guarantee") is None and preempted("priority") is None
+    assert gpus("ml", "held") == 0.0 and gpus("ml", "guaranteed") == 0.5
+    assert short("unplaceable") is None
+
+    # ns/a's team annotation changes: the old identity's series go, the new team appears without a quota
+    m.record_tick(Plan(now=130.0), _teams_snapshot(130.0, ("ns/a",), team_a="web"), window, seconds=0.01)
+    assert get("slotwise_guarantee_refusals_total", {"team": "search", "model": "ns/a", "reason": "unplaceable"}) \
+        is None
+    assert preempted("priority", "ns/a", "search") is None and preempted("priority", "ns/a", "web") == 0
+    assert gpus("search", "held") == 0.0 and gpus("web", "held") == pytest.approx(1 + 3 / 7)
+    assert gpus("web", "guaranteed") == 0.0 and gpus("web", "limit") is None
+
+
+def test_a_shortfall_of_a_model_without_a_spec_takes_the_shortfalls_team() -> None:
+    m = ControllerMetrics()
+    snap = _teams_snapshot(100.0, ("ns/a",))
+    plan = Plan(now=100.0, actions=[
+        Shortfall("ns/x", 1, "borrowed to the limit", ShortfallCause.BORROWING_LIMIT, "search", False),
+        Shortfall("ns/y", 1, "no slot", "weird-cause"),  # not a cause the core has: "other", never free text
+    ])
+    m.record_tick(plan, snap, MetricsWindow(now=100.0, step_s=15.0), seconds=0.01)
+    get = m.registry.get_sample_value
+    assert get("slotwise_shortfall_replicas", {"team": "search", "model": "ns/x", "reason": "borrowing_limit"}) == 1
+    assert get("slotwise_shortfall_replicas", {"team": "default", "model": "ns/y", "reason": "other"}) == 1

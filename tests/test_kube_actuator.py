@@ -34,6 +34,7 @@ from autoscaler.adapters.kube.actuator import (
     merged_node_selector,
     merged_resources,
     same_status,
+    shortfall_event,
     status_event,
     status_payload,
 )
@@ -60,6 +61,7 @@ from autoscaler.adapters.kube.objects import (
 from autoscaler.plan import (
     PlaceReplica,
     Plan,
+    PreemptionReason,
     Reason,
     RemoveReplica,
     ScaleModel,
@@ -67,6 +69,7 @@ from autoscaler.plan import (
     SetSlotTemplate,
     SetTimeSlicing,
     Shortfall,
+    ShortfallCause,
     UpdateStatus,
 )
 from autoscaler.snapshot import ClusterSnapshot
@@ -185,6 +188,30 @@ def test_status_payload_and_event_rendering() -> None:
     assert status_event(a) == ("Normal", "Scaled", "desired 3 replica(s), 2 ready: forecast; sized for p95")
     stale = UpdateStatus("ns/m", 2, 2, Reason.METRICS_STALE)
     assert status_event(stale)[:2] == ("Warning", "MetricsStale")
+    # the model's shortfall this tick, by cause, only when there is one
+    short = status_payload(a, dry_run=False, now=0.0, shortfall={ShortfallCause.PREEMPTING: 2, "headroom": 1})
+    assert short == {**p, "shortfall": {"preempting": 2, "headroom": 1}}
+    assert not same_status(json.dumps(p), short)
+
+
+def test_shortfall_events_say_the_cause() -> None:
+    def ev(cause: ShortfallCause, within: bool = False) -> tuple[str, str, str]:
+        return shortfall_event(Shortfall("ns/m", 2, "the words", cause, "search", within))
+
+    assert ev(ShortfallCause.UNPLACEABLE) == ("Warning", "Unplaceable",
+                                              "2 replica(s) cannot be placed (unplaceable): the words")
+    assert ev(ShortfallCause.BORROWING_LIMIT) == ("Warning", "BorrowingLimit",
+                                                  "2 replica(s) not placed (borrowing_limit): the words")
+    assert ev(ShortfallCause.OUTRANKED, within=True) == (
+        "Warning", "Outranked", "2 replica(s) not placed (outranked, within the team's guarantee): the words")
+    assert ev(ShortfallCause.MIN_RUNTIME)[:2] == ("Warning", "MinRuntime")
+    assert ev(ShortfallCause.HEADROOM)[:2] == ("Normal", "Headroom")
+    # grants in progress: Normal, and never "the guarantee refused"
+    assert ev(ShortfallCause.PREEMPTING, within=True) == (
+        "Normal", "Preempting", "2 replica(s) waiting for capacity being freed (preempting): the words")
+    assert ev(ShortfallCause.RECLAIMING)[:2] == ("Normal", "Reclaiming")
+    # every cause the core has maps to its own Event reason
+    assert len({ev(c)[1] for c in ShortfallCause}) == len(ShortfallCause)
 
 
 # -- against the real apiserver ------------------------------------------------------------------------------------
@@ -447,8 +474,8 @@ async def test_status_annotation_and_events(api: client.ApiClient, ns: str) -> N
     unplaceable = sorted((e["message"], e["count"], e["type"], e["lastTimestamp"])
                          for e in await events_of(api, ns, ok.name) if e["reason"] == "Unplaceable")
     assert [u[:3] for u in unplaceable] == [
-        ("2 replica(s) cannot be placed: no free GPU slot fits the replica", 2, "Warning"),
-        ("3 replica(s) cannot be placed: no free GPU slot fits the replica", 1, "Warning")]
+        ("2 replica(s) cannot be placed (unplaceable): no free GPU slot fits the replica", 2, "Warning"),
+        ("3 replica(s) cannot be placed (unplaceable): no free GPU slot fits the replica", 1, "Warning")]
     assert unplaceable[0][3].startswith("2023-11-14T22:14:20")
 
     # at most max_events_per_tick Events per apply
@@ -756,3 +783,72 @@ async def test_mig_gate_disabled_by_default_and_restart_recovery(api: client.Api
     assert (await core.read_node(early)).metadata.labels[MIG_CONFIG] == "cfg-a"
     with pytest.raises(ApiException):
         await core.read_namespaced_config_map("mig-parted", ns)
+
+
+@aio
+async def test_a_preemption_scales_the_victim_down_marks_its_replica_and_warns(api: client.ApiClient,
+                                                                                ns: str) -> None:
+    """A preemption is a scale-down of the victim that removes THE preempted replica (pod-deletion-cost) and
+    leaves a Warning Event ``Preempted`` with the core's message on the victim Deployment; the preemptor's
+    shortfall Event and status say the cause."""
+    victim = await make_model(api, ns, "llm-low", replicas=3)
+    winner = await make_model(api, ns, "llm-high", replicas=1)
+    for i in range(3):
+        await make_pod(api, ns, f"llm-low-{i}", "node-x", "nvidia.com/gpu", {"app": "llm-low"})
+    message = f"replica {ns}/llm-low-1 preempted for {winner.key} (priority 10 > 0): it would miss its SLO"
+    plan = Plan(0.0, [
+        RemoveReplica(victim.key, f"{ns}/llm-low-1", preempted_by=winner.key, reason=PreemptionReason.PRIORITY,
+                      message=message),
+        ScaleModel(victim.key, 2, 3, Reason.PREEMPTED, f"1 replica preempted for {winner.key}"),
+        UpdateStatus(victim.key, 2, 3, Reason.PREEMPTED, message=f"1 replica preempted for {winner.key}"),
+        Shortfall(winner.key, 1, "lower-priority replicas are draining for it", ShortfallCause.PREEMPTING,
+                  "search", True),
+        UpdateStatus(winner.key, 2, 1, Reason.FORECAST, forecast_rps=30.0),
+    ])
+    act = KubeActuator(api, ActuatorConfig(), clock=lambda: 1_700_000_000.0)
+    r = await act.apply(plan, view_of([victim, winner]))
+    assert not r.errors, r.errors
+    assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(victim.name, ns)).spec.replicas == 2
+    costs = {}
+    for i in range(3):
+        pod = await client.CoreV1Api(api).read_namespaced_pod(f"llm-low-{i}", ns)
+        costs[pod.metadata.name] = (pod.metadata.annotations or {}).get(POD_DELETION_COST)
+    assert costs == {"llm-low-0": None, "llm-low-1": "-1000", "llm-low-2": None}
+    assert any(line.startswith(f"drain {victim.key}/{ns}/llm-low-1 (timeout 30s) preempted (priority) for "
+                               f"{winner.key}: {POD_DELETION_COST}") for line in r.applied), r.applied
+    preempted = [e for e in await events_of(api, ns, victim.name) if e["reason"] == "Preempted"]
+    assert [(e["type"], e["message"], e["count"]) for e in preempted] == [("Warning", message, 1)]
+    assert preempted[0]["involvedObject"]["uid"] == victim.uid
+    victim_status = json.loads((await read_dep(api, victim))["metadata"]["annotations"][STATUS_ANNOTATION])
+    assert victim_status["reason"] == "preempted" and "shortfall" not in victim_status
+    # the preemptor: an Event naming the cause (Normal: capacity is being freed for it) and the status' shortfall
+    [waiting] = [e for e in await events_of(api, ns, winner.name) if e["reason"] == "Preempting"]
+    assert waiting["type"] == "Normal"
+    assert waiting["message"] == "1 replica(s) waiting for capacity being freed (preempting): lower-priority " \
+                                 "replicas are draining for it"
+    status = json.loads((await read_dep(api, winner))["metadata"]["annotations"][STATUS_ANNOTATION])
+    assert status["shortfall"] == {"preempting": 1}
+
+    # planned again while the scale-down is done already: no second scale write, no second Event
+    again = await act.apply(plan, view_of([victim, winner]))
+    assert not again.errors and again.why(f"scale {victim.key}") == ["unchanged"]
+    assert [e["count"] for e in await events_of(api, ns, victim.name) if e["reason"] == "Preempted"] == [1]
+
+
+@aio
+async def test_a_preemption_in_dry_run_only_reports(api: client.ApiClient, ns: str) -> None:
+    victim = await make_model(api, ns, "llm-dry", replicas=2)
+    await make_pod(api, ns, "llm-dry-0", "node-x", "nvidia.com/gpu", {"app": "llm-dry"})
+    plan = Plan(0.0, [
+        RemoveReplica(victim.key, f"{ns}/llm-dry-0", preempted_by=f"{ns}/other", reason=PreemptionReason.GUARANTEE,
+                      message="preempted: team search reclaims its guarantee"),
+        ScaleModel(victim.key, 1, 2, Reason.PREEMPTED),
+    ])
+    r = await KubeActuator(api, ActuatorConfig(dry_run=True)).apply(plan, view_of([victim]))
+    assert not r.errors and r.why(f"scale {victim.key}") == ["dry-run"]
+    assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(victim.name, ns)).spec.replicas == 2
+    pod = await client.CoreV1Api(api).read_namespaced_pod("llm-dry-0", ns)
+    assert POD_DELETION_COST not in (pod.metadata.annotations or {})
+    [ev] = [e for e in await events_of(api, ns, victim.name) if e["reason"].endswith("Preempted")]
+    assert (ev["type"], ev["reason"], ev["message"]) == ("Warning", "DryRunPreempted",
+                                                         "preempted: team search reclaims its guarantee")

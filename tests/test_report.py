@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import html
 import json
 import math
 import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autoscaler import cli
@@ -324,3 +326,111 @@ def test_one_source_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit) as e:
         slotwise(["report"], monkeypatch)
     assert e.value.code == 2
+
+
+# ------------------------------------------------------------------------ the scenario scorecard (issue 9)
+
+
+def test_recovery_time_is_the_start_of_the_first_three_met_minutes() -> None:
+    from autoscaler.report.scenario import recovery_time_s
+
+    arrivals = np.full(10, 100.0)
+    within = np.array([99, 99, 40, 50, 99, 90, 99, 99, 99, 99], dtype=float)  # objective 0.95
+    # event at 2:30 (minute 2): minutes 2, 3 miss, 4 meets, 5 misses, 6-8 meet -> back at 6:00
+    assert recovery_time_s(arrivals, within, 0.95, at_s=150.0) == pytest.approx(360.0 - 150.0)
+    # the minutes start after a burn-in: minute j covers [start + 60 j, start + 60 (j + 1))
+    assert recovery_time_s(arrivals, within, 0.95, at_s=300.0 + 150.0, start_s=300.0) == pytest.approx(210.0)
+    # a model the event did not hurt recovers at once
+    assert recovery_time_s(arrivals, np.full(10, 99.0), 0.95, at_s=150.0) == 0.0
+    # minutes without requests miss nothing
+    idle = arrivals.copy()
+    idle[5] = 0.0
+    assert recovery_time_s(idle, np.where(idle > 0, within, 0.0), 0.95, at_s=150.0) == pytest.approx(240.0 - 150.0)
+    # never three met minutes in a row after the event: None
+    assert recovery_time_s(arrivals, np.array([99, 99, 40, 99, 99, 50, 99, 99, 10, 99.0]), 0.95, at_s=150.0) is None
+    assert recovery_time_s(arrivals, within, 0.95, at_s=8 * 60.0) is None  # too few minutes left to tell
+    # an event before the first scored minute counts from the first minute
+    assert recovery_time_s(arrivals, within, 0.95, at_s=0.0, start_s=120.0) == pytest.approx(120.0 + 360.0)
+
+
+def _team_row(team: str, guaranteed: float, limit: float | None, cost: float) -> dict:
+    """A row with the keys of autoscaler.sim.scorecard.team_card (hand-made: the rendering is tested alone)."""
+    return {"team": team, "guaranteed_gpus": guaranteed, "borrowing_limit_gpus": limit, "models": [f"{team}-m"],
+            "requests": 1000.0, "slo_attainment": 0.9876, "success_rate": 0.999, "gpu_hours_allocated": 4.0,
+            "gpu_hours_busy": 3.0, "utilization_busy": 0.75, "cost_usd": cost, "replica_wait_minutes": 12.5,
+            "shortfall_minutes_by_cause": {"borrowing_limit": 10.0, "preempting": 2.5},
+            "refusals_within_guarantee": 0.0, "preemptions_by_reason": {"priority": 2}, "preemptions_caused": 0}
+
+
+def _scenario_doc() -> dict:
+    from types import SimpleNamespace
+
+    from autoscaler.report.scenario import Run, build_doc
+
+    runs = [Run("slotwise/slo", "slotwise", "slo"), Run("slotwise/partition", "slotwise", "partition")]
+    arrivals = np.full((2, 10), 100.0)
+    within = np.array([[99, 99, 99, 40, 60, 99, 99, 99, 99, 99], [99.0] * 10])
+    results, cards, team_cards = [], [], []
+    for k, r in enumerate(runs):
+        results.append(SimpleNamespace(
+            models=("chat", "fn"), minute_arrivals=arrivals, minute_within=within, burn_in_s=120.0,
+            slo_percentile=np.array([95.0, 99.0]),
+            events=[{"at_s": 300.0, "kind": "node_lost", "target": "h100-80gb-0", "count": None,
+                     "nodes": ["h100-80gb-0"], "replicas_lost": 3, "gpus_removed": 8}],
+            preemptions=[{"at_s": 330.0, "model": "fn", "team": "b", "replica": "fn-3", "by_model": "chat",
+                          "reason": "priority", "message": "chat would miss its SLO"}]))
+        cards.append({"policy": r.label, "requests": 2000.0, "gpus_total": 8, "lending": None,
+                      "cost": {"hours": 10 / 60}})
+        rows = [_team_row("a", 4.0, 2.0, 12.34 + k), _team_row("b", 2.0, None, 5.67 + k)]
+        team_cards.append({"teams": rows, "all": {**_team_row("all", 6.0, None, 18.01 + 2 * k), "gpus_total": 8,
+                                                   "fragmentation": 0.1, "idle_reserved_cost_usd": 1.5,
+                                                   "lent_gpu_hours": 0.0, "lent_value_usd": 0.0,
+                                                   "training_jobs_started": 0, "training_jobs_completed": 0,
+                                                   "training_wait_p50_s": None, "training_wait_p95_s": None,
+                                                   "training_goodput_gpu_hours": 0.0, "unreasoned": 0}})
+    return build_doc(meta={"scenario": "hand-made", "hours": 10 / 60}, runs=runs, results=results, cards=cards,
+                     team_cards=team_cards, priorities={"chat": 100, "fn": 10}, cold_starts={"chat": 60.0, "fn": 5.0})
+
+
+def test_scenario_doc_tables_and_html_carry_the_same_numbers(tmp_path: Path) -> None:
+    from autoscaler.report.scenario import tables, write_report
+
+    doc = _scenario_doc()
+    assert list(doc["per_team"]) == ["slotwise/slo", "slotwise/partition"]
+    assert doc["top_priority_models"] == ["chat"]
+    # event at 5:00 = minute 3 after a 2-minute burn-in; minutes 3, 4 miss; back from minute 5 = 7:00
+    [rec] = doc["recovery"]["slotwise/slo"]
+    assert rec["model"] == "chat" and rec["recovery_s"] == pytest.approx(120.0) and rec["cold_start_s"] == 60.0
+    assert rec["within_cold_start"] is False
+    row = doc["per_team"]["slotwise/slo"][0]
+    assert row["mean_gpus_allocated"] == pytest.approx(4.0 / (10 / 60)) and row["preempted"] == 2
+    assert doc["overall"]["slotwise/slo"]["utilization_allocated"] == pytest.approx(4.0 / (8 * 10 / 60))
+
+    by_title = {t.title.split(" (")[0]: t for t in tables(doc)}
+    team = by_title["per team: quota, requests, SLO"]
+    assert [r[:6] for r in team.rows] == [("slotwise/slo", "a", "4", "2", "24.00", "1"),
+                                          ("slotwise/slo", "b", "2", "none", "24.00", "1"),
+                                          ("slotwise/partition", "a", "4", "2", "24.00", "1"),
+                                          ("slotwise/partition", "b", "2", "none", "24.00", "1")]
+    cost = by_title["per team: GPU-hours, cost, waiting, preemptions"]
+    assert [r[cost.header.index("cost")] for r in cost.rows] == ["$12.34", "$5.67", "$13.34", "$6.67"]
+    causes = by_title["preemptions by reason and shortfall by cause"]
+    # causes in ShortfallCause's order, the totals row per run
+    assert causes.header[2:] == ("preempted: priority", "preempted: guarantee", "preemptions caused",
+                                 "shortfall borrowing_limit (replica-min)", "shortfall preempting (replica-min)")
+    assert [r[1] for r in causes.rows] == ["a", "b", "all", "a", "b", "all"]
+    recovery = by_title["recovery of the highest-priority models"]
+    assert recovery.rows[0] == ("slotwise/slo", "00:05", "node_lost", "chat", "60", "120", "no")
+
+    paths = write_report(doc, str(tmp_path / "out"))
+    assert (tmp_path / "out" / "scorecard.json").exists() and set(paths) == {"json", "png", "html"}
+    saved = json.loads(Path(paths["json"]).read_text())
+    png = Path(paths["png"]).read_bytes()
+    assert png[:8] == PNG_MAGIC
+    page = Path(paths["html"]).read_text()
+    embedded = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+    assert embedded and base64.b64decode(embedded.group(1)) == png
+    # every cell of every table, rendered from the JSON as written, is in the page
+    for t in tables(saved):
+        for r in t.rows:
+            assert "".join(f"<td>{html.escape(v)}</td>" for v in r) in page.replace("<td class=n>", "<td>"), r

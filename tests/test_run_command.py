@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from pathlib import Path
 
 import pytest
 
+from autoscaler.arbitration import ArbitrationPolicy, TeamQuota
 from autoscaler.cli import build_parser, main
 from autoscaler.commands.run import build_settings
+from autoscaler.controller import Controller
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -63,3 +67,53 @@ def test_lending_settings_are_parsed_and_checked(tmp_path: Path) -> None:
     cfg.write_text("lending: {mode: volcano}\n")
     with pytest.raises(ValueError, match="pods' or 'kueue'"):
         build_settings(_args("--config", str(cfg)))
+
+
+def test_teams_and_arbitration_settings_are_parsed_into_the_policy(tmp_path: Path) -> None:
+    cfg = tmp_path / "slotwise.yaml"
+    cfg.write_text(
+        "teams:\n"
+        "  - {name: search, guaranteed_gpus: 8, borrowing_limit_gpus: 4}\n"
+        "  - {name: research, guaranteed_gpus: 2.5}\n"
+        "arbitration: {mode: priority, min_runtime_s: 120, max_preemptions_per_tick: 3}\n"
+    )
+    s = build_settings(_args("--config", str(cfg)))
+    a = s.arbitration
+    assert a.mode == "priority" and a.min_runtime_s == 120 and a.max_preemptions_per_tick == 3 and a.preemption
+    assert a.teams == (TeamQuota("search", 8, 4), TeamQuota("research", 2.5, None))
+    assert a.quota("search").limit_gpus == 12 and a.quota("research").limit_gpus == math.inf
+    assert a.quota("nobody") == TeamQuota("nobody")  # not listed: no guarantee, no limit
+    # the controller hands the policy to the decision core, and the quotas to the exporter
+    ctl = Controller(object(), s)
+    assert ctl.core.arbitration == a
+    assert ctl.exporter.quotas == {"search": a.teams[0], "research": a.teams[1]}
+    # neither key: the defaults
+    cfg.write_text("tick_s: 3\n")
+    assert build_settings(_args("--config", str(cfg))).arbitration == ArbitrationPolicy()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("arbitration: {mode: fifo}\n", "arbitration mode must be one of slo, priority, partition, got 'fifo'"),
+    ("arbitration: {preempt: false}\n", "arbitration: unknown key(s) preempt"),
+    ("arbitration: {min_runtime_s: -5}\n", "arbitration: min_runtime_s must be a number >= 0, got -5"),
+    ("arbitration: {max_preemptions_per_tick: 2.5}\n", "arbitration: max_preemptions_per_tick must be an integer"),
+    ("arbitration: {preemption: maybe}\n", "arbitration: preemption must be true or false"),
+    ("arbitration: [slo]\n", "arbitration: expected a mapping of settings"),
+    ("teams: {search: 8}\n", "teams must be a list of {name, guaranteed_gpus, borrowing_limit_gpus}"),
+    ("teams: [search]\n", "teams[0] must be a mapping, got 'search'"),
+    ("teams: [{name: a, guaranteed: 2}]\n", "teams[0]: unknown key(s) guaranteed"),
+    ("teams: [{guaranteed_gpus: 2}]\n", "teams[0]: team name must be a non-empty string"),
+    ("teams: [{name: a, guaranteed_gpus: -1}]\n", "teams[0]: team a: guaranteed_gpus must be a number >= 0"),
+    ("teams: [{name: a, borrowing_limit_gpus: lots}]\n", "teams[0]: team a: borrowing_limit_gpus must be a number"),
+    ("teams: [{name: a}, {name: a}]\n", "teams listed twice: a"),
+])
+def test_teams_and_arbitration_errors_name_the_key_and_exit_2(tmp_path: Path, capsys, text: str,
+                                                               message: str) -> None:
+    cfg = tmp_path / "slotwise.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_settings(_args("--config", str(cfg)))
+    # the command line: one line on stderr, exit 2, before any cluster is looked for
+    assert main(["run", "--config", str(cfg), "--kubeconfig", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("slotwise: ") and message in err and err.count("\n") == 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from autoscaler.arbitration import ArbitrationPolicy, TeamQuota
 from autoscaler.cli import main
 from autoscaler.commands.simulate import shipped_scenarios
 from autoscaler.policies import make_policy
@@ -51,7 +53,8 @@ def test_shipped_scenarios_load(name: str) -> None:
     assert {m.spec.priority for m in sc.models} == {100, 50, 10}
     assert all(m.spec.team in {t.name for t in sc.teams} for m in sc.models)
     trace = sc.build_trace(0.5)
-    assert trace.rates.shape == (len(sc.models), 30) and (trace.rates >= 0).all()
+    # the history (the forecaster's warm start) comes first, then the half hour asked for
+    assert trace.rates.shape == (len(sc.models), round(sc.history_h * 60) + 30) and (trace.rates >= 0).all()
     assert sum(n.gpu_count for n in sc.cluster) > 0
 
 
@@ -76,6 +79,23 @@ def test_failure_day_has_node_loss_at_peak() -> None:
         (("trace: azure-llm-2023,", "trace: no-such-trace,"), "models[0].trace", "no such file"),
         (("model: conv,", "model: conv, scale: 0,"), "models[0].scale", "must be > 0"),
         (('cluster: "16xH100-80GB:mig"', 'cluster: "16xNoSuchGPU"'), "cluster", ""),
+        (("borrowing_limit_gpus: 2}", "borrowing_limit_gpus: -1}"), "teams[0].borrowing_limit_gpus", "must be >= 0"),
+        (("borrowing_limit_gpus: 2}", "borrowing_limit_gpus: lots}"), "teams[0].borrowing_limit_gpus",
+         "must be a number"),
+        (("duration: 1", "duration: 1\nrequest_timeout_s: 0"), "request_timeout_s", "must be > 0"),
+        (("duration: 1", "duration: 1\narbitration: {mode: fair}"), "arbitration.mode",
+         "must be one of slo, priority, partition"),
+        (("duration: 1", "duration: 1\narbitration: {preemption: sometimes}"), "arbitration.preemption",
+         "must be true or false"),
+        (("duration: 1", "duration: 1\narbitration: {min_runtime_s: -5}"), "arbitration.min_runtime_s",
+         "must be >= 0"),
+        (("duration: 1", "duration: 1\narbitration: {fairness_half_life_s: soon}"),
+         "arbitration.fairness_half_life_s", "must be a number"),
+        (("duration: 1", "duration: 1\narbitration: {max_preemptions_per_tick: 1.5}"),
+         "arbitration.max_preemptions_per_tick", "must be an integer >= 0"),
+        (("duration: 1", "duration: 1\narbitration: {mode: slo, preempt: false}"), "arbitration.preempt",
+         "unknown key"),
+        (("duration: 1", "duration: 1\narbitration: [slo]"), "arbitration", "must be a mapping"),
     ],
 )
 def test_bad_input_names_file_and_key(tmp_path: Path, change: tuple[str, str], key: str, message: str) -> None:
@@ -84,6 +104,31 @@ def test_bad_input_names_file_and_key(tmp_path: Path, change: tuple[str, str], k
     with pytest.raises(ScenarioError) as e:
         load_scenario(path)
     assert_problem(str(e.value), key, message)
+
+
+def test_arbitration_block_and_teams_become_the_policy(tmp_path: Path) -> None:
+    sc = load_scenario(write(tmp_path, BASE))
+    # no arbitration block: the defaults, with the teams' quotas (absent borrowing limit = no limit)
+    assert sc.arbitration == ArbitrationPolicy(teams=(TeamQuota("a", 4.0, 2.0), TeamQuota("b", 2.0, None)))
+    assert sc.teams == sc.arbitration.teams and sc.arbitration.quota("b").limit_gpus == math.inf
+    assert sc.request_timeout_s == 60.0
+    text = BASE.replace("duration: 1", "duration: 1\nrequest_timeout_s: 30\narbitration:\n  mode: partition\n"
+                        "  preemption: false\n  min_runtime_s: 120\n  max_preemptions_per_tick: 2\n"
+                        "  fairness_half_life_s: 600")
+    sc = load_scenario(write(tmp_path, text.replace("{name: b, guaranteed_gpus: 2}",
+                                                    "{name: b, guaranteed_gpus: 2, borrowing_limit_gpus: null}")))
+    assert sc.arbitration == ArbitrationPolicy(mode="partition", teams=(TeamQuota("a", 4.0, 2.0), TeamQuota("b", 2.0)),
+                                               preemption=False, min_runtime_s=120.0, max_preemptions_per_tick=2,
+                                               fairness_half_life_s=600.0)
+    assert sc.request_timeout_s == 30.0
+
+
+def test_every_bad_arbitration_value_is_reported_at_once(tmp_path: Path) -> None:
+    text = BASE.replace("duration: 1", "duration: 1\narbitration: {mode: x, preemption: 1, min_runtime_s: -1}")
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(write(tmp_path, text))
+    for key in ("arbitration.mode", "arbitration.preemption", "arbitration.min_runtime_s"):
+        assert f"bad.yaml: {key}: " in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -195,11 +240,20 @@ def test_simulate_scenario_prints_per_team_table(tmp_path: Path, capsys: pytest.
     import json
 
     doc = json.loads(out_json.read_text())
-    rows = doc["per_team"]["slotwise"]
+    # without --arbitration: the scenario's own mode (slo: the file has no arbitration block)
+    assert [r["label"] for r in doc["runs"]] == ["slotwise/slo"]
+    rows = doc["per_team"]["slotwise/slo"]
     assert {r["team"] for r in rows} == {"search", "assist", "platform"}
     assert all(0.0 <= r["slo_attainment"] <= 1.0 for r in rows)
-    card = doc["results"]
-    assert sum(r["gpu_hours"] for r in rows) == pytest.approx(card["gpu_hours"])
+    [card] = doc["results"]
+    assert card["policy"] == "slotwise/slo"
+    assert sum(r["gpu_hours_allocated"] for r in rows) == pytest.approx(card["gpu_hours"])
+    assert doc["overall"]["slotwise/slo"]["unreasoned"] == 0
+    # the node loss at 00:29 is in the recovery table for the top-priority models, next to their cold start
+    rec = doc["recovery"]["slotwise/slo"]
+    assert {r["model"] for r in rec} == {"chat", "code"} and all(r["at_s"] == 29 * 60 for r in rec)
+    assert all(r["cold_start_s"] == 60.0 for r in rec)
+    assert "recovery of the highest-priority models" in text
 
 
 def test_scenario_refuses_trace_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

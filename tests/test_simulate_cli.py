@@ -318,3 +318,97 @@ def test_non_positive_tick_is_a_clear_error(capsys: pytest.CaptureFixture[str], 
     rc = main(["simulate", "--hours", "0.05", "--policy", "static", "--tick", tick])
     assert rc == 2
     assert "tick" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ --scenario with --arbitration (issue 9)
+
+MODES = ("slo", "priority", "partition")
+LABELS = [f"slotwise/{m}" for m in MODES]
+
+
+@pytest.fixture(scope="module")
+def arbitration_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """failure-day's first 40 minutes (the node loss at 00:29 included), once per arbitration mode."""
+    import contextlib
+    import io
+
+    d = tmp_path_factory.mktemp("arb")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["simulate", "--scenario", "failure-day", "--hours", "0.65", "--arbitration", ",".join(MODES),
+                   "--json", str(d / "card.json"), "--out", str(d / "report")])
+    assert rc == 0
+    return d / "card.json", d / "report", out.getvalue()
+
+
+def test_arbitration_modes_run_side_by_side_with_per_team_rows(arbitration_run: tuple[Path, Path, str]) -> None:
+    card_json, _, printed = arbitration_run
+    doc = json.loads(card_json.read_text())
+    assert [r["label"] for r in doc["runs"]] == LABELS
+    assert [(r["policy"], r["arbitration"]) for r in doc["runs"]] == [("slotwise", m) for m in MODES]
+    assert [c["policy"] for c in doc["results"]] == LABELS
+    assert [c["arbitration"] for c in doc["results"]] == list(MODES)
+    teams = {t["name"] for t in doc["teams"]}
+    for label, card in zip(LABELS, doc["results"], strict=True):
+        rows = doc["per_team"][label]
+        assert {r["team"] for r in rows} == teams == {"search", "assist", "platform"}
+        for r in rows:
+            assert 0.0 <= r["slo_attainment"] <= 1.0 and 0.0 <= r["success_rate"] <= 1.0
+            assert r["gpu_hours_busy"] <= r["gpu_hours_allocated"] + 1e-9
+        overall = doc["overall"][label]
+        assert overall["unreasoned"] == 0
+        assert sum(r["gpu_hours_allocated"] for r in rows) == pytest.approx(overall["gpu_hours_allocated"])
+        assert sum(r["cost_usd"] for r in rows) == pytest.approx(card["cost_usd"])
+        assert sum(r["requests"] for r in rows) == pytest.approx(card["requests"])
+        assert {r["model"] for r in doc["recovery"][label]} == {"chat", "code"}
+    for text in (*LABELS, "per team: quota, requests, SLO", "preemptions by reason and shortfall by cause",
+                 "recovery of the highest-priority models", "node_lost"):
+        assert text in printed, text
+
+
+def test_out_writes_json_html_png_with_the_same_numbers(arbitration_run: tuple[Path, Path, str]) -> None:
+    import base64
+    import html
+    import re
+
+    from autoscaler.report.scenario import tables
+
+    card_json, report, _ = arbitration_run
+    doc = json.loads((report / "scorecard.json").read_text())
+    other = json.loads(card_json.read_text())
+    assert doc == other  # --json and --out: one document
+    png = (report / "report.png").read_bytes()
+    assert png[:8] == PNG_MAGIC and len(png) > 5000
+    page = (report / "report.html").read_text()
+    embedded = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+    assert embedded and base64.b64decode(embedded.group(1)) == png
+    flat = page.replace("<td class=n>", "<td>")
+    for t in tables(json.loads((report / "scorecard.json").read_text())):
+        assert html.escape(t.title) in page
+        for r in t.rows:
+            assert "".join(f"<td>{html.escape(v)}</td>" for v in r) in flat, (t.title, r)
+    for label in LABELS:
+        for r in doc["per_team"][label]:
+            assert f"${r['cost_usd']:,.2f}" in page
+    # `slotwise report --sim` reads the scenario's JSON too (one section per run)
+    assert main(["report", "--sim", str(card_json), "--out", str(report / "cost")]) == 0
+    sections = json.loads((report / "cost" / "report.json").read_text())["sections"]
+    assert [s["policy"] for s in sections] == LABELS
+    assert all("scenario failure-day" in s["title"] for s in sections)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--scenario", "failure-day", "--arbitration", "slo,fair"], "--arbitration: unknown mode 'fair'"),
+        (["--scenario", "failure-day", "--arbitration", ","], "--arbitration: unknown mode"),
+        (["--scenario", "failure-day", "--arbitration", "slo,slo"], "mode slo given twice"),
+        (["--arbitration", "slo"], "--arbitration needs --scenario"),
+    ],
+)
+def test_bad_arbitration_flag_exits_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--hours", "0.05", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    if "unknown mode" in message:
+        assert "slo, priority, partition" in err

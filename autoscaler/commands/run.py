@@ -20,6 +20,7 @@ import yaml
 
 from autoscaler.adapters.kube.actuator import ActuatorConfig
 from autoscaler.adapters.prometheus_metrics import MetricNames
+from autoscaler.arbitration import ArbitrationPolicy
 from autoscaler.controller import Controller, ControllerSettings
 from sharing.lending import LendingPolicy
 
@@ -62,14 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def load_settings_file(path: str) -> dict[str, Any]:
     """The YAML settings file: keys are :class:`ControllerSettings` fields, ``actuator:`` a mapping of
-    :class:`ActuatorConfig` fields, ``metrics:`` ``{preset, names...}``; unknown keys are errors."""
+    :class:`ActuatorConfig` fields, ``metrics:`` ``{preset, names...}``, ``teams:`` the team quotas (with
+    ``arbitration:`` they make :class:`~autoscaler.arbitration.ArbitrationPolicy`); unknown keys are errors."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings")
-    known = {f.name for f in fields(ControllerSettings)} | {"metrics"}
+    known = {f.name for f in fields(ControllerSettings)} | {"metrics", "teams"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -88,10 +90,30 @@ def _section(data: dict[str, Any], key: str, cls: type) -> Any:
     return cls(**values)
 
 
+def _arbitration(data: dict[str, Any]) -> ArbitrationPolicy:
+    """``arbitration:`` (mode, preemption, ...) and ``teams:`` (the quotas), removed from ``data``, as one
+    :class:`ArbitrationPolicy`. Two top-level keys because teams are an organisation's list, not a knob of the
+    algorithm; one policy because the decision core needs them together. Errors name the key."""
+    arbitration = data.pop("arbitration", None)
+    teams = data.pop("teams", None)
+    if arbitration is not None and not isinstance(arbitration, dict):
+        raise ValueError(f"arbitration: expected a mapping of settings, got {arbitration!r}")
+    try:
+        return ArbitrationPolicy.from_mapping(arbitration, teams)
+    except (TypeError, ValueError) as e:
+        text = str(e)
+        # from_mapping names the key itself ("arbitration: ...", "teams[1]: ..."); the policy's own checks
+        # ("min_runtime_s must be ...") name only the field: say which section it belongs to
+        if not text.startswith(("arbitration", "teams")):
+            text = f"arbitration: {text}"
+        raise ValueError(text) from None
+
+
 def build_settings(args: argparse.Namespace) -> ControllerSettings:
     data = load_settings_file(args.config) if args.config else {}
     actuator = _section(data, "actuator", ActuatorConfig)
     lending = _section(data, "lending", LendingPolicy)
+    arbitration = _arbitration(data)
     metrics_data = data.pop("metrics", {}) or {}
     if args.dry_run:
         actuator = replace(actuator, dry_run=True)
@@ -105,7 +127,8 @@ def build_settings(args: argparse.Namespace) -> ControllerSettings:
         names = MetricNames.preset(preset, **metrics_data)
     except TypeError as e:
         raise ValueError(f"metrics settings: {e}") from None
-    settings = ControllerSettings(**data, actuator=actuator, metric_names=names, lending=lending)
+    settings = ControllerSettings(**data, actuator=actuator, metric_names=names, lending=lending,
+                                  arbitration=arbitration)
     overrides = {
         "prometheus_url": args.prometheus, "namespace": args.namespace, "label_selector": args.selector,
         "policy": args.policy, "tick_s": args.tick, "history_hours": args.history_hours,

@@ -4,6 +4,11 @@
 training jobs (``--training``) and reclaimed ahead of need; ``--static-training-gpus N`` is the baseline it is
 compared with (N GPUs taken out of the inference pool for training up front). The scorecard then also shows the
 lending numbers (:mod:`autoscaler.sim.scorecard`).
+
+``--scenario FILE`` runs a scenario (teams, models, training, cluster, events; :mod:`autoscaler.sim.scenario`) and
+prints the PoC scorecard per team and overall (:mod:`autoscaler.report.scenario`); ``--arbitration slo,priority,
+partition`` runs it once per arbitration mode side by side. docs/scenarios.md has the file, the flags and every
+number.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import sys
 from typing import Any
 
+from autoscaler.arbitration import ARBITRATION_MODES
 from autoscaler.policies import POLICIES, make_policy
 from autoscaler.sim.defaults import model_specs
 from autoscaler.sim.run import SimConfig, SimResult, simulate
@@ -38,11 +44,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run the control loop on a simulated cluster driven by a trace")
     p.add_argument("--trace", default=DEFAULT_TRACE, help="bundled trace name or a trace file/folder")
     p.add_argument("--scenario", default=None, metavar="FILE|NAME",
-                   help="a scenario file (teams, models, training, cluster, events; see autoscaler/sim/scenario.py) "
+                   help="a scenario file (teams, arbitration, models, training, cluster, events; docs/scenarios.md) "
                         f"or a shipped one ({', '.join(shipped_scenarios())}); replaces --trace, --models, "
-                        "--cluster and the training options; --hours shortens it")
+                        "--cluster and the training options; --hours shortens it; prints the PoC scorecard per team")
+    p.add_argument("--arbitration", default=None, metavar="MODES",
+                   help=f"with --scenario: run each policy once per arbitration mode, side by side (a comma list of "
+                        f"{', '.join(ARBITRATION_MODES)}; each with the scenario's teams and arbitration settings; "
+                        f"default: the scenario's own mode)")
     p.add_argument("--from", dest="fmt", default=None, help="trace format (default: detected)")
-    p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICY_ORDER)}, a comma list, or all")
+    p.add_argument("--policy", default=None,
+                   help=f"one of {', '.join(POLICY_ORDER)}, a comma list, or all (default: all; with --scenario: "
+                        f"slotwise)")
     p.add_argument(
         "--cluster",
         default=None,
@@ -59,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of load, replicas and latency vs SLO here")
-    p.add_argument("--out", default=None, help="report folder: writes scorecard.json and simulation.png there")
+    p.add_argument("--out", default=None,
+                   help="report folder: writes scorecard.json and simulation.png there (with --scenario: "
+                        "scorecard.json, report.html and report.png)")
     lend = p.add_argument_group(
         "lending idle GPUs to preemptible training",
         "With --lending every policy run (the oracle excepted: it is the GPU-hour reference) lends idle reserved "
@@ -116,12 +130,27 @@ def lending_config(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _policies(arg: str) -> list[str]:
+def _policies(arg: str | None) -> list[str]:
+    arg = arg or "all"
     names = list(POLICY_ORDER) if arg == "all" else [x.strip() for x in arg.split(",") if x.strip()]
     bad = [n for n in names if n not in POLICIES]
     if bad:
         raise ValueError(f"unknown policy {', '.join(bad)} (known: {', '.join(sorted(POLICIES))})")
     return names
+
+
+def arbitration_modes(arg: str) -> list[str]:
+    """``--arbitration``'s comma list, checked (each mode once, in the order given)."""
+    modes = [x.strip() for x in arg.split(",") if x.strip()]
+    bad = [m for m in modes if m not in ARBITRATION_MODES]
+    if bad or not modes:
+        shown = ", ".join(repr(m) for m in bad) if bad else repr(arg)
+        raise ValueError(f"--arbitration: unknown mode {shown} (known: {', '.join(ARBITRATION_MODES)}; "
+                         "a comma list such as slo,priority,partition)")
+    dup = sorted({m for m in modes if modes.count(m) > 1})
+    if dup:
+        raise ValueError(f"--arbitration: mode {', '.join(dup)} given twice")
+    return modes
 
 
 def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 3.0) -> list[NodeSpec]:
@@ -181,25 +210,41 @@ def run_policies(
     workload: SimWorkload, nodes: list[NodeSpec], names: list[str], cfg: SimConfig, quiet: bool = False
 ) -> tuple[list[SimResult], list[dict[str, Any]]]:
     """Run each policy on the same workload and cluster; the oracle always runs (for gpu_hours_vs_oracle)."""
+    return run_variants(workload, nodes, [(n, n, cfg) for n in names], cfg, quiet)
+
+
+def run_variants(
+    workload: SimWorkload,
+    nodes: list[NodeSpec],
+    variants: list[tuple[str, str, SimConfig]],
+    cfg: SimConfig,
+    quiet: bool = False,
+) -> tuple[list[SimResult], list[dict[str, Any]]]:
+    """Run each ``(label, policy, config)`` on the same workload and cluster; each result and scorecard is named
+    by its label. The oracle runs once with ``cfg`` (for gpu_hours_vs_oracle), reused when a variant is the oracle
+    with that same config."""
     peaks = peak_replicas(workload, cfg.tick_s)
-    order = ["oracle"] + [n for n in names if n != "oracle"]
-    results: dict[str, SimResult] = {}
-    for name in order:
+
+    def one(label: str, name: str, run_cfg: SimConfig) -> SimResult:
         knobs: dict[str, Any] = {"replicas_by_model": peaks} if name == "static" else {}
         policy = make_policy(name, **knobs)
-        tick = min(cfg.tick_s, policy.tick_s)
-        run_cfg = dataclasses.replace(cfg, tick_s=tick)
+        run_cfg = dataclasses.replace(run_cfg, tick_s=min(run_cfg.tick_s, policy.tick_s))
         if name == "oracle":  # the GPU-hour reference: all of the cluster, no training
             run_cfg = dataclasses.replace(run_cfg, lending=None, static_training_gpus=0)
-        bar, cb = (None, None) if quiet else _progress(f"simulating {name}")
+        bar, cb = (None, None) if quiet else _progress(f"simulating {label}")
         try:
-            results[name] = simulate(workload, nodes, policy, run_cfg, cb)
+            return simulate(workload, nodes, policy, run_cfg, cb)
         finally:
             if bar is not None:
                 bar.stop()
-    oracle_h = results["oracle"].gpu_hours
-    kept = [results[n] for n in names]
-    return kept, [scorecard(r, oracle_h) for r in kept]
+
+    oracle = one("oracle", "oracle", cfg)
+    results = []
+    for label, name, run_cfg in variants:
+        r = dataclasses.replace(oracle) if name == "oracle" and run_cfg == cfg else one(label, name, run_cfg)
+        r.policy = label
+        results.append(r)
+    return results, [scorecard(r, oracle.gpu_hours) for r in results]
 
 
 def _fmt(v: Any) -> str:
@@ -240,37 +285,25 @@ def shipped_scenarios() -> dict[str, str]:
     return out
 
 
-def team_rows(card: dict[str, Any], teams: list[str]) -> list[dict[str, Any]]:
-    """Per team of one scorecard: models, requests, SLO attainment (requests within SLO / requests), GPU-hours,
-    cost (from the scorecard's per-model numbers)."""
-    rows: dict[str, dict[str, Any]] = {t: {"team": t, "models": 0, "requests": 0.0, "within_slo": 0.0,
-                                           "gpu_hours": 0.0, "cost_usd": 0.0} for t in teams}
-    for m in card["per_model"].values():
-        r = rows.setdefault(m.get("team", "default"), {"team": m.get("team", "default"), "models": 0,
-                                                      "requests": 0.0, "within_slo": 0.0, "gpu_hours": 0.0,
-                                                      "cost_usd": 0.0})
-        r["models"] += 1
-        r["requests"] += m["requests"]
-        r["within_slo"] += m["requests"] - m["late_requests"]
-        r["gpu_hours"] += m.get("gpu_hours", 0.0)
-        r["cost_usd"] += m.get("cost_usd", 0.0)
-    for r in rows.values():
-        r["slo_attainment"] = r["within_slo"] / r["requests"] if r["requests"] > 0 else 1.0
-    return list(rows.values())
-
-
 def run_scenario(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    """``--scenario``: the scenario's policy (slotwise unless --policy) once per arbitration mode (the scenario's
+    own, or each of --arbitration), each run labelled ``policy/mode``; prints the PoC scorecard
+    (:mod:`autoscaler.report.scenario`) and writes it with --json / --out."""
+    import numpy as np
 
-    from autoscaler.sim.scenario import load_scenario
+    from autoscaler.report.scenario import Run, build_doc, print_tables, write_json, write_report
+    from autoscaler.sim.scenario import demand_gpus, load_scenario
+    from autoscaler.sim.scorecard import team_card
 
-    names = _policies(args.policy)
+    names = _policies(args.policy or "slotwise")
+    modes = arbitration_modes(args.arbitration) if args.arbitration is not None else None
     if args.models or args.cluster or args.trace != DEFAULT_TRACE:
         raise ValueError("--scenario declares the models, the trace and the cluster: drop --trace/--models/--cluster")
     if args.lending or args.static_training_gpus:
         raise ValueError("--scenario declares the training backlog (its 'training' key): drop --lending and "
                          "--static-training-gpus")
+    if args.history_hours:
+        raise ValueError("--scenario declares its history (its 'history' key): drop --history-hours")
     if not args.tick > 0:
         raise ValueError(f"--tick must be a positive number of seconds, got {args.tick}")
     if args.hours is not None and not args.hours > 0:
@@ -288,57 +321,51 @@ def run_scenario(args: argparse.Namespace) -> int:
         extra["training"] = load_training(t.source, t.checkpoint_every_s, t.grace_s)
     end_s = hours * 3600.0
     events = tuple(e for e in sc.cluster_events if e.at_s < end_s)
-    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, events=events, **extra)
-    results, cards = run_policies(workload, sc.cluster, names, cfg)
+    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, events=events, arbitration=sc.arbitration,
+                    request_timeout_s=sc.request_timeout_s, **extra)
+    runs = [Run(f"{p}/{m}", p, m) for p in names for m in (modes or [sc.arbitration.mode])]
+    variants = [(r.label, r.policy, dataclasses.replace(
+        cfg, arbitration=dataclasses.replace(sc.arbitration, mode=r.arbitration))) for r in runs]
+    results, cards = run_variants(workload, sc.cluster, variants, cfg)
+    for c, r in zip(cards, runs, strict=True):
+        c["arbitration"] = r.arbitration
     gpus = sum(n.gpu_count for n in sc.cluster)
-    print_table(cards, f"slotwise simulate — scenario {sc.name} ({len(workload.models)} models, "
-                       f"{len(sc.teams)} teams, {hours:g} h, {gpus} GPUs, {args.mode})")
-    teams = [t.name for t in sc.teams]
-    table = Table(title=f"per team — scenario {sc.name}")
-    for col in ("policy", "team", "guaranteed GPUs", "models", "requests", "slo_attainment", "gpu_hours",
-                "cost_usd"):
-        table.add_column(col, justify="left" if col in ("policy", "team") else "right")
-    guaranteed = {t.name: t.guaranteed_gpus for t in sc.teams}
-    by_policy = {}
-    for c in cards:
-        rows = team_rows(c, teams)
-        by_policy[c["policy"]] = rows
-        for r in rows:
-            table.add_row(c["policy"], r["team"], f"{guaranteed.get(r['team'], 0.0):g}", _fmt(r["models"]),
-                          _fmt(r["requests"]), _fmt(r["slo_attainment"]), _fmt(r["gpu_hours"]), _fmt(r["cost_usd"]))
-    console = Console(width=120)
-    console.print(table)
-    fired = {r.policy: r.events for r in results}
-    surges = [s for s in sc.fired_surges() if s["at_s"] < end_s]
-    ev = Table(title="events")
-    for col in ("at", "kind", "target", "what happened"):
-        ev.add_column(col)
-    rows: list[tuple[float, str, str, str]] = []
-    for s in surges:
-        rows.append((float(s["at_s"]), "surge", str(s["target"]),
-                     f"x{s['multiplier']:g} for {s['duration_s']:g} s on {', '.join(s['models'])}"))
-    for policy, evs in fired.items():
-        for e in evs:
-            rows.append((float(e["at_s"]), str(e["kind"]), str(e["target"]) + (f" x{e['count']}" if e["count"] else ""),
-                         f"{policy}: nodes {', '.join(e['nodes']) or '-'}; {e['gpus_removed']} GPUs removed, "
-                         f"{e['replicas_lost']} replicas lost"))
-    for at, kind, target, what in sorted(rows, key=lambda r: r[0]):
-        ev.add_row(_clock(at), kind, target, what)
-    if not surges and not any(fired.values()):
-        ev.add_row("-", "-", "-", "no events")
-    console.print(ev)
-    if args.json or args.out:
-        json_path = args.json or os.path.join(args.out, "scorecard.json")
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-        doc = {"scenario": sc.name, "file": path, "mode": args.mode, "tick_s": args.tick, "hours": hours,
-               "teams": [t.__dict__ for t in sc.teams], "per_team": by_policy,
-               "events": {"surges": surges, "cluster": fired},
-               "results": cards if len(cards) > 1 else cards[0]}
-        with open(json_path, "w") as f:
-            json.dump(doc, f, indent=2, default=str)
-        print(f"wrote {json_path}")
+    meta = {"scenario": sc.name, "file": path, "description": sc.description, "mode": args.mode,
+            "tick_s": args.tick, "seed": args.seed, "hours": hours, "gpus": gpus,
+            "request_timeout_s": sc.request_timeout_s, "arbitration": _policy_doc(sc.arbitration),
+            "teams": [dataclasses.asdict(t) for t in sc.teams]}
+    specs = {m.name: m.spec for m in sc.models}
+    doc = build_doc(meta=meta, runs=runs, results=results, cards=cards,
+                    team_cards=[team_card(r, sc.teams) for r in results],
+                    priorities={n: s.priority for n, s in specs.items()},
+                    cold_starts={n: s.cold_start_s for n, s in specs.items()},
+                    surges=[s for s in sc.fired_surges() if s["at_s"] < end_s])
+    demand = demand_gpus(workload, sc.cluster)
+    total = sum(demand.values()) if demand else np.zeros(1)
+    doc["demand"] = {"peak_gpus": float(np.max(total)), "mean_gpus": float(np.mean(total)),
+                     "peak_share": float(np.max(total)) / gpus if gpus else None,
+                     "per_team_peak_gpus": {t: float(np.max(v)) for t, v in demand.items()}}
+    print_tables(doc, f"slotwise simulate — scenario {sc.name} ({len(workload.models)} models, {len(sc.teams)} "
+                      f"teams, {hours:g} h, {gpus} GPUs, {args.mode}; demand: peak {np.max(total):.1f} GPUs = "
+                      f"{np.max(total) / max(gpus, 1):.0%}, mean {np.mean(total):.1f})")
+    if args.json:
+        write_json(doc, args.json)
+        print(f"wrote {args.json}")
+    if args.out:
+        for p in write_report(doc, args.out).values():
+            print(f"wrote {p}")
+    if args.plot:
+        from autoscaler.sim.plot import plot_results
+
+        plot_results(results, args.plot)
+        print(f"wrote {args.plot}")
     return 0
+
+
+def _policy_doc(policy: Any) -> dict[str, Any]:
+    d = dataclasses.asdict(policy)
+    d["teams"] = [dataclasses.asdict(t) for t in policy.teams]
+    return d
 
 
 def _clock(s: float) -> str:
@@ -348,6 +375,8 @@ def _clock(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.scenario:
         return run_scenario(args)
+    if args.arbitration is not None:
+        raise ValueError("--arbitration needs --scenario (the teams whose quotas it arbitrates)")
     names = _policies(args.policy)
     lending = lending_config(args)
     if not args.tick > 0:

@@ -5,7 +5,9 @@ SLO attainment and fragmentation, from a simulation's JSON or from Prometheus hi
   range) and how a simulation JSON becomes them;
 - :mod:`autoscaler.report.prometheus`: the same numbers from the exported counters over a time range;
 - :mod:`autoscaler.report.render`: the terminal tables (rich), ``report.json``, ``report.png`` (matplotlib)
-  and a self-contained ``report.html``.
+  and a self-contained ``report.html``;
+- :mod:`autoscaler.report.scenario`: the scenario scorecard of ``slotwise simulate --scenario`` (per team and
+  overall, per arbitration mode, recovery after failures): tables, ``scorecard.json``, ``report.html``, ``report.png``.
 """
 
 from autoscaler.report.data import ModelRow, Section, TeamRow, load_simulation, sections_from_simulation

@@ -222,7 +222,8 @@ def sections_from_simulation(
     (``--price`` overrides, any accepted GPU name)."""
     _check(doc, source)
     over = override_prices(prices)
-    trace = doc.get("trace", "?")
+    # a scenario's JSON (`simulate --scenario`) names its scenario instead of a trace
+    trace = doc.get("trace") or (f"scenario {doc['scenario']}" if doc.get("scenario") else "?")
     out = []
     for card in _cards(doc):
         cost = card["cost"]

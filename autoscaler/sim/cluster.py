@@ -13,6 +13,13 @@ their grace period, and go back to the queue with what they kept) and gives each
 job has stopped. A static split (``reserve_static_training``) takes GPUs out of the inference pool up front for
 training that is never preempted. The accounting (:class:`LendingStats`) is exact in time (event-driven), clipped
 to the scored period from ``score_from``.
+
+What the plans said (issue 9), for the scorecard: the replicas each model is short, by :class:`ShortfallCause`
+(``shortfall_by_cause``; a model's shortfall stands until a status update for it comes without one, since the core
+re-states it only when it decides the model), the part refused while its team was inside its guarantee
+(``refused_within``), the preemptions carried out (``preemptions``) and the decisions that came without a reason
+(``unreasoned``: a Shortfall without a known cause or words, a preemption without a reason or message). The last
+two count from ``score_from``, as the lending numbers do.
 """
 
 from __future__ import annotations
@@ -29,11 +36,11 @@ from autoscaler.plan import (
     LendGpus,
     PlaceReplica,
     Plan,
-    Reason,
     ReclaimGpus,
     RemoveReplica,
     ScaleModel,
     Shortfall,
+    ShortfallCause,
     UpdateStatus,
 )
 from autoscaler.sim.training import QueuedJob, TrainingQueue
@@ -48,6 +55,13 @@ _READY, _RELEASE, _JOB_STOPPED, _JOB_DONE = 0, 1, 2, 3
 
 STATIC_TRAINING_MODEL = "(training)"  # the inventory's model for GPUs a static split gives to training
 LOST_MODEL = "(lost)"  # the inventory's model for the GPUs of a node lost in a scenario event
+
+# The columns of ``SimCluster.shortfall_by_cause``: every ShortfallCause, then "" for a cause the core did not give
+# (or one this module does not know): such a Shortfall is also counted as unreasoned.
+SHORTFALL_CAUSES: tuple[str, ...] = (*(str(c) for c in ShortfallCause), "")
+_CAUSE_INDEX = {c: j for j, c in enumerate(SHORTFALL_CAUSES)}
+# Grants in progress: the capacity is being freed for the model, so waiting on them breaks no guarantee.
+_GRANTS = frozenset({str(ShortfallCause.RECLAIMING), str(ShortfallCause.PREEMPTING)})
 
 
 def static_owner(node: str, device: int) -> str:
@@ -121,9 +135,13 @@ class LendingStats:
     goodput_static_s: float = 0.0  # ... on a static split's GPUs
     lost_s: float = 0.0  # training work thrown away (since the last checkpoint) by preemption
     grace_s: float = 0.0  # GPU-seconds jobs spent stopping after SIGTERM
-    jobs_started: int = 0
-    jobs_finished: int = 0
+    jobs_started: int = 0  # runs started (a job resumed after a preemption counts again); from time 0
+    jobs_finished: int = 0  # from time 0
     preemptions: int = 0
+    # Scored period only: each job's wait (entered the backlog -> first start; see autoscaler/sim/training.py) for
+    # the jobs first started in it, and the jobs that finished in it.
+    job_waits_s: list[float] = field(default_factory=list)
+    jobs_finished_scored: int = 0
 
 
 @dataclass
@@ -154,7 +172,18 @@ class SimCluster:
         self.instant_start = instant_start
         self.replicas: list[dict[str, SimReplica]] = [{} for _ in self.models]
         self.desired = np.zeros(len(self.models), dtype=int)
-        self.shortfall = np.zeros(len(self.models), dtype=int)
+        self.shortfall = np.zeros(len(self.models), dtype=int)  # replicas short per model (all causes)
+        # ... by cause (SHORTFALL_CAUSES columns), and the part refused while the team was inside its guarantee
+        self.shortfall_by_cause = np.zeros((len(self.models), len(SHORTFALL_CAUSES)), dtype=int)
+        self.refused_within = np.zeros(len(self.models), dtype=int)
+        self.preemptions: list[dict[str, object]] = []  # carried out from score_from (RemoveReplica.preempted_by)
+        self.unreasoned = 0  # from score_from: Shortfalls without a cause or words, preemptions without a reason
+        self.n_held = np.zeros(len(self.models), dtype=int)  # replicas holding a slot (starting, serving, draining)
+        self.held_by_model = np.zeros(len(self.models))  # GPU-equivalents held per model (``held`` summed over kinds)
+        # servers (concurrency) per replica, and per model GPU-equivalents per server held (None after a change)
+        self._servers = np.array([float(s.concurrency) if isinstance(s, ModelSpec) else 1.0
+                                  for s in (specs[x] for x in self.models)])
+        self._gpu_per_server: np.ndarray | None = None
         self.scale_events = 0
         self.reasons: dict[str, int] = {}
         self._obs: list[ModelObservation | None] = [None] * len(self.models)
@@ -224,7 +253,10 @@ class SimCluster:
     # -- Actuator ------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
         now = plan.now
+        scored = now >= self.score_from
         touched = set()
+        short: set[int] = set()  # models with a Shortfall in this plan
+        restated: set[int] = set()  # models with a status update in this plan
         for a in plan.actions:
             match a:
                 case PlaceReplica():
@@ -241,9 +273,18 @@ class SimCluster:
                     touched.add(i)
                 case RemoveReplica():
                     i = self.index[a.model]
+                    if a.preempted_by and scored and not (a.reason and a.message):
+                        self.unreasoned += 1
                     r = self.replicas[i].get(a.replica_id)
                     if r is None or r.release_at is not None:
                         continue
+                    if a.preempted_by and scored:
+                        spec = self.specs[a.model]
+                        self.preemptions.append({
+                            "at_s": now, "model": a.model, "team": spec.team if isinstance(spec, ModelSpec) else "",
+                            "replica": a.replica_id, "by_model": a.preempted_by, "reason": str(a.reason),
+                            "message": a.message,
+                        })
                     if r.ready_at > now:  # never served: free at once
                         self._release(i, r)
                     else:
@@ -259,15 +300,32 @@ class SimCluster:
                     self.reasons[str(a.reason)] = self.reasons.get(str(a.reason), 0) + 1
                     touched.add(i)
                 case Shortfall():
-                    self.shortfall[self.index[a.model]] = a.missing
-                case UpdateStatus() if a.reason is not Reason.UNPLACEABLE and a.model in self.index:
-                    # The core re-states a model's status whenever its reason changes: once it is no
-                    # longer unplaceable, its shortfall is over.
-                    self.shortfall[self.index[a.model]] = 0
+                    i = self.index[a.model]
+                    if i not in short:  # this plan's Shortfalls for the model replace the last ones
+                        short.add(i)
+                        self.shortfall[i] = 0
+                        self.shortfall_by_cause[i] = 0
+                        self.refused_within[i] = 0
+                    cause = str(a.cause) if a.cause else ""
+                    j = _CAUSE_INDEX.get(cause, len(SHORTFALL_CAUSES) - 1)
+                    if scored and (j == len(SHORTFALL_CAUSES) - 1 or not str(a.reason).strip()):
+                        self.unreasoned += 1
+                    self.shortfall[i] += a.missing
+                    self.shortfall_by_cause[i, j] += a.missing
+                    if a.within_guarantee and cause not in _GRANTS:
+                        self.refused_within[i] += a.missing
+                case UpdateStatus() if a.model in self.index:
+                    restated.add(self.index[a.model])
                 case LendGpus():
                     self._lend(a, now)
                 case ReclaimGpus():
                     self._reclaim(a, now)
+        # The core re-states a model's status whenever its reason changes, with the Shortfall in the same plan while
+        # it is short: a status update without one means the shortfall is over.
+        for i in restated - short:
+            self.shortfall[i] = 0
+            self.shortfall_by_cause[i] = 0
+            self.refused_within[i] = 0
         for i in touched:
             self._obs[i] = None
 
@@ -284,6 +342,10 @@ class SimCluster:
         self.held[i, self._node_kind[n]] += f
         self._node_held[n] += f
         self._node_replicas[n] += sign
+        self.n_held[i] += sign
+        # exactly 0 once nothing is held (fractions like 3/7 leave float residue)
+        self.held_by_model[i] = self.held_by_model[i] + f if self.n_held[i] else 0.0
+        self._gpu_per_server = None
         self._idle = None
 
     # -- time ----------------------------------------------------------------------------------
@@ -389,9 +451,13 @@ class SimCluster:
         # Lent GPUs must come back within the reclaim deadline: a job that cannot stop that fast never starts there.
         max_grace = (self.lending or LendingPolicy()).max_reclaim_s if lent else math.inf
         while free:
-            q = self.training.take(len(free), max_grace)
+            q = self.training.take(len(free), max_grace, now)
             if q is None:
                 break
+            if q.first_started_at is None:
+                q.first_started_at = now
+                if now >= self.score_from:
+                    self.stats.job_waits_s.append(now - q.entered_at)
             devs, free = tuple(free[: q.job.gpus]), free[q.job.gpus:]
             run = TrainingRun(q, node, devs, now, lent)
             self.runs[q.name] = run
@@ -435,6 +501,8 @@ class SimCluster:
                 return  # stale: the run was preempted (or this is an earlier run of the same job)
             self._goodput(run, t)
             self.stats.jobs_finished += 1
+            if t >= self.score_from:
+                self.stats.jobs_finished_scored += 1
         elif run.stop_at != t:
             return
         del self.runs[name]
@@ -507,6 +575,14 @@ class SimCluster:
         self.lost_nodes.append(node)
         self._idle = None
         return {"replicas": lost, "gpus": gpus}
+
+    def busy_gpus(self, busy_servers: np.ndarray) -> np.ndarray:
+        """Per model, the GPU-equivalents busy: what its replicas hold x their utilisation, ``busy_servers`` (the
+        engine's mean busy servers) / the servers of every replica holding a slot (starting and draining ones
+        included: a replica starting up is held and idle); capped at what it holds."""
+        if self._gpu_per_server is None:  # only after a slot was taken or released: a tick costs two array ops
+            self._gpu_per_server = self.held_by_model / np.maximum(self.n_held * self._servers, 1.0)
+        return np.minimum(busy_servers * self._gpu_per_server, self.held_by_model)
 
     def gpus_allocated(self) -> float:
         """GPU-equivalents held by replicas (starting, serving or draining): what the fleet pays for."""

@@ -12,6 +12,10 @@ replica (the most recently added one first, like a Deployment scale-down of its 
 requests but keeps serving its queue. With no routable replica, arrivals wait in a model-level backlog
 and are dispatched in arrival order, at the start of the first tick that has a routable replica, as if
 they had arrived then (their latency still counts from their real arrival).
+
+Success and busy time (issue 9; :mod:`autoscaler.sim.queueing`): a settled request succeeds when it completes
+(start - arrival + occupancy) within the request timeout; busy is each tick's exact busy server time (the overlap of
+every request's [start, finish) with the tick, removed replicas' queues included) / dt.
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ import heapq
 
 import numpy as np
 
-from autoscaler.sim.queueing import TickStats, Workload
+from autoscaler.sim.queueing import DEFAULT_REQUEST_TIMEOUT_S, TickStats, Workload
 
 
 class DesEngine:
     """Exact per-request simulation of :class:`Workload` (request logs; rate series get Poisson arrivals)."""
 
-    def __init__(self, workload: Workload, seed: int = 0) -> None:
+    def __init__(self, workload: Workload, seed: int = 0,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
         self.workload = workload
+        self.request_timeout_s = float(request_timeout_s)
         self._m = workload.n_models
         self._rng = np.random.default_rng(seed)
         self._servers: list[list[list[float]]] = [[] for _ in range(self._m)]  # per model, per replica heap
@@ -43,17 +49,22 @@ class DesEngine:
             self._occ = workload.occupancy_s
             self._lat = workload.latency_part_s
             n = len(self._t)
+            self._tail = self._occ - self._lat  # completion - latency at the SLO: for the request timeout
         else:
             self._t = np.empty(0)
             self._mi = np.empty(0, dtype=np.int64)
             self._occ = np.empty(0)
             self._lat = np.empty(0)
             n = 0
+            self._tail = np.empty(0)
         self._start = np.full(n, np.inf)
         self._latency = np.full(n, np.inf)
         # Requests still in the system (not finished before the current tick): ids.
         self._active = np.empty(0, dtype=np.int64)
         self._next = 0  # first request id not yet arrived
+
+    def set_request_timeout(self, timeout_s: float) -> None:
+        self.request_timeout_s = float(timeout_s)
 
     # -- request source ---------------------------------------------------------------------------------
 
@@ -72,8 +83,10 @@ class DesEngine:
         self._t = np.concatenate([self._t, t[order]])
         self._mi = np.concatenate([self._mi, mi[order]])
         # Occupancy and latency part share the quantile rank, so latency part <= occupancy holds.
-        self._occ = np.concatenate([self._occ, w.occupancy_pts[mi, k][order]])
-        self._lat = np.concatenate([self._lat, w.latency_pts[mi, k][order]])
+        occ, lat = w.occupancy_pts[mi, k][order], w.latency_pts[mi, k][order]
+        self._occ = np.concatenate([self._occ, occ])
+        self._lat = np.concatenate([self._lat, lat])
+        self._tail = np.concatenate([self._tail, occ - lat])
         self._start = np.concatenate([self._start, np.full(total, np.inf)])
         self._latency = np.concatenate([self._latency, np.full(total, np.inf)])
 
@@ -133,16 +146,25 @@ class DesEngine:
         mi_s = self._mi[settled]
         ok = lat_s <= self._slo[mi_s] + 1e-9
         within = np.bincount(mi_s[ok], minlength=m_count).astype(np.float64)
+        # completed: start - arrival + occupancy = the SLO latency + (occupancy - latency part)
+        ok_to = lat_s + self._tail[settled] <= self.request_timeout_s + 1e-9
+        within_to = np.bincount(mi_s[ok_to], minlength=m_count).astype(np.float64)
 
         active = np.concatenate([self._active, new])
         a_t = self._t[active]
         a_m = self._mi[active]
-        fin = self._start[active] + self._occ[active]  # inf while undispatched
-        overlap = np.clip(np.minimum(fin, t1) - np.maximum(a_t, t0), 0.0, None)
+        start = self._start[active]
+        fin = start + self._occ[active]  # inf while undispatched
+        end = np.minimum(fin, t1)
+        overlap = end - np.maximum(a_t, t0)
+        np.maximum(overlap, 0.0, out=overlap)
         in_flight = np.bincount(a_m, weights=overlap, minlength=m_count) / (t1 - t0)
+        served = end - np.maximum(start, t0)  # undispatched: t1 - inf, no service in the tick
+        np.maximum(served, 0.0, out=served)
+        busy = np.bincount(a_m, weights=served, minlength=m_count) / (t1 - t0)
         done = fin < t1
         completed = np.bincount(a_m[done], minlength=m_count).astype(np.float64)
-        waiting = self._start[active] >= t1
+        waiting = start >= t1
         backlog = np.bincount(a_m[waiting], minlength=m_count).astype(np.float64)
         self._active = active[~done]
 
@@ -162,6 +184,8 @@ class DesEngine:
             backlog=backlog,
             in_flight=in_flight,
             latency_at_slo_pct=lat_pct,
+            within_timeout=within_to,
+            busy=busy,
         )
 
     def latency_quantile(self, q: float) -> np.ndarray:

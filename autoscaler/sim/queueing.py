@@ -22,6 +22,16 @@ its model has no routable replica waits in a model-level backlog; the DES settle
 appears and it is dispatched, the fluid engine settles it late at once (it cannot see the future, and
 with a cold start of a minute against a 1-2 s SLO the difference is nil). ``TickStats.within_slo`` counts
 requests settled within SLO in that tick, so summed over a run it is exact.
+
+Success (issue 9): a request *succeeds* when it completes within the client's timeout (``request_timeout_s``,
+default :data:`DEFAULT_REQUEST_TIMEOUT_S`): its wait plus its whole occupancy (not only the latency part) is at most
+the timeout. It is settled as within-SLO is (``TickStats.within_timeout``), with the timeout less the occupancy as
+the budget; a request that met no routable replica fails in the fluid engine, as it is late. The timeout is not
+abandonment: a request past it still holds its server (what a client that gives up does not cancel).
+
+Busy (``TickStats.busy``): mean busy servers over the tick, per model -- the DES's exact busy server time / dt
+(replicas draining included); the fluid engine's utilisation of its state ``rho(x)`` x servers (the offered load /
+capacity, capped at 1, in steady state; after a surge the carried backlog keeps it at 1 until it is served).
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from autoscaler.capacity import ServiceProfile, _bin_means, wait_params, within_prob
+
+DEFAULT_REQUEST_TIMEOUT_S = 60.0  # a client's timeout when the run does not say (SimConfig.request_timeout_s)
 
 if TYPE_CHECKING:
     from autoscaler.spec import ModelSpec
@@ -49,10 +61,16 @@ class TickStats:
     backlog: np.ndarray  # requests waiting (not in service) at the end of the tick
     in_flight: np.ndarray  # mean number in the system (running + queued) over the tick: KPA's concurrency
     latency_at_slo_pct: np.ndarray  # latency (s) at the model's SLO percentile, this tick; NaN if none
+    within_timeout: np.ndarray  # requests settled this tick that complete within the request timeout
+    busy: np.ndarray  # mean busy servers over the tick (module docstring)
 
 
 class QueueEngine(Protocol):
     def step(self, t0: float, dt: float, routable: np.ndarray) -> TickStats: ...
+
+    def set_request_timeout(self, timeout_s: float) -> None:
+        """The client timeout ``within_timeout`` counts against (before the first step)."""
+        ...
 
     def latency_quantile(self, q: float) -> np.ndarray:
         """Per model, the ``q``-quantile (0 < q < 1) of latency over all requests so far."""
@@ -290,6 +308,45 @@ def _stationary_in_system(rho: np.ndarray, c: float, mean_s: float, scv: float) 
     return c * rho + lq
 
 
+class _PointBudgets:
+    """Per model, the budgets of the K profile points (the SLO or the timeout less each point's latency), laid out
+    for :meth:`mean_within`, for one cohort per model and tiled for two."""
+
+    def __init__(self, budget: np.ndarray) -> None:
+        has = budget >= 0.0
+        # -budget where there is one, -1 where none (any finite negative: its term is zeroed by ``has``)
+        neg = np.where(has, -budget, -1.0)
+        hasf = has.astype(np.float64)
+        self._k = budget.shape[1]
+        self._neg = (neg, np.tile(neg, (2, 1)))
+        self._has = (hasf, np.tile(hasf, (2, 1)))
+        share = hasf.mean(axis=1)
+        self._share = (share, np.tile(share, 2))
+
+    def mean_within(self, cohorts: int, p_wait: np.ndarray, decay: np.ndarray) -> np.ndarray:
+        """``mean(within_prob(budget, p_wait, decay), axis=1)`` for ``cohorts`` (1 or 2) cohorts per model, as the
+        share of points with a budget less ``p_wait`` x the mean tail over them: one exp, no temporaries for the
+        masks (it runs twice a tick)."""
+        j = cohorts - 1
+        e = np.exp(decay[:, None] * self._neg[j])
+        e *= self._has[j]
+        return self._share[j] - p_wait * (np.add.reduce(e, axis=1) / self._k)
+
+
+def _within_each(budget: np.ndarray, p_wait: np.ndarray, decay: np.ndarray, frac: np.ndarray) -> np.ndarray:
+    """``within_prob(budget, p_wait, decay) * frac`` per request, in place (it runs twice a tick on every
+    request of the tick)."""
+    t = np.maximum(budget, 0.0)
+    t *= decay
+    np.negative(t, out=t)
+    np.exp(t, out=t)
+    t *= p_wait
+    np.subtract(1.0, t, out=t)
+    t *= budget >= 0.0
+    t *= frac
+    return t
+
+
 def _drain_area(v: np.ndarray, span: np.ndarray, mu: np.ndarray) -> np.ndarray:
     """Integral over ``span`` of a level that starts at ``v`` and falls at rate ``mu`` down to 0."""
     full = v <= mu * span
@@ -373,6 +430,7 @@ class FluidEngine:
         allow_k: float = 3.0,
         slack_k: float = 0.5,
         spread_burst: bool = False,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     ) -> None:
         self._spread_burst = spread_burst
         self._slack_k = slack_k
@@ -419,9 +477,20 @@ class FluidEngine:
             self._cum = None
         else:
             self._cum = _cum_rates(w)
-            self._budget_pts = w.slo_s[:, None] - w.latency_pts
+            self._budget_pts = _PointBudgets(w.slo_s[:, None] - w.latency_pts)
         self._wcdf = np.zeros((self._m, len(_WAIT_GRID)))
         self._total = np.zeros(self._m)
+        self.set_request_timeout(request_timeout_s)
+
+    def set_request_timeout(self, timeout_s: float) -> None:
+        """Success budgets: the timeout less the whole occupancy (module docstring), per request or per point
+        (tiled once for two cohorts, so a tick pays for no copy)."""
+        self.request_timeout_s = float(timeout_s)
+        w = self.workload
+        if w.is_request_log:
+            self._budget_to = self.request_timeout_s - self._occ
+        else:
+            self._budget_to_pts = _PointBudgets(self.request_timeout_s - w.occupancy_pts)
 
     def _rho(self, x: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """rho(x) and d rho / dx per entry (``rows``: its model), by linear interpolation (log-spaced x)."""
@@ -534,6 +603,9 @@ class FluidEngine:
         def rep(v: np.ndarray) -> np.ndarray:  # a per-model array for each cohort in use (np.tile: ~5 µs)
             return v if k == 1 else np.concatenate([v, v])
 
+        def fold(v: np.ndarray) -> np.ndarray:  # per cohort -> per model (reshape + sum costs ~2 µs a call)
+            return v if k == 1 else v[:m] + v[m:]
+
         n_c = np.concatenate([self._n_a, self._n_b])[:km]  # replicas per cohort
         frac = n_c / rep(n_safe)  # share of each model's arrivals that a cohort gets
         rows = self._rows2[:km]
@@ -561,7 +633,7 @@ class FluidEngine:
 
         # Integrate each cohort's per-replica state over the tick; keep the mean state for the waits.
         x = self._x[:km]
-        in_before = (x * n_c).reshape(k, m).sum(axis=0) + self._held
+        in_before = fold(x * n_c) + self._held
         lam_r = rep(lam / n_safe)
         steps = max(1, int(np.ceil(dt / self._substep_s - 1e-9)))
         h = dt / steps
@@ -577,24 +649,29 @@ class FluidEngine:
         self._x[:km] = x
         held0 = self._held
         self._held = np.where(has, 0.0, held0 + arrivals)  # no replica: everybody waits
-        in_after = (x * n_c).reshape(k, m).sum(axis=0) + self._held
-        in_flight = np.where(has, (x_mean * n_c).reshape(k, m).sum(axis=0), held0 + 0.5 * arrivals)
+        in_after = fold(x * n_c) + self._held
+        in_flight = np.where(has, fold(x_mean * n_c), held0 + 0.5 * arrivals)
         # Requests left on removed replicas (as the DES counts them): each finishes at rate 1/mean_s once
         # in service, so the pool decays exponentially; its mean over the tick is in flight.
+        # Busy servers: the state's utilisation of each cohort's servers (module docstring).
+        busy = fold(rho_e * c_k * n_c)
         if self._draining.any():
             keep = np.exp(-dt / mean_s)
-            in_flight = in_flight + self._draining * (1.0 - keep) * mean_s / dt
-            # Floored so that the test above turns false again once the pool is gone.
+            drain_in = self._draining * (1.0 - keep) * mean_s / dt
+            in_flight = in_flight + drain_in
+            busy = busy + drain_in  # what is left on removed replicas is in service there
             # Floored, so that the test above turns false again once the pool is gone.
             self._draining = np.where(self._draining * keep > 1e-3, self._draining * keep, 0.0)
 
         # A request arriving with no routable replica is settled late (module docstring): frac is 0 then.
         if self._cum is not None:
-            pts = within_prob(np.tile(self._budget_pts, (k, 1)), p_wait[:, None], decay[:, None])
-            within = (np.tile(arrivals, k) * frac * np.mean(pts, axis=1)).reshape(k, m).sum(0)
+            share = np.tile(arrivals, k) * frac
+            within = fold(share * self._budget_pts.mean_within(k, p_wait, decay))
+            within_to = fold(share * self._budget_to_pts.mean_within(k, p_wait, decay))
         else:
             mi_k = mi if k == 1 else np.concatenate([mi, mi + m])
             budget = rep(self._budget[i0:i1])
+            budget_to = rep(self._budget_to[i0:i1])
             if self._per_request and i1 > i0:
                 tm = self._t[i0:i1] - t0
                 add = 1.0 / n_safe[mi]
@@ -607,16 +684,21 @@ class FluidEngine:
                 allow = rho_s * rho_s / (2.0 * (1.0 - rho_s)) / rep(n_safe) / mu_k
                 slack = self._slack_k * c_k * (1.0 - rho_s) / mu_k
                 d_i = np.maximum(d_i - (self._allow_k * allow + slack)[mi_k], 0.0)
-                wi = within_prob(budget - d_i, pw_s[mi_k], dec_s[mi_k]) * frac[mi_k]
+                pw_i, dec_i, frac_i = pw_s[mi_k], dec_s[mi_k], frac[mi_k]
+                wi = _within_each(budget - d_i, pw_i, dec_i, frac_i)
+                wi_to = _within_each(budget_to - d_i, pw_i, dec_i, frac_i)
                 self._excess[:km] = np.where(n_c > 0, e_end, 0.0)
                 # The burst backlog is in flight too (HPA and KPA scale on it). Only the slack is not
                 # subtracted here: requests on free slots are in flight as well.
                 extra = np.maximum(e_mean - self._allow_k * allow * mu_k, 0.0)
-                in_flight = in_flight + (extra * n_c).reshape(k, m).sum(axis=0)
+                in_flight = in_flight + fold(extra * n_c)
             else:
                 self._excess[:km] = np.maximum(self._excess[:km] - mu_k * dt, 0.0)
-                wi = within_prob(budget, p_wait[mi_k], decay[mi_k]) * frac[mi_k]
-            within = np.bincount(mi_k, weights=wi, minlength=km).reshape(k, m).sum(axis=0)
+                pw_i, dec_i, frac_i = p_wait[mi_k], decay[mi_k], frac[mi_k]
+                wi = _within_each(budget, pw_i, dec_i, frac_i)
+                wi_to = _within_each(budget_to, pw_i, dec_i, frac_i)
+            within = fold(np.bincount(mi_k, weights=wi, minlength=km))
+            within_to = fold(np.bincount(mi_k, weights=wi_to, minlength=km))
 
         # Whole-run wait sketch (see class docstring).
         cdf = within_prob(_WAIT_GRID[None, :], p_wait[:, None], decay[:, None]) * frac[:, None]
@@ -639,7 +721,7 @@ class FluidEngine:
             lat_pct = np.where(has, np.maximum(x_tail, self._lat_q), np.inf)
         lat_pct = np.where(arrivals > 0, lat_pct, np.nan)
         rho_end, _ = self._rho(x, rows)
-        queued = (np.maximum(x - c_k * rho_end, 0.0) * n_c).reshape(k, m).sum(axis=0)
+        queued = fold(np.maximum(x - c_k * rho_end, 0.0) * n_c)
         return TickStats(
             arrivals=arrivals,
             within_slo=within,
@@ -647,6 +729,8 @@ class FluidEngine:
             backlog=np.where(has, queued, self._held),
             in_flight=in_flight,
             latency_at_slo_pct=lat_pct,
+            within_timeout=within_to,
+            busy=busy,
         )
 
     def latency_quantile(self, q: float) -> np.ndarray:

@@ -8,6 +8,14 @@ Time advances in ticks of ``tick_s`` without sleeping. Each tick:
 and the scorecard accumulates (see :mod:`autoscaler.sim.scorecard`). With ``SimConfig.lending`` the core's lend
 stage lends idle GPUs and the cluster runs preemptible training on them (:mod:`autoscaler.sim.training`); with
 ``SimConfig.static_training_gpus`` a fixed part of the cluster runs training instead (the static-split baseline).
+
+Team numbers (issue 9; :func:`autoscaler.sim.scorecard.team_card`), scored ticks only: per model and minute the
+requests that completed within ``SimConfig.request_timeout_s`` (``minute_success``), the GPU-equivalent seconds held
+(``minute_gpu_s``) and busy (``minute_busy_gpu_s`` = held x the replicas' utilisation, busy servers / the servers of
+every replica holding a slot, so a starting replica is held and idle); from every tick's plan (as the cluster keeps
+them, :mod:`autoscaler.sim.cluster`) the replica-minutes short per model and cause (``shortfalls``), those refused
+while the team was inside its guarantee (``refusals_within_guarantee``), the preemptions carried out
+(``preemptions``) and the decisions without a reason (``unreasoned``).
 """
 
 from __future__ import annotations
@@ -19,11 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoscaler.arbitration import ArbitrationPolicy
 from autoscaler.core import CoreConfig, decide, fresh_state
 from autoscaler.cost import UNKNOWN_TEAM, price_table
 from autoscaler.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
-from autoscaler.sim.cluster import LendingStats, SimCluster
+from autoscaler.sim.cluster import SHORTFALL_CAUSES, LendingStats, SimCluster
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.metrics import SimMetrics
 from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
@@ -109,6 +118,10 @@ class SimConfig:
     lending_device_anti_affinity: bool | None = None  # anti-affinity across devices only (not nodes)
     # Cluster events of a scenario (node loss, a GPU kind removed), applied at tick boundaries; () = none.
     events: tuple[ClusterEvent, ...] = ()
+    # Who gets GPUs when they run out (team quotas, priorities, preemption); None: CoreConfig's default.
+    arbitration: ArbitrationPolicy | None = None
+    # A request not completed within this many seconds (wait + service) failed, for the success rate.
+    request_timeout_s: float = 60.0
 
 
 @dataclass
@@ -153,6 +166,17 @@ class SimResult:
     lending: LendingStats | None = None  # reclaims, training goodput (None: neither lending nor a static split)
     end_s: float = 0.0  # when the simulated period ends (open reclaims are judged against it)
     events: list[dict[str, object]] = field(default_factory=list)  # the cluster events that fired (apply_event)
+    # Team numbers (issue 9; module docstring), scored ticks only. None / empty in results built without them.
+    request_timeout_s: float = 60.0
+    minute_success: np.ndarray | None = None  # (M, n_minutes) requests completed within request_timeout_s
+    minute_gpu_s: np.ndarray | None = None  # (M, n_minutes) GPU-equivalent seconds held
+    minute_busy_gpu_s: np.ndarray | None = None  # (M, n_minutes) ... x the replicas' utilisation
+    shortfalls: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> {cause: replica-minutes}
+    refusals_within_guarantee: dict[str, float] = field(default_factory=dict)  # model -> replica-minutes refused
+    # while its team was inside its guarantee (cause not reclaiming/preempting)
+    preemptions: list[dict[str, object]] = field(default_factory=list)  # at_s, model, team, replica, by_model,
+    # reason, message: one per replica preempted
+    unreasoned: int = 0  # Shortfalls without a cause or words + preemptions without a reason or message
 
 
 def _warm_start(
@@ -231,8 +255,9 @@ def simulate(
     # As the live controller: in "pods" mode only whole idle nodes are lent (a node label cannot split a node).
     whole_nodes = lending is not None and lending.mode == "pods"
     prefer_open = whole_nodes and cfg.lending_prefer_open_nodes is not False
+    arbitration = {} if cfg.arbitration is None else {"arbitration": cfg.arbitration}
     core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0, lending=lending,
-                      lending_whole_nodes_only=whole_nodes,
+                      lending_whole_nodes_only=whole_nodes, **arbitration,
                       packer=CostAwarePacker(prefer_open_nodes=prefer_open, node_anti_affinity=not (
                           whole_nodes and bool(cfg.lending_device_anti_affinity))),
                       consolidate_removals=whole_nodes and cfg.lending_consolidate_removals is not False)
@@ -241,6 +266,11 @@ def simulate(
         models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
     )
     engine = make_engine(cfg.mode, workload, dt, seed=cfg.seed)
+    # An engine wrapped by a benchmark (bench/fidelity.py's recorder) may not pass the timeout on: it keeps the
+    # engines' default (60 s, the SimConfig default too).
+    set_timeout = getattr(engine, "set_request_timeout", None)
+    if set_timeout is not None:
+        set_timeout(cfg.request_timeout_s)
     state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy))
     future = workload.arrivals_per_tick(dt) / dt if getattr(policy, "instant_start", False) else None
 
@@ -250,6 +280,11 @@ def simulate(
     replicas = np.zeros(shape)
     desired = np.zeros(shape)
     latency = np.full(shape, np.nan)
+    success = np.zeros(shape)
+    held_s = np.zeros(shape)  # summed per tick, x dt at the end
+    busy_s = np.zeros(shape)
+    short_s = np.zeros((m, len(SHORTFALL_CAUSES)))  # replica-seconds short per model and cause
+    refused_s = np.zeros(m)
     ticks_in_min = np.zeros(n_min)
     gpu_seconds = 0.0
     # per tick two array adds: the cluster keeps both arrays up to date as slots are taken and released
@@ -287,6 +322,9 @@ def simulate(
         j = min(int((now - burn_in) // 60.0), n_min - 1)
         arrivals[:, j] += stats.arrivals
         within[:, j] += stats.within_slo
+        success[:, j] += stats.within_timeout
+        held_s[:, j] += cluster.held_by_model  # kept by the cluster as slots are taken and released
+        busy_s[:, j] += cluster.busy_gpus(stats.busy)
         replicas[:, j] += routable
         desired[:, j] += cluster.desired
         latency[:, j] = np.fmax(latency[:, j], stats.latency_at_slo_pct)
@@ -297,7 +335,10 @@ def simulate(
         idle_reserved_s += (cluster.pool_gpus - cluster.gpus_allocated()) * dt
         if lending is not None:
             lent_s += cluster.lent_by_kind * dt
-        unplaced_s += float(cluster.shortfall.sum()) * dt
+        if cluster.shortfall.any():
+            unplaced_s += float(cluster.shortfall.sum()) * dt
+            short_s += cluster.shortfall_by_cause * dt
+            refused_s += cluster.refused_within * dt
         if now >= next_frag:
             frag_sum += cluster.inventory.fragmentation()
             frag_n += 1
@@ -345,4 +386,13 @@ def simulate(
         lending=cluster.stats if queue is not None else None,
         end_s=n_ticks * dt,
         events=fired,
+        request_timeout_s=cfg.request_timeout_s,
+        minute_success=success,
+        minute_gpu_s=held_s * dt,
+        minute_busy_gpu_s=busy_s * dt,
+        shortfalls={x: {c or "none": float(short_s[i, j]) / 60.0 for j, c in enumerate(SHORTFALL_CAUSES)
+                        if short_s[i, j] > 0} for i, x in enumerate(models) if short_s[i].any()},
+        refusals_within_guarantee={x: float(refused_s[i]) / 60.0 for i, x in enumerate(models) if refused_s[i] > 0},
+        preemptions=list(cluster.preemptions),
+        unreasoned=cluster.unreasoned,
     )

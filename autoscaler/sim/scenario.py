@@ -8,10 +8,17 @@ errors. The schema::
     description: ...                  # optional
     duration: 2                       # hours simulated (required, > 0)
     history: 0                        # hours before them: the forecaster's warm start (default 0)
+    request_timeout_s: 60             # a request not completed within it counts as failed (success rate; default 60)
     teams:                            # required, at least one
       - name: search
-        guaranteed_gpus: 8            # GPU-equivalents (stored; arbitration is issue 9 point 2)
-        borrowing_limit_gpus: 4       # (stored, not yet enforced)
+        guaranteed_gpus: 8            # GPU-equivalents it always gets when its models need them (default 0)
+        borrowing_limit_gpus: 4       # at most this many more, of what others do not use (absent or null: no limit)
+    arbitration:                      # optional: who gets GPUs when they run out (autoscaler/arbitration.py)
+      mode: slo                       # slo (default) | priority | partition (the baselines)
+      preemption: true                # may drain replicas of other models (default true)
+      min_runtime_s: 300              # a replica younger than this is not preempted for priority (default 300)
+      max_preemptions_per_tick: 8     # (default 8)
+      fairness_half_life_s: 3600      # how long a team's borrowing is remembered (default 3600)
     models:                           # required, at least one
       - name: chat                    # unique
         team: search                  # one of teams (default: the first team)
@@ -39,6 +46,8 @@ log's per-request token counts become the model's mean service time: ``prefill x
 output``, unless ``service-time-ms`` is given), multiplied by ``scale``; a source shorter than the scenario repeats.
 A surge multiplies the rates of its models over ``[at, at + duration_s)`` (fractions of a minute pro rata).
 Node loss and GPU kind removal are :class:`autoscaler.sim.run.ClusterEvent` s carried out by the simulator.
+``teams`` and ``arbitration`` become one :class:`autoscaler.arbitration.ArbitrationPolicy` (``Scenario.arbitration``),
+the decision core's arbitration in the simulation.
 """
 
 from __future__ import annotations
@@ -51,16 +60,21 @@ from typing import Any
 
 import numpy as np
 
+from autoscaler.arbitration import ARBITRATION_MODES, ArbitrationPolicy, TeamQuota
 from autoscaler.sim.defaults import default_model_values
 from autoscaler.sim.run import ClusterEvent
+from autoscaler.sim.workload import SimWorkload
 from autoscaler.spec import ModelSpec, SpecError, parse_mapping
 from forecasting.traces.model import RateSeries, RequestLog, Trace
 from sharing.slots import NodeSpec
 
 STEP_S = 60.0
 EVENT_KINDS = ("node_lost", "gpu_kind_removed", "surge")
-_TOP_KEYS = {"name", "description", "duration", "history", "teams", "models", "training", "cluster", "events"}
+_TOP_KEYS = {"name", "description", "duration", "history", "request_timeout_s", "teams", "arbitration", "models",
+             "training", "cluster", "events"}
 _TEAM_KEYS = {"name", "guaranteed_gpus", "borrowing_limit_gpus"}
+_ARBITRATION_KEYS = {"mode", "preemption", "min_runtime_s", "max_preemptions_per_tick", "fairness_half_life_s"}
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
 _MODEL_OWN_KEYS = {"name", "trace", "model", "scale", "offset"}  # the rest are annotation keys
 _TRAINING_KEYS = {"source", "checkpoint_every_s", "grace_s", "lending", "static_gpus"}
 _EVENT_KEYS = {
@@ -80,11 +94,8 @@ class ScenarioError(ValueError):
         super().__init__("\n".join(f"{name}: {k}: {m}" if k else f"{name}: {m}" for k, m in self.problems))
 
 
-@dataclass(frozen=True)
-class Team:
-    name: str
-    guaranteed_gpus: float = 0.0
-    borrowing_limit_gpus: float = 0.0
+# A scenario's team is the arbitration's quota (borrowing_limit_gpus None: no limit).
+Team = TeamQuota
 
 
 @dataclass(frozen=True)
@@ -121,12 +132,15 @@ class Scenario:
     description: str
     duration_h: float
     history_h: float
-    teams: tuple[Team, ...]
+    teams: tuple[TeamQuota, ...]
     models: tuple[ScenarioModel, ...]
     cluster: list[NodeSpec]
     training: TrainingConfig | None = None
     cluster_events: tuple[ClusterEvent, ...] = ()
     surges: tuple[Surge, ...] = ()
+    # the file's arbitration block with its teams (ArbitrationPolicy.from_mapping); the default when absent
+    arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     _traces: dict[str, Trace] = field(default_factory=dict, repr=False)
 
     @property
@@ -272,23 +286,31 @@ def load_scenario(path: str) -> Scenario:
     duration = c.number(doc, "duration", "", default=None)
     history = c.number(doc, "history", "", default=0.0, strict=False)
 
-    teams: list[Team] = []
+    timeout = c.number(doc, "request_timeout_s", "", default=DEFAULT_REQUEST_TIMEOUT_S)
+
+    teams: list[TeamQuota] = []
     raw_teams = doc.get("teams")
     if not isinstance(raw_teams, list) or not raw_teams:
         c.bad("teams", "is required: a non-empty list of teams")
         raw_teams = []
+    team_docs: list[dict[str, Any]] = []  # the valid entries, as ArbitrationPolicy.from_mapping takes them
     for i, t in enumerate(raw_teams):
         w = f"teams[{i}]"
         if not c.keys(t, _TEAM_KEYS, w):
             continue
         tname = c.text(t, "name", w)
         g = c.number(t, "guaranteed_gpus", w, default=0.0, strict=False)
-        b = c.number(t, "borrowing_limit_gpus", w, default=0.0, strict=False)
+        # absent (or null): the team may borrow without limit
+        b = (c.number(t, "borrowing_limit_gpus", w, default=0.0, strict=False)
+             if t.get("borrowing_limit_gpus") is not None else None)
         if tname is not None:
             if any(x.name == tname for x in teams):
                 c.bad(f"{w}.name", f"duplicate team {tname!r}")
-            teams.append(Team(tname, g or 0.0, b or 0.0))
+                continue
+            teams.append(TeamQuota(tname, g or 0.0, b))
+            team_docs.append({"name": tname, "guaranteed_gpus": g or 0.0, "borrowing_limit_gpus": b})
     team_names = [t.name for t in teams]
+    arbitration = _arbitration(c, doc.get("arbitration"), team_docs)
 
     traces: dict[str, Trace] = {}
     models: list[ScenarioModel] = []
@@ -453,8 +475,41 @@ def load_scenario(path: str) -> Scenario:
     if c.problems:
         raise ScenarioError(path, c.problems)
     assert duration is not None and history is not None
-    return Scenario(path, name, description, duration, history, tuple(teams), tuple(models), nodes, training,
-                    tuple(events), tuple(surges), traces)
+    assert arbitration is not None and timeout is not None
+    return Scenario(path, name, description, duration, history, arbitration.teams, tuple(models), nodes, training,
+                    tuple(events), tuple(surges), arbitration, timeout, traces)
+
+
+def _arbitration(c: _Checker, raw: Any, team_docs: list[dict[str, Any]]) -> ArbitrationPolicy | None:
+    """The ``arbitration`` block (optional) with the teams as one policy; each bad value is reported under its
+    key path here, so that ArbitrationPolicy's own checks only back this up."""
+    if raw is None:
+        raw = {}
+    if not c.keys(raw, _ARBITRATION_KEYS, "arbitration"):
+        return None
+    ok = True
+    mode = raw.get("mode", "slo")
+    if mode not in ARBITRATION_MODES:
+        c.bad("arbitration.mode", f"must be one of {', '.join(ARBITRATION_MODES)}, got {mode!r}")
+        ok = False
+    if "preemption" in raw and not isinstance(raw["preemption"], bool):
+        c.bad("arbitration.preemption", f"must be true or false, got {raw['preemption']!r}")
+        ok = False
+    for knob in ("min_runtime_s", "fairness_half_life_s"):
+        if knob in raw and c.number(raw, knob, "arbitration", default=None, strict=False) is None:
+            ok = False
+    if "max_preemptions_per_tick" in raw:
+        v = raw["max_preemptions_per_tick"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            c.bad("arbitration.max_preemptions_per_tick", f"must be an integer >= 0, got {v!r}")
+            ok = False
+    if not ok or set(raw) - _ARBITRATION_KEYS:
+        return None
+    try:
+        return ArbitrationPolicy.from_mapping(raw, team_docs)
+    except ValueError as e:  # anything the checks above did not foresee, still under its block
+        c.bad("arbitration", str(e))
+        return None
 
 
 def _llm_service_ms(log: RequestLog, row: int, values: Mapping[str, Any]) -> float:
@@ -469,3 +524,30 @@ def _llm_service_ms(log: RequestLog, row: int, values: Mapping[str, Any]) -> flo
         return 500.0  # parse_mapping reports the bad value
     ms = prefill * float(np.mean(log.input_tokens[sel])) / 1000.0 + decode * float(np.mean(log.output_tokens[sel]))
     return round(max(ms, 1.0), 3)
+
+
+def demand_gpus(workload: SimWorkload, nodes: Sequence[NodeSpec]) -> dict[str, np.ndarray]:
+    """Per team, the GPU-equivalents its models need each minute of the simulated period: the replicas each model
+    needs for its SLO at that minute's mean arrival rate (:func:`autoscaler.capacity.min_replicas_for_slo` on its
+    spec's profile, Poisson arrivals: bursts within the minute need more) times the GPU fraction of the slot the
+    packer gives one replica on an empty node of the cluster's first kind. How tight a scenario is: the peak of
+    the sum over the cluster's GPUs ("demand ~130 % of the GPUs at peak")."""
+    from autoscaler.capacity import min_replicas_for_slo
+    from autoscaler.core import slot_request
+    from sharing.packer import CostAwarePacker
+    from sharing.slots import Inventory
+
+    first = nodes[0]
+    out: dict[str, np.ndarray] = {}
+    rates = workload.arrivals_per_tick(STEP_S) / STEP_S
+    for i, name in enumerate(workload.models):
+        spec = workload.specs[name]
+        if not isinstance(spec, ModelSpec):
+            continue
+        empty = Inventory.from_nodes([NodeSpec("probe", first.gpu_model, max(first.gpu_count, spec.gpus_per_replica),
+                                               first.mig_enabled)])
+        slot = CostAwarePacker().place(empty, slot_request(spec))
+        fraction = slot.gpu_fraction if slot is not None else float(spec.gpus_per_replica)
+        need = np.array([min_replicas_for_slo(float(r), workload.profiles[name]) for r in rates[i]]) * fraction
+        out[spec.team] = out.get(spec.team, 0.0) + need
+    return out

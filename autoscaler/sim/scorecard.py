@@ -18,21 +18,44 @@ Lending (issue 8; :func:`lending_card`), all over the scored period, in whole-GP
 - ``training_goodput_gpu_hours``: training work kept (GPU-hours of running, less what preemption threw away;
   a job still running at the end keeps its work), on lent GPUs and on a static split's;
   ``training_lost_gpu_hours``: work thrown away since the last checkpoint by preemption.
+
+Per team (issue 9; :func:`team_card`, the PoC scorecard platform teams evaluate with), and the same numbers over
+all teams in :func:`scorecard`:
+
+- ``success_rate``: requests completed (wait + whole service) within ``SimConfig.request_timeout_s`` / requests
+  (:mod:`autoscaler.sim.queueing`); ``slo_attainment``: requests within their SLO latency / requests;
+- ``gpu_hours_allocated``: GPU-equivalent hours its replicas held (starting, serving, draining; the ``cost`` block's
+  unit); ``gpu_hours_busy``: the same x the replicas' utilisation (busy servers / the servers of every replica
+  holding a slot); ``utilization_busy`` = busy / allocated;
+- ``replica_wait_minutes``: replica-minutes its models asked for and did not get yet, any cause (the run's
+  ``unplaced_replica_minutes`` summed over teams); ``shortfall_minutes_by_cause``: the same by
+  :class:`autoscaler.plan.ShortfallCause` (``none``: a Shortfall without a known cause);
+  ``refusals_within_guarantee``: the replica-minutes refused (cause not ``reclaiming``/``preempting``, which are
+  grants in progress) while the team was inside its guarantee -- a broken guarantee, 0 when arbitration works;
+- ``preemptions_by_reason``: replicas preempted from the team, by :class:`autoscaler.plan.PreemptionReason`;
+  ``preemptions_caused``: replicas preempted for the team's models;
+- overall only: ``training_jobs_started`` (jobs first started in the scored period), ``training_jobs_completed``,
+  ``training_wait_p50_s`` / ``training_wait_p95_s`` (a job's wait: entered the backlog -> first start, see
+  :mod:`autoscaler.sim.training`; empirical quantiles, None when no job started), ``unreasoned`` (Shortfalls without
+  a cause or words + preemptions without a reason or message: must be 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from autoscaler.arbitration import TeamQuota
 from autoscaler.sim.run import SimResult
 
 # The keys, in the order the table prints them.
 COLUMNS = (
     "requests",
     "slo_attainment",
+    "success_rate",
     "slo_windows_met",
     "slo_requests_met",
     "violating_requests",
@@ -43,6 +66,7 @@ COLUMNS = (
     "lent_gpu_hours",
     "scale_events",
     "unplaced_replica_minutes",
+    "preemptions",
     "fragmentation",
     "sim_wall_s",
 )
@@ -76,6 +100,10 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
     violating = float(arrivals[has & ~met].sum())
     cost = cost_card(result)
     lend = lending_card(result)
+    teams = team_card(result)
+    overall = teams["all"]
+    success = _per_model(result.minute_success, len(result.models))
+    busy_h = _per_model(result.minute_busy_gpu_s, len(result.models)) / 3600.0
     per_model = {}
     for i, name in enumerate(result.models):
         a = float(arrivals[i].sum())
@@ -83,6 +111,9 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
             "requests": a,
             "late_requests": a - float(within[i].sum()),
             "slo_attainment": float(within[i].sum() / a) if a > 0 else 1.0,
+            "success_rate": float(success[i] / a) if a > 0 else 1.0,
+            "gpu_hours_busy": float(busy_h[i]),
+            "shortfall_minutes_by_cause": dict(result.shortfalls.get(name, {})),
             "slo_percentile": float(result.slo_percentile[i]),
             "p95_latency_s": _num(result.latency_p95_s[i]),
             "slo_latency_s": float(result.slo_latency_s[i]),
@@ -94,6 +125,9 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
         "mode": result.mode,
         "requests": total,
         "slo_attainment": attainment,
+        # requests completed within the request timeout / requests (1.0 with no requests, like slo_attainment)
+        "success_rate": overall["success_rate"] if overall["success_rate"] is not None else 1.0,
+        "request_timeout_s": result.request_timeout_s,
         "slo_windows_met": windows_met,
         "slo_requests_met": 1.0 - violating / total if total > 0 else 1.0,
         "violating_requests": violating,
@@ -110,6 +144,14 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
         "scale_events": result.scale_events,
         "decisions_by_reason": result.reasons,
         "unplaced_replica_minutes": result.unplaced_replica_minutes,
+        "gpu_hours_busy": overall["gpu_hours_busy"],
+        "utilization_busy": overall["utilization_busy"],
+        "shortfall_minutes_by_cause": overall["shortfall_minutes_by_cause"],
+        "refusals_within_guarantee": overall["refusals_within_guarantee"],
+        "preemptions": len(result.preemptions),
+        "preemptions_by_reason": overall["preemptions_by_reason"],
+        "unreasoned": result.unreasoned,
+        **{k: overall[k] for k in TRAINING_KEYS if k not in LENDING_COLUMNS},  # (goodput is there already)
         "fragmentation": result.fragmentation,
         "gpus_total": result.gpus_total,
         "sim_wall_s": result.sim_wall_s,
@@ -226,3 +268,147 @@ def lending_card(result: SimResult) -> dict[str, Any]:
 
 def _num(x: float) -> float | None:
     return None if not np.isfinite(x) else float(x)
+
+
+def _per_model(minutes: np.ndarray | None, m: int) -> np.ndarray:
+    """A per-minute (M, n) series summed per model; zeros for a result built without it."""
+    return np.zeros(m) if minutes is None else minutes.sum(axis=1)
+
+
+# The keys of a team_card row, in order (the contract with ``slotwise simulate --scenario`` and the report).
+TEAM_KEYS = (
+    "team",
+    "guaranteed_gpus",
+    "borrowing_limit_gpus",
+    "models",
+    "requests",
+    "slo_attainment",
+    "success_rate",
+    "gpu_hours_allocated",
+    "gpu_hours_busy",
+    "utilization_busy",
+    "cost_usd",
+    "replica_wait_minutes",
+    "shortfall_minutes_by_cause",
+    "refusals_within_guarantee",
+    "preemptions_by_reason",
+    "preemptions_caused",
+)
+TRAINING_KEYS = (
+    "training_jobs_started",
+    "training_jobs_completed",
+    "training_wait_p50_s",
+    "training_wait_p95_s",
+    "training_goodput_gpu_hours",
+)
+# ... and the "all" row's extra keys.
+ALL_KEYS = (
+    "gpus_total",
+    "fragmentation",
+    "idle_reserved_cost_usd",
+    "lent_gpu_hours",
+    "lent_value_usd",
+    *TRAINING_KEYS,
+    "unreasoned",
+)
+
+
+def _add(into: dict[str, float], more: dict[str, Any]) -> None:
+    for k, v in more.items():
+        into[k] = into.get(k, 0) + v
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, Any]:
+    """Per team and overall (module docstring): ``{"teams": [row, ...], "all": row}``.
+
+    Teams: those of ``quotas`` (in their order, with or without models), then the models' teams (from their specs)
+    in model order. ``guaranteed_gpus`` / ``borrowing_limit_gpus`` come from ``quotas`` (a team without one: 0 and
+    None = no limit). Ratios are None for a team with nothing to divide (no requests, no GPU-hours). The "all" row
+    sums the teams' (``borrowing_limit_gpus`` None when any team has no limit; ``models`` every model) and adds the
+    run-wide numbers (``ALL_KEYS``). Every key of ``TEAM_KEYS`` is in every row.
+    """
+    models = result.models
+    m = len(models)
+    model_team = list(result.teams) if result.teams else ["default"] * m
+    quota = {q.name: q for q in quotas}
+    names = list(dict.fromkeys([*(q.name for q in quotas), *model_team]))
+    arrivals = result.minute_arrivals.sum(axis=1) if m else np.zeros(0)
+    within = result.minute_within.sum(axis=1) if m else np.zeros(0)
+    success = _per_model(result.minute_success, m)
+    busy_h = _per_model(result.minute_busy_gpu_s, m) / 3600.0
+    cost = cost_card(result)
+    team_of = dict(zip(models, model_team, strict=True))
+
+    rows: dict[str, dict[str, Any]] = {}
+    for name in names:
+        q = quota.get(name, TeamQuota(name))
+        rows[name] = {
+            "team": name, "guaranteed_gpus": float(q.guaranteed_gpus), "borrowing_limit_gpus": q.borrowing_limit_gpus,
+            "models": [], "requests": 0.0, "_within": 0.0, "_success": 0.0, "gpu_hours_allocated": 0.0,
+            "gpu_hours_busy": 0.0, "cost_usd": 0.0, "replica_wait_minutes": 0.0, "shortfall_minutes_by_cause": {},
+            "refusals_within_guarantee": 0.0, "preemptions_by_reason": {}, "preemptions_caused": 0,
+        }
+    for i, x in enumerate(models):
+        r = rows[model_team[i]]
+        r["models"].append(x)
+        r["requests"] += float(arrivals[i])
+        r["_within"] += float(within[i])
+        r["_success"] += float(success[i])
+        r["gpu_hours_allocated"] += cost["per_model"][x]["gpu_hours"]
+        r["gpu_hours_busy"] += float(busy_h[i])
+        r["cost_usd"] += cost["per_model"][x]["cost_usd"]
+        by_cause = result.shortfalls.get(x, {})
+        r["replica_wait_minutes"] += sum(by_cause.values())
+        _add(r["shortfall_minutes_by_cause"], by_cause)
+        r["refusals_within_guarantee"] += result.refusals_within_guarantee.get(x, 0.0)
+    for p in result.preemptions:
+        victim = team_of.get(str(p["model"]), str(p.get("team", "")))
+        if victim in rows:
+            _add(rows[victim]["preemptions_by_reason"], {str(p["reason"]) or "none": 1})
+        by = team_of.get(str(p["by_model"]))
+        if by in rows:
+            rows[by]["preemptions_caused"] += 1
+
+    limits = [r["borrowing_limit_gpus"] for r in rows.values()]
+    total: dict[str, Any] = {
+        "team": "all",
+        "guaranteed_gpus": sum(r["guaranteed_gpus"] for r in rows.values()),
+        "borrowing_limit_gpus": None if not limits or None in limits else sum(limits),
+        "models": list(models), "shortfall_minutes_by_cause": {}, "preemptions_by_reason": {},
+    }
+    for key in ("requests", "_within", "_success", "gpu_hours_allocated", "gpu_hours_busy", "cost_usd",
+                "replica_wait_minutes", "refusals_within_guarantee", "preemptions_caused"):
+        total[key] = sum(r[key] for r in rows.values())
+    for r in rows.values():
+        _add(total["shortfall_minutes_by_cause"], r["shortfall_minutes_by_cause"])
+        _add(total["preemptions_by_reason"], r["preemptions_by_reason"])
+
+    def finish(r: dict[str, Any]) -> dict[str, Any]:
+        r["slo_attainment"] = _ratio(r.pop("_within"), r["requests"])
+        r["success_rate"] = _ratio(r.pop("_success"), r["requests"])
+        r["utilization_busy"] = _ratio(r["gpu_hours_busy"], r["gpu_hours_allocated"])
+        return {k: r[k] for k in TEAM_KEYS}
+
+    lend = lending_card(result)
+    stats = result.lending
+    waits = np.array(stats.job_waits_s if stats is not None else [], dtype=np.float64)
+    total = finish(total)
+    total.update({
+        "gpus_total": result.gpus_total,
+        "fragmentation": result.fragmentation,
+        # the report's "idle reserved cost": free GPU-equivalents on nodes holding replicas (autoscaler/cost.py)
+        "idle_reserved_cost_usd": cost["idle_usd"],
+        "lent_gpu_hours": cost["lent_gpu_hours"],
+        "lent_value_usd": cost["lent_usd"],
+        "training_jobs_started": int(waits.size),
+        "training_jobs_completed": stats.jobs_finished_scored if stats is not None else 0,
+        "training_wait_p50_s": float(np.quantile(waits, 0.5, method="inverted_cdf")) if waits.size else None,
+        "training_wait_p95_s": float(np.quantile(waits, 0.95, method="inverted_cdf")) if waits.size else None,
+        "training_goodput_gpu_hours": lend["training_goodput_gpu_hours"],
+        "unreasoned": result.unreasoned,
+    })
+    return {"teams": [finish(r) for r in rows.values()], "all": total}

@@ -6,6 +6,14 @@ to stop (SIGTERM) it loses the work since its last checkpoint and stops ``grace_
 period). The backlog (:class:`TrainingQueue`) always wants more GPUs: it cycles through its jobs in order, so a
 finished job is followed by the next one, and preempted jobs wait (with the work they kept) at its front.
 
+Waits. Neither source has a submit time the backlog could use (an infinite backlog cycles through its source, so a
+trace's creation times would not line up with the simulated period), so a job's wait is measured from when it
+*entered the backlog queue*: the queue always holds one new job at its head, and the next job of the source enters
+when the one ahead of it leaves the source (started, or set aside because it needs more GPUs than were offered).
+The first job enters when the queue is created (time 0). So the wait (``QueuedJob.entered_at`` -> first start) is
+how long training stood in line for GPUs: 0 while lent GPUs keep coming, the time until the next lend (or the next
+job end on a static split) when none are free.
+
 Job sources (:func:`load_training`):
 
 - **an Alibaba GPU cluster pod list** (``cluster-trace-gpu-v2023``, e.g. ``openb_pod_list_default.csv``;
@@ -207,6 +215,8 @@ class QueuedJob:
     seq: int  # order of first arrival: earlier jobs resume first
     done_s: float = 0.0  # seconds of work kept (checkpointed) so far
     preemptions: int = 0
+    entered_at: float = 0.0  # when it entered the backlog queue (module docstring: Waits)
+    first_started_at: float | None = None  # its first start (None: never started yet)
 
     @property
     def remaining_s(self) -> float:
@@ -229,25 +239,29 @@ class TrainingQueue:
     passes: int = 0
     seq: int = 0
     skipped_grace: int = 0  # source jobs passed over on lent GPUs: grace period longer than the reclaim deadline
+    head_since: float = 0.0  # when the source's next job entered the queue (module docstring: Waits)
 
     def __post_init__(self) -> None:
         if not self.jobs:
             raise ValueError("a training queue needs at least one job")
         self.jobs = tuple(self.jobs)
 
-    def _next_from_source(self) -> QueuedJob:
+    def _next_from_source(self, now: float) -> QueuedJob:
         job = self.jobs[self.cursor]
         name = job.name if self.passes == 0 else f"{job.name}-c{self.passes}"
-        q = QueuedJob(job, name, self.seq)
+        # It has been in line since the job ahead of it left the source; the one behind it enters now.
+        q = QueuedJob(job, name, self.seq, entered_at=self.head_since)
+        self.head_since = max(self.head_since, now)
         self.seq += 1
         self.cursor += 1
         if self.cursor == len(self.jobs):
             self.cursor, self.passes = 0, self.passes + 1
         return q
 
-    def take(self, max_gpus: int, max_grace_s: float = math.inf) -> QueuedJob | None:
+    def take(self, max_gpus: int, max_grace_s: float = math.inf, now: float = 0.0) -> QueuedJob | None:
         """The next job that fits ``max_gpus`` GPUs of one node and whose grace period is at most
-        ``max_grace_s``, or None when none does (after one pass over the source)."""
+        ``max_grace_s``, or None when none does (after one pass over the source). ``now``: the time of the offer
+        (when the jobs it moves out of the source leave it; see Waits in the module docstring)."""
         if max_gpus < 1:
             return None
         for k, q in enumerate(self.waiting):
@@ -258,14 +272,14 @@ class TrainingQueue:
             if head.grace_s > max_grace_s:
                 # Never started on capacity that must come back faster than the job can stop.
                 self.skipped_grace += 1
-                self._next_from_source()
+                self._next_from_source(now)
                 continue
             if head.gpus > max_gpus:
                 if len(self.waiting) >= self.max_waiting:
                     return None
-                self._wait(self._next_from_source())
+                self._wait(self._next_from_source(now))
                 continue
-            return self._next_from_source()
+            return self._next_from_source(now)
         return None
 
     def requeue(self, q: QueuedJob) -> None:

@@ -4,13 +4,18 @@ What each action becomes:
 
 - ``ScaleModel``: the Deployment's ``scale`` subresource (replaced with the read ``resourceVersion``). Before a
   scale-down the plan's ``RemoveReplica`` pods get ``controller.kubernetes.io/pod-deletion-cost=-1000`` so the
-  ReplicaSet removes them first (honoured from Kubernetes 1.22 on, harmless before).
+  ReplicaSet removes them first (honoured from Kubernetes 1.22 on, harmless before). A preemption (a
+  ``RemoveReplica`` with ``preempted_by``) takes the same path, and once the scale-down is written the victim
+  Deployment gets a Warning Event ``Preempted`` with the core's message (one per replica; repeats bump the count).
 - ``SetSlotTemplate``: a JSON patch of the pod template: the container's ``resources`` replaced whole (so the old
   GPU resource goes, e.g. ``nvidia.com/gpu`` -> ``nvidia.com/mig-3g.40gb``) and its ``nodeSelector``.
 - ``SetTimeSlicing``: the device plugin's time-slicing ConfigMap (create, or update one key).
 - ``SetMigLayout``: the MIG safety gate (:mod:`~autoscaler.adapters.kube.mig_gate`), only with ``mig_relayout``.
-- ``UpdateStatus``: the ``slotwise.io/status`` annotation (merge patch of that key only) and a core/v1 Event.
-- ``Shortfall``: a Warning Event ``Unplaceable``.
+- ``UpdateStatus``: the ``slotwise.io/status`` annotation (merge patch of that key only) and a core/v1 Event;
+  with the model's shortfall this tick (``shortfall``: cause -> replicas) when the plan has one.
+- ``Shortfall``: an Event whose reason and message say the cause (:func:`shortfall_event`): a Warning for a
+  refusal (``Unplaceable``, ``BorrowingLimit``, ``MinRuntime``, ``Outranked``, ``PreemptionTooCostly``,
+  ``MaxReplicas``), Normal for headroom not granted and for capacity being freed (``Reclaiming``, ``Preempting``).
 - ``PlaceReplica``: nothing; kube-scheduler places the pods (reported as skipped ``scheduler-placed``).
 
 Rules every write follows: **idempotent** (read first; no write when the object already says so), **optimistic
@@ -71,6 +76,7 @@ from autoscaler.plan import (
     SetSlotTemplate,
     SetTimeSlicing,
     Shortfall,
+    ShortfallCause,
     UpdateStatus,
 )
 from sharing.render import time_slicing_config, to_yaml
@@ -163,9 +169,11 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def status_payload(a: UpdateStatus, *, dry_run: bool, now: float) -> dict[str, Any]:
-    """The ``slotwise.io/status`` annotation's JSON."""
-    return {
+def status_payload(a: UpdateStatus, *, dry_run: bool, now: float,
+                   shortfall: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The ``slotwise.io/status`` annotation's JSON; ``shortfall`` (cause -> replicas not placed this tick, from
+    the plan's Shortfalls of the model) only when there is one."""
+    payload = {
         "desired": a.desired,
         "current": a.current,
         "reason": str(a.reason),
@@ -177,6 +185,9 @@ def status_payload(a: UpdateStatus, *, dry_run: bool, now: float) -> dict[str, A
         "dryRun": dry_run,
         "updated": rfc3339(now),
     }
+    if shortfall:
+        payload["shortfall"] = {str(cause): int(n) for cause, n in shortfall.items()}
+    return payload
 
 
 def same_status(current: str | None, payload: Mapping[str, Any]) -> bool:
@@ -212,6 +223,36 @@ def status_event(a: UpdateStatus) -> tuple[str, str, str]:
         if a.message:
             message += f"; {a.message}"
     return ("Warning" if warning else "Normal"), reason, message
+
+
+# Shortfall cause -> (Event type, Event reason). Refusals are Warnings; headroom not granted (the model meets its
+# SLO without it) and capacity being freed for the model (grants in progress) are Normal.
+_SHORTFALL_EVENTS = {
+    ShortfallCause.UNPLACEABLE: ("Warning", "Unplaceable"),
+    ShortfallCause.BORROWING_LIMIT: ("Warning", "BorrowingLimit"),
+    ShortfallCause.HEADROOM: ("Normal", "Headroom"),
+    ShortfallCause.MIN_RUNTIME: ("Warning", "MinRuntime"),
+    ShortfallCause.OUTRANKED: ("Warning", "Outranked"),
+    ShortfallCause.DAMAGE: ("Warning", "PreemptionTooCostly"),
+    ShortfallCause.MAX_REPLICAS: ("Warning", "MaxReplicas"),
+    ShortfallCause.RECLAIMING: ("Normal", "Reclaiming"),
+    ShortfallCause.PREEMPTING: ("Normal", "Preempting"),
+}
+PREEMPTED_EVENT = "Preempted"  # the victim Deployment's Warning Event reason
+
+
+def shortfall_event(a: Shortfall) -> tuple[str, str, str]:
+    """(type, reason, message) of the Event recording a shortfall: the cause in the reason and the message, and
+    whether the refusal broke the team's guarantee."""
+    type_, reason = _SHORTFALL_EVENTS.get(a.cause, ("Warning", "Unplaceable"))
+    if a.cause in (ShortfallCause.RECLAIMING, ShortfallCause.PREEMPTING):
+        what = "waiting for capacity being freed"
+    elif a.cause == ShortfallCause.UNPLACEABLE:
+        what = "cannot be placed"
+    else:
+        what = "not placed"
+    guarantee = ", within the team's guarantee" if a.within_guarantee and type_ == "Warning" else ""
+    return type_, reason, f"{a.missing} replica(s) {what} ({a.cause}{guarantee}): {a.reason}"
 
 
 def merge_mig_configs(existing_yaml: str | None, config: Mapping[str, Any]) -> tuple[str, bool]:
@@ -311,8 +352,12 @@ class KubeActuator:
             r.skipped.append((describe(a), "scheduler-placed"))
         for a in plan.of_type(Shortfall):
             await self._guard(tick, a, self._shortfall)
+        short: dict[str, dict[str, int]] = {}
+        for a in plan.of_type(Shortfall):
+            causes = short.setdefault(a.model, {})
+            causes[str(a.cause)] = causes.get(str(a.cause), 0) + a.missing
         for a in plan.of_type(UpdateStatus):
-            await self._guard(tick, a, self._status)
+            await self._guard(tick, a, lambda t, a=a: self._status(t, a, short.get(a.model)))
         if r.errors:
             log.warning("actuation: %d applied, %d skipped, %d error(s): %s", len(r.applied), len(r.skipped),
                         len(r.errors), "; ".join(r.errors))
@@ -363,6 +408,7 @@ class KubeActuator:
         if self.config.dry_run:
             r.skipped.append((line, "dry-run"))
             r.skipped.extend((describe(x), "dry-run") for x in removals)
+            await self._preempted(tick, mm, removals)  # reported as DryRunPreempted: what would happen
             return
         if tick.scale_writes >= self.config.max_scale_actions_per_tick:
             r.skipped.append((line, "rate-limit"))
@@ -408,6 +454,15 @@ class KubeActuator:
             return
         tick.scale_writes += 1
         r.applied.append(line)
+        # only once the scale-down is written: a skipped or failed one is planned again next tick
+        await self._preempted(tick, mm, removals)
+
+    async def _preempted(self, tick: _Tick, mm: ManagedModel, removals: list[RemoveReplica]) -> None:
+        """A Warning Event ``Preempted`` on the victim Deployment per preempted replica (the core's message)."""
+        for x in removals:
+            if x.preempted_by:
+                message = x.message or f"replica {x.replica_id} preempted ({x.reason}) for {x.preempted_by}"
+                await self._event(tick, self._deployment_ref(mm, mm.uid), "Warning", PREEMPTED_EVENT, message)
 
     async def _mark_for_removal(self, tick: _Tick, mm: ManagedModel, removals: list[RemoveReplica]) -> None:
         """Best effort: a pod already gone is fine, a failure is reported and does not stop the scale-down."""
@@ -546,10 +601,10 @@ class KubeActuator:
 
     # -- status and Events ------------------------------------------------------------------------------------
 
-    async def _status(self, tick: _Tick, a: UpdateStatus) -> None:
+    async def _status(self, tick: _Tick, a: UpdateStatus, shortfall: Mapping[str, int] | None = None) -> None:
         r, line = tick.report, describe(a)
         mm = self._model(tick, a.model)
-        payload = status_payload(a, dry_run=self.config.dry_run, now=tick.now)
+        payload = status_payload(a, dry_run=self.config.dry_run, now=tick.now, shortfall=shortfall)
         try:
             dep = await self._apps.read_namespaced_deployment(mm.name, mm.namespace)
         except ApiException as e:
@@ -570,8 +625,8 @@ class KubeActuator:
 
     async def _shortfall(self, tick: _Tick, a: Shortfall) -> None:
         mm = self._model(tick, a.model)
-        message = f"{a.missing} replica(s) cannot be placed: {a.reason}"
-        if await self._event(tick, self._deployment_ref(mm, mm.uid), "Warning", "Unplaceable", message):
+        type_, reason, message = shortfall_event(a)
+        if await self._event(tick, self._deployment_ref(mm, mm.uid), type_, reason, message):
             tick.report.applied.append(describe(a))
 
     @staticmethod
