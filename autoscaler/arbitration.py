@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,18 +291,43 @@ class _Progress:
         return max(0, min(left, self.ask.max_new - self.placed - self.waiting))
 
 
+Views = Callable[[], tuple[Mapping[str, ModelLoad], list[Candidate]]]
+
+
+class LazyMapping(Mapping[str, ModelLoad]):
+    """A model's :class:`ModelLoad` computed on first lookup (a preemption looks at a few models of thousands)."""
+
+    def __init__(self, compute: Callable[[str], ModelLoad]) -> None:
+        self._compute = compute
+        self._cache: dict[str, ModelLoad] = {}
+
+    def __getitem__(self, model: str) -> ModelLoad:
+        hit = self._cache.get(model)
+        if hit is None:
+            hit = self._cache[model] = self._compute(model)
+        return hit
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cache)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
 class _Arbiter:
     def __init__(self, inventory: Inventory, packer: Packer, policy: ArbitrationPolicy, now: float,
-                 team_of: Mapping[str, str], loads: Mapping[str, ModelLoad],
-                 candidates: list[Candidate], freeing: list[tuple[str, Slot]], state: ArbitrationState,
+                 team_of: Mapping[str, str], held: Mapping[str, float], views: Views,
+                 freeing: list[tuple[str, Slot]], state: ArbitrationState,
                  name_replica: Callable[[str], str]) -> None:
         self.inv = inventory
         self.packer = packer
         self.policy = policy
         self.now = now
         self.team_of = team_of
-        self.loads = loads
-        self.candidates = candidates
+        self._views = views
+        self._loads: Mapping[str, ModelLoad] | None = None
+        self._candidates: list[Candidate] | None = None
+        self.delta: dict[str, int] = {}  # replicas placed (+) and preempted (-) this tick, per model
         self.freeing = freeing
         self.state = state
         self.name_replica = name_replica
@@ -313,9 +338,26 @@ class _Arbiter:
         # GPUs a waiting grant counts on (being freed for it): an ask ranked after it may not take them, or the
         # capacity a preemption freed would go to the next small ask and the preemption would repeat.
         self.claimed: set[tuple[str, int]] = set()
-        self.active = {m: ld.active for m, ld in loads.items()}
-        self.usage = held_by_team(candidates)  # GPU-equivalents per team, not counting what is being freed
+        self.held = held
+        self.usage = dict(held)  # GPU-equivalents per team, not counting what is being freed
         self.caps = self._caps()
+
+    # -- the views preemption needs, built on first use ----------------------------------------------------
+    @property
+    def loads(self) -> Mapping[str, ModelLoad]:
+        if self._loads is None:
+            self._loads, self._candidates = self._views()
+        return self._loads
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        if self._candidates is None:
+            self._loads, self._candidates = self._views()
+        return self._candidates
+
+    def n_active(self, model: str) -> int:
+        """The model's replicas after this tick's placements and preemptions so far."""
+        return self.loads[model].active + self.delta.get(model, 0)
 
     # -- quotas ---------------------------------------------------------------------------------------
     def _caps(self) -> dict[str, tuple[float, float]]:
@@ -376,6 +418,45 @@ class _Arbiter:
 
     # -- the loop --------------------------------------------------------------------------------------
     def run(self, asks: list[Ask]) -> ArbitrationResult:
+        if not self._serve_in_order(asks):
+            self._ranked(asks)
+        for team in self.caps:
+            self.result.team_gpus[team] = self.usage.get(team, 0.0)
+        return self.result
+
+    def _serve_in_order(self, asks: list[Ask]) -> bool:
+        """Every ask in full, in the order given, or nothing (False, the inventory as it was): when all fit, the
+        order does not matter and no ranking is paid for (most ticks of a cluster that is not full)."""
+        log: list[tuple[Ask, str, Slot]] = []
+        ok = True
+        for a in asks:
+            p = _Progress(a, request_fraction(a.request))
+            while ok and p.remaining() > 0:
+                slot = self.packer.place(self.inv, a.request)
+                if slot is None or self.over_limit(a.team, slot.gpu_fraction):
+                    ok = False
+                    break
+                owner = self.name_replica(a.model)
+                self.inv.allocate(slot, owner, model=a.model)
+                self.usage[a.team] = self.usage.get(a.team, 0.0) + slot.gpu_fraction
+                log.append((a, owner, slot))
+                p.placed += 1
+                p.units += 1.0 if a.speed is None else a.speed(slot)
+            if ok and math.ceil(a.wanted - p.units - _EPS) > 0:
+                ok = False  # slower slots and max replicas reached: say so on the ranked path
+            if not ok:
+                break
+        if not ok:
+            for a, owner, slot in reversed(log):
+                self.inv.release(slot, owner)
+                self.usage[a.team] -= slot.gpu_fraction
+            self.usage = dict(self.held)
+            return False
+        for a, owner, slot in log:
+            self.result.placed.setdefault(a.model, []).append((owner, slot))
+        return True
+
+    def _ranked(self, asks: list[Ask]) -> None:
         heap: list[tuple[tuple, int, _Progress]] = []
         progress = [_Progress(a, request_fraction(a.request)) for a in asks]
         for i, p in enumerate(progress):
@@ -398,9 +479,6 @@ class _Arbiter:
                     a.model, short, f"the slots it got are slower than those it was sized for, and its "
                                     f"{a.current + a.max_new} max replicas are reached", ShortfallCause.MAX_REPLICAS,
                     a.team, self.within_guarantee(a.team, 0.0)))
-        for team in self.caps:
-            self.result.team_gpus[team] = self.usage.get(team, 0.0)
-        return self.result
 
     def refuse(self, p: _Progress, cause: ShortfallCause, why: str) -> None:
         missing = p.remaining()
@@ -452,7 +530,7 @@ class _Arbiter:
                 self.future.allocate(slot, owner, model=a.model)
             self.result.placed.setdefault(a.model, []).append((owner, slot))
             self.usage[team] = self.usage.get(team, 0.0) + slot.gpu_fraction
-            self.active[a.model] = self.active.get(a.model, a.current) + 1
+            self.delta[a.model] = self.delta.get(a.model, 0) + 1
             p.placed += 1
             p.frac = slot.gpu_fraction
             p.units += 1.0 if a.speed is None else a.speed(slot)
@@ -496,7 +574,7 @@ class _Arbiter:
         eligible: list[tuple[Candidate, PreemptionReason]] = []
         lower = young = False  # lower-ranked replicas exist / some are too young to preempt
         for c in self.candidates:
-            if c.model == a.model or self.active.get(c.model, 0) <= self.loads[c.model].min_replicas:
+            if c.model == a.model or self.n_active(c.model) <= self.loads[c.model].min_replicas:
                 continue
             if self.usage.get(c.team, 0.0) - c.slot.gpu_fraction < self.caps[c.team][0] - _EPS:
                 continue  # never below the victim team's guarantee
@@ -555,7 +633,7 @@ class _Arbiter:
             future.release(c.slot, c.replica_id)
             self.candidates.remove(c)
             self.usage[c.team] = self.usage.get(c.team, 0.0) - c.slot.gpu_fraction
-            self.active[c.model] = self.active.get(c.model, 0) - 1
+            self.delta[c.model] = self.delta.get(c.model, 0) - 1
             self.budget -= 1
             if reason is PreemptionReason.GUARANTEE:
                 why = f"team {a.team} is inside its guarantee and team {c.team} is borrowing"
@@ -576,7 +654,7 @@ class _Arbiter:
         if self.policy.mode != "slo":
             return 0.0
         ld = self.loads[c.model]
-        n = self.active.get(c.model, ld.active) - taken
+        n = self.n_active(c.model) - taken
         load = ld.load_rps if ld.expected_rps is None else ld.expected_rps
         if ld.profile is None or not load > 0:
             return 0.0
@@ -592,7 +670,7 @@ class _Arbiter:
         if self.policy.mode != "slo":
             return False
         ld = self.loads[c.model]
-        n = self.active.get(c.model, ld.active) - taken
+        n = self.n_active(c.model) - taken
         return _attainment(ld.load_rps, n - 1, ld.profile) >= ld.slo_target - _EPS
 
     def _set_loss(self, victims: list[tuple[Candidate, PreemptionReason]], weighted: bool = False) -> float:
@@ -611,7 +689,7 @@ class _Arbiter:
         a victim whose model would then miss its SLO only for a certain miss."""
         ld = self.loads[c.model]
         taken = took.models.get(c.model, 0)
-        if self.active.get(c.model, ld.active) - taken - 1 < ld.min_replicas:
+        if self.n_active(c.model) - taken - 1 < ld.min_replicas:
             return False
         left = self.usage.get(c.team, 0.0) - took.teams.get(c.team, 0.0) - c.slot.gpu_fraction
         if left < self.caps[c.team][0] - _EPS:
@@ -707,8 +785,8 @@ def arbitrate(
     now: float,
     *,
     team_of: Mapping[str, str],
-    loads: Mapping[str, ModelLoad],
-    candidates: list[Candidate],
+    held: Mapping[str, float],
+    views: Views,
     freeing: list[tuple[str, Slot]],
     state: ArbitrationState,
     name_replica: Callable[[str], str],
@@ -716,13 +794,13 @@ def arbitrate(
     """Serve ``asks`` on ``inventory`` (changed: each placed replica is allocated there under the id
     ``name_replica(model)`` gives) by the rules of the module docstring.
 
-    ``team_of``: every valid model's team; ``loads``: every valid model's damage
-    inputs (``ModelLoad``); ``candidates``: running replicas that may be preempted (not draining, not being removed
-    this tick); ``freeing``: (owner, slot) of replicas being removed or drained (their capacity is coming free);
-    ``state``: the fairness memory (updated)."""
-    _remember_borrowing(state, held_by_team(candidates), policy, now)
-    return _Arbiter(inventory, packer, policy, now, team_of, loads, candidates, freeing, state,
-                   name_replica).run(asks)
+    ``team_of``: every valid model's team; ``held``: GPU-equivalents per team held by replicas not being freed
+    (:func:`held_by_team` of the candidates); ``views()``: every valid model's damage inputs (``ModelLoad``) and
+    the running replicas that may be preempted (not draining, not being removed this tick), asked for only when
+    the asks do not all fit; ``freeing``: (owner, slot) of replicas being removed or drained (their capacity is
+    coming free); ``state``: the fairness memory (updated)."""
+    _remember_borrowing(state, held, policy, now)
+    return _Arbiter(inventory, packer, policy, now, team_of, held, views, freeing, state, name_replica).run(asks)
 
 
 def held_by_team(replicas: list[Candidate]) -> dict[str, float]:

@@ -15,8 +15,9 @@ with a cause, never a silent Pending pod. When the asks do not all fit, arbitrat
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from autoscaler.arbitration import (
     ArbitrationState,
     Ask,
     Candidate,
+    LazyMapping,
     ModelLoad,
     arbitrate,
 )
@@ -93,8 +95,7 @@ class ModelState:
     learning: ModelLearning | None = None
     last_reason: Reason | None = None
     last_desired: int = -1
-    load_rps: float = 0.0  # the load it was last sized for (arbitration's SLO-damage input)
-    expected_rps: float = 0.0  # the load it expects (median forecast, at least observed): when it would miss
+    sized: SizedLoad | None = None  # the loads it was last sized on (arbitration's SLO-damage inputs)
 
 
 @dataclass
@@ -202,12 +203,32 @@ class _Sized:
     detail: str
 
 
-def _sized_load(ctx: PolicyContext, quantile: float) -> float:
-    """The load a model is sized for (forecast at its sizing quantile, at least the observed load over the last
-    minute): the SLO-damage input of arbitration."""
-    observed = window_mean(ctx.metrics.rate, ctx.metrics_step_s, 60.0) or 0.0
-    forecast = ctx.forecast.at(quantile) if ctx.forecast is not None else math.nan
-    return max(forecast, observed) if math.isfinite(forecast) else observed
+@dataclass(frozen=True)
+class SizedLoad:
+    """What a model was last sized on, for arbitration: its load at the forecast's sizing quantile (its *tail*)
+    and at the median (what it *expects*), each at least the load observed over the last minute. Computed only
+    when arbitration asks (most ticks it does not)."""
+
+    forecast: Forecast | None
+    quantile: float
+    rate: np.ndarray
+    step_s: float
+
+    @cached_property
+    def observed_rps(self) -> float:
+        return window_mean(self.rate, self.step_s, 60.0) or 0.0
+
+    def _at(self, q: float) -> float:
+        f = self.forecast.at(q) if self.forecast is not None else math.nan
+        return max(f, self.observed_rps) if math.isfinite(f) else self.observed_rps
+
+    @cached_property
+    def tail_rps(self) -> float:
+        return self._at(self.quantile)
+
+    @cached_property
+    def expected_rps(self) -> float:
+        return self._at(0.5)
 
 
 def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
@@ -268,8 +289,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
         )
         result = apply_rails(policy, ctx)
         ms.policy_state = result.state
-        ms.load_rps = _sized_load(ctx, ctx.sizing_quantile or config.upper_quantile)
-        ms.expected_rps = _sized_load(ctx, 0.5)
+        ms.sized = SizedLoad(ctx.forecast, ctx.sizing_quantile or config.upper_quantile, m.rate, metrics.step_s)
         target = result.desired
         if target < current:
             if config.consolidate_removals and node_load is None:
@@ -320,8 +340,9 @@ def _ask(s: _Sized, order: int) -> Ask:
         # (the cheaper or the only one free) counts for its speed, and more are placed until the capacity asked
         # for is there (within max replicas).
         wanted=float(s.target - current), current=current, max_new=max(0, spec.max_replicas - current),
-        load_rps=s.ms.load_rps, profile=s.ctx.capacity, slo_target=spec.slo_percentile / 100.0, order=order,
-        expected_rps=s.ms.expected_rps,
+        load_rps=s.ms.sized.tail_rps if s.ms.sized else 0.0, profile=s.ctx.capacity,
+        slo_target=spec.slo_percentile / 100.0, order=order,
+        expected_rps=s.ms.sized.expected_rps if s.ms.sized else None,
         speed=None if learning is None else learning.relative_speed,
     )
 
@@ -329,20 +350,18 @@ def _ask(s: _Sized, order: int) -> Ask:
 def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
                removals: dict[str, list[RemoveReplica]], state: ControllerState,
                config: CoreConfig) -> ArbitrationResult:
-    """The views arbitration needs (teams, damage inputs, what may be preempted, what is being freed)."""
+    """The views arbitration needs: teams, GPUs held per team, what is being freed; the damage inputs and the
+    replicas that may be preempted only if it asks (when the asks do not all fit)."""
     team_of: dict[str, str] = {}
-    loads: dict[str, ModelLoad] = {}
-    candidates: list[Candidate] = []
+    held: dict[str, float] = {}
     freeing: list[tuple[str, Slot]] = []
+    valid = []
     for name, obs in snapshot.models.items():
         spec = obs.spec
         if spec is None:
             continue
+        valid.append((name, obs, spec))
         team_of[name] = spec.team
-        ms = state.models.get(name)
-        loads[name] = ModelLoad(ms.load_rps if ms else 0.0, ms.capacity if ms else None,
-                                spec.slo_percentile / 100.0, obs.active_replicas, spec.min_replicas,
-                                ms.expected_rps if ms else None)
         removed = {r.replica_id for r in removals.get(name, ())}
         for r in obs.replicas:
             if r.slot is None:
@@ -350,15 +369,32 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
             if r.draining or r.replica_id in removed:
                 freeing.append((r.replica_id, r.slot))
             else:
-                candidates.append(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at))
+                held[spec.team] = held.get(spec.team, 0.0) + r.slot.gpu_fraction
+
+    def load_of(name: str) -> ModelLoad:
+        obs = snapshot.models[name]
+        spec = obs.spec
+        assert spec is not None
+        ms = state.models.get(name)
+        sized = ms.sized if ms is not None else None
+        return ModelLoad(sized.tail_rps if sized else 0.0, ms.capacity if ms else None, spec.slo_percentile / 100.0,
+                         obs.active_replicas, spec.min_replicas, sized.expected_rps if sized else None)
+
+    def views() -> tuple[Mapping[str, ModelLoad], list[Candidate]]:
+        candidates: list[Candidate] = []
+        for name, obs, spec in valid:
+            removed = {r.replica_id for r in removals.get(name, ())}
+            candidates.extend(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at)
+                              for r in obs.replicas
+                              if r.slot is not None and not r.draining and r.replica_id not in removed)
+        return LazyMapping(load_of), candidates
 
     def name_replica(model: str) -> str:
         state.replica_seq += 1
         return f"{model}-{state.replica_seq}"
 
     return arbitrate(asks, inventory, config.packer, config.arbitration, snapshot.now, team_of=team_of,
-                     loads=loads, candidates=candidates, freeing=freeing, state=state.arbitration,
-                     name_replica=name_replica)
+                     held=held, views=views, freeing=freeing, state=state.arbitration, name_replica=name_replica)
 
 
 def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfalls: Sequence[Shortfall],

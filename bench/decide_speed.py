@@ -46,6 +46,7 @@ and metrics window and applying the plan (the ports' work) are timed apart and p
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import random
 import statistics
@@ -345,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         a1 = time.perf_counter()
         if k == 0:
             warm = ((c1 - c0) * 1e3, (w1 - w0) * 1e3)
+            gc.freeze()  # as the controller does after its first tick (autoscaler/controller.py)
             continue
         cpu_ms.append((c1 - c0) * 1e3)
         wall_ms.append((w1 - w0) * 1e3)

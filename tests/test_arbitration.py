@@ -18,6 +18,7 @@ from autoscaler.arbitration import (
     ModelLoad,
     TeamQuota,
     arbitrate,
+    held_by_team,
 )
 from autoscaler.capacity import min_replicas_for_slo, profile_from_spec
 from autoscaler.plan import GRANTS, PreemptionReason, ShortfallCause
@@ -81,8 +82,9 @@ class World:
                       for m, reps in self.replicas.items() for rid, slot, t in reps]
         names = itertools.count()
         return arbitrate(list(asks), self.inv, CostAwarePacker(), self.policy, NOW, team_of=self.teams,
-                         loads=loads, candidates=candidates, freeing=list(self.draining),
-                         state=state or ArbitrationState(), name_replica=lambda m: f"{m}-new{next(names)}")
+                         held=held_by_team(candidates), views=lambda: (loads, list(candidates)),
+                         freeing=list(self.draining), state=state or ArbitrationState(),
+                         name_replica=lambda m: f"{m}-new{next(names)}")
 
 
 def causes(result) -> dict[str, list[ShortfallCause]]:
