@@ -141,6 +141,8 @@ def test_every_bad_arbitration_value_is_reported_at_once(tmp_path: Path) -> None
         ("- {at: 60, kind: node_lost, node: nowhere}", "events[0].node", "no node 'nowhere'"),
         ("- {at: 60, kind: node_lost, gpu_kind: H100-80GB, count: 0}", "events[0].count", "integer >= 1"),
         ("- {at: 60, kind: node_lost}", "events[0]", "either 'node'"),
+        ("- {at: 60, kind: node_lost, gpu_kind: H100-80GB, holding: nobody}", "events[0].holding",
+         "no model or team 'nobody'"),
         ("- {at: 60, kind: surge, target: chat, multiplier: 2, duration_s: 60, extra: 1}", "events[0].extra",
          "unknown key"),
         ("- {at: 60, kind: surge, target: nobody, multiplier: 2, duration_s: 60}", "events[0].target",
@@ -208,6 +210,22 @@ def test_node_loss_removes_replicas_and_capacity_at_once(tmp_path: Path) -> None
     for dev in range(8):
         assert all(owner.startswith("lost:") for owner, _ in cluster.inventory.device(node, dev).entries)
     assert not any(r.slot.node == node for reps in cluster.replicas for r in reps.values())
+
+
+def test_node_loss_holding_a_team_takes_the_node_with_most_of_its_replicas(tmp_path: Path) -> None:
+    text = BASE.replace("16xH100-80GB:mig", "24xH100-80GB:mig") + (
+        "events:\n  - {at: 600, kind: node_lost, gpu_kind: H100-80GB, count: 1, holding: b}\n")
+    sc = load_scenario(write(tmp_path, text, "ok.yaml"))
+    (event,) = sc.cluster_events
+    assert event.holding == ("fn",)  # team b's models
+    cluster, _ = _cluster(tmp_path)
+    held: dict[str, float] = {}
+    for i, reps in enumerate(cluster.replicas):
+        for r in reps.values():
+            if cluster.models[i] == "fn":
+                held[r.slot.node] = held.get(r.slot.node, 0.0) + r.slot.gpu_fraction
+    out = apply_event(cluster, event, 600.0)
+    assert out["nodes"] == [max(held, key=held.__getitem__)]
 
 
 def test_gpu_kind_removed_takes_every_node_of_the_kind(tmp_path: Path) -> None:

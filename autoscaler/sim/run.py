@@ -51,7 +51,8 @@ class ClusterEvent:
     (:mod:`autoscaler.sim.scenario`). Applied at the first tick boundary at or after ``at_s``.
 
     - ``node_lost``: ``target`` is a node name, or with ``count`` a GPU kind: that many of its nodes (those holding
-      the most replicas' GPUs first) are lost; every replica on a lost node is lost at once.
+      the most replicas' GPUs first -- of the models in ``holding`` when given) are lost; every replica on a lost
+      node is lost at once.
     - ``gpu_kind_removed``: every node of GPU kind ``target`` is lost.
     """
 
@@ -59,6 +60,7 @@ class ClusterEvent:
     kind: str  # "node_lost" | "gpu_kind_removed"
     target: str
     count: int | None = None
+    holding: tuple[str, ...] = ()  # rank a kind's nodes by these models' replicas only (a team's, say)
 
 
 def _nodes_of_kind(cluster: SimCluster, kind: str) -> list[str]:
@@ -77,7 +79,9 @@ def apply_event(cluster: SimCluster, event: ClusterEvent, now: float) -> dict[st
         nodes = _nodes_of_kind(cluster, event.target)
         if event.kind == "node_lost":
             held = {n: 0.0 for n in nodes}
-            for reps in cluster.replicas:
+            for i, reps in enumerate(cluster.replicas):
+                if event.holding and cluster.models[i] not in event.holding:
+                    continue
                 for r in reps.values():
                     if r.slot.node in held:
                         held[r.slot.node] += r.slot.gpu_fraction

@@ -37,7 +37,8 @@ errors. The schema::
     cluster: "16xH100-80GB:mig,8xL4"  # the grammar of sharing/cluster.py, text or list of entries (required)
     events:                           # optional
       - {at: "01:00", kind: node_lost, node: h100-80gb-1}       # a node by name ...
-      - {at: 3600, kind: node_lost, gpu_kind: H100-80GB, count: 1}   # ... or N nodes of a GPU kind
+      - {at: 3600, kind: node_lost, gpu_kind: H100-80GB, count: 1}   # ... or N nodes of a GPU kind (those
+        holding the most replica GPUs; with ``holding: search``: the most of that team's or model's replicas)
       - {at: "01:30", kind: gpu_kind_removed, gpu_kind: L4}
       - {at: "00:30", kind: surge, target: chat, multiplier: 2, duration_s: 900}  # model, team or "all"
 
@@ -78,7 +79,7 @@ DEFAULT_REQUEST_TIMEOUT_S = 60.0
 _MODEL_OWN_KEYS = {"name", "trace", "model", "scale", "offset"}  # the rest are annotation keys
 _TRAINING_KEYS = {"source", "checkpoint_every_s", "grace_s", "lending", "static_gpus"}
 _EVENT_KEYS = {
-    "node_lost": {"at", "kind", "node", "gpu_kind", "count"},
+    "node_lost": {"at", "kind", "node", "gpu_kind", "count", "holding"},
     "gpu_kind_removed": {"at", "kind", "gpu_kind"},
     "surge": {"at", "kind", "target", "multiplier", "duration_s"},
 }
@@ -467,10 +468,16 @@ def load_scenario(path: str) -> Scenario:
                 events.append(ClusterEvent(at, kind, node))
             continue
         count = e.get("count", 1)
+        holding: tuple[str, ...] = ()
+        if "holding" in e:
+            who = e["holding"]
+            holding = tuple(m.name for m in models if who in (m.name, m.spec.team))
+            if not holding:
+                c.bad(f"{w}.holding", f"no model or team {who!r} in the scenario")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             c.bad(f"{w}.count", f"must be an integer >= 1, got {count!r}")
         elif at is not None and gpu_kind is not None:
-            events.append(ClusterEvent(at, kind, gpu_kind, count))
+            events.append(ClusterEvent(at, kind, gpu_kind, count, holding))
 
     if c.problems:
         raise ScenarioError(path, c.problems)
