@@ -32,12 +32,10 @@ import numpy as np
 from autoscaler.commands.simulate import shipped_scenarios
 from autoscaler.policies import make_policy
 from autoscaler.report.scenario import minute_met, top_priority_models
-from autoscaler.sim.run import SimConfig, simulate
+from autoscaler.sim.run import simulate
 from autoscaler.sim.scenario import Scenario, demand_gpus, load_scenario
 from autoscaler.sim.scorecard import scorecard, team_card
-from autoscaler.sim.training import load_training
 from autoscaler.sim.workload import build_workload
-from sharing.lending import LendingPolicy
 
 MODES = ("slo", "priority", "partition")
 
@@ -49,15 +47,8 @@ def scaled(sc: Scenario, scale: float) -> Scenario:
 
 def run(sc: Scenario, mode: str) -> dict[str, Any]:
     workload = build_workload(sc.build_trace(), sc.specs, history_s=sc.history_h * 3600.0)
-    extra: dict[str, Any] = {}
-    if sc.training is not None:
-        t = sc.training
-        if t.lending:
-            extra["lending"] = LendingPolicy(enabled=True)
-        extra["static_training_gpus"] = t.static_gpus
-        extra["training"] = load_training(t.source, t.checkpoint_every_s, t.grace_s)
-    cfg = SimConfig(events=sc.cluster_events, arbitration=dataclasses.replace(sc.arbitration, mode=mode),
-                    request_timeout_s=sc.request_timeout_s, **extra)
+    cfg = sc.sim_config()
+    cfg = dataclasses.replace(cfg, arbitration=dataclasses.replace(sc.arbitration, mode=mode))
     result = simulate(workload, sc.cluster, make_policy("slotwise"), cfg)
     card = scorecard(result)
     teams = team_card(result, sc.teams)["all"]

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from test_sim import poisson_log
 
 import autoscaler.sim.run as sim_run
 from autoscaler.arbitration import ArbitrationPolicy, TeamQuota
@@ -39,19 +40,6 @@ from sharing.lending import LendingPolicy
 WHOLE = ModelSpec(name="x", slo_latency_ms=500, service_time_ms=100, cold_start_s=60, concurrency=1)
 SLICE = ModelSpec(name="x", slo_latency_ms=500, gpu_memory_gib=20, gpu_compute_share=0.25, service_time_ms=100,
                   cold_start_s=60, concurrency=1)
-
-
-def poisson_log(rates: dict[str, float], duration_s: float, seed: int = 1) -> RequestLog:
-    rng = np.random.default_rng(seed)
-    ts, mis = [], []
-    for i, r in enumerate(rates.values()):
-        n = rng.poisson(r * duration_s)
-        ts.append(rng.uniform(0.0, duration_s, n))
-        mis.append(np.full(n, i, dtype=np.int32))
-    t = np.concatenate(ts)
-    mi = np.concatenate(mis)
-    order = np.argsort(t, kind="stable")
-    return RequestLog(t=t[order], model_index=mi[order], models=tuple(rates))
 
 
 def run(trace, specs, policy, nodes_spec: str, **cfg) -> SimResult:  # type: ignore[no-untyped-def]

@@ -312,17 +312,8 @@ def run_scenario(args: argparse.Namespace) -> int:
     sc = load_scenario(path)
     hours = args.hours if args.hours is not None else sc.duration_h
     workload = build_workload(sc.build_trace(hours), sc.specs, history_s=sc.history_h * 3600.0)
-    extra: dict[str, Any] = {}
-    if sc.training is not None:
-        t = sc.training
-        if t.lending:
-            extra["lending"] = LendingPolicy(enabled=True)
-        extra["static_training_gpus"] = t.static_gpus
-        extra["training"] = load_training(t.source, t.checkpoint_every_s, t.grace_s)
     end_s = hours * 3600.0
-    events = tuple(e for e in sc.cluster_events if e.at_s < end_s)
-    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, events=events, arbitration=sc.arbitration,
-                    request_timeout_s=sc.request_timeout_s, **extra)
+    cfg = sc.sim_config(hours, tick_s=args.tick, mode=args.mode, seed=args.seed)
     runs = [Run(f"{p}/{m}", p, m) for p in names for m in (modes or [sc.arbitration.mode])]
     variants = [(r.label, r.policy, dataclasses.replace(
         cfg, arbitration=dataclasses.replace(sc.arbitration, mode=r.arbitration))) for r in runs]

@@ -63,7 +63,7 @@ import numpy as np
 
 from autoscaler.arbitration import ARBITRATION_MODES, ArbitrationPolicy, TeamQuota
 from autoscaler.sim.defaults import default_model_values
-from autoscaler.sim.run import ClusterEvent
+from autoscaler.sim.run import ClusterEvent, SimConfig
 from autoscaler.sim.workload import SimWorkload
 from autoscaler.spec import ModelSpec, SpecError, parse_mapping
 from forecasting.traces.model import RateSeries, RequestLog, Trace
@@ -174,6 +174,25 @@ class Scenario:
             for name in self.surge_models(s):
                 rates[index[name]] *= factor
         return RateSeries(rates, tuple(m.name for m in self.models), STEP_S, source=self.path)
+
+    def sim_config(self, hours: float | None = None, **settings: Any) -> SimConfig:
+        """The simulator's settings for this scenario: its cluster events (those before the end of ``hours``, by
+        default the file's duration), arbitration, request timeout and training backlog (lent to, or a static
+        split); ``settings`` (tick_s, mode, seed, ...) are passed on."""
+        from autoscaler.sim.training import load_training
+        from sharing.lending import LendingPolicy
+
+        end_s = (hours if hours is not None else self.duration_h) * 3600.0
+        extra: dict[str, Any] = {}
+        if self.training is not None:
+            t = self.training
+            if t.lending:
+                extra["lending"] = LendingPolicy(enabled=True)
+            extra["static_training_gpus"] = t.static_gpus
+            extra["training"] = load_training(t.source, t.checkpoint_every_s, t.grace_s)
+        events = tuple(e for e in self.cluster_events if e.at_s < end_s)
+        return SimConfig(events=events, arbitration=self.arbitration, request_timeout_s=self.request_timeout_s,
+                         **extra, **settings)
 
     def fired_surges(self) -> list[dict[str, object]]:
         return [{"at_s": s.at_s, "kind": "surge", "target": s.target, "multiplier": s.multiplier,
