@@ -277,3 +277,13 @@ def test_simulate_scenario_prints_per_team_table(tmp_path: Path, capsys: pytest.
 def test_scenario_refuses_trace_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--scenario", "balanced-day", "--cluster", "8xL4"]) != 0
     assert "--scenario declares" in capsys.readouterr().err
+
+
+def test_warm_start_replicas_are_counted_for_their_model(tmp_path: Path) -> None:
+    """The packer's per-model indexes (anti-affinity) see the replicas the run starts with, whatever their names."""
+    cluster, wl = _cluster(tmp_path)
+    inv = cluster.inventory
+    for i, reps in enumerate(cluster.replicas):
+        for rid in reps:
+            assert inv.model_of(rid) == wl.models[i]
+        assert inv.model_allocation_count(wl.models[i]) == len(reps)

@@ -605,7 +605,7 @@ class SimCluster:
         i = self.index[model]
         for n, slot in enumerate(slots):
             rid = f"{model}-init{n}"
-            self.inventory.allocate(slot, rid)
+            self.inventory.allocate(slot, rid, model=model)  # a name the inventory cannot read the model from
             self._hold(i, slot, 1)
             self.replicas[i][rid] = SimReplica(rid, slot, now, now)
             self.routable[i] += 1

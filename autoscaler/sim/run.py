@@ -207,7 +207,7 @@ def _warm_start(
             slot = packer.place(scratch, req)
             if slot is None:
                 break
-            scratch.allocate(slot, f"{name}-init{r}")  # the owner name preplace gives it
+            scratch.allocate(slot, f"{name}-init{r}", model=name)  # the owner name preplace gives it
             slots.append(slot)
         cluster.preplace(name, slots)
 
