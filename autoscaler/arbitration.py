@@ -182,7 +182,7 @@ class Ask:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A running replica that may be preempted, with its model's SLO-damage inputs."""
+    """A running replica that may be preempted: its model, team, priority, id, slot and start time."""
 
     model: str
     team: str
