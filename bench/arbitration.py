@@ -31,7 +31,7 @@ import numpy as np
 
 from autoscaler.commands.simulate import shipped_scenarios
 from autoscaler.policies import make_policy
-from autoscaler.report.scenario import minute_met, top_priority_models
+from autoscaler.report.scenario import requests_in_slo_minutes, top_priority_models
 from autoscaler.sim.run import simulate
 from autoscaler.sim.scenario import Scenario, demand_gpus, load_scenario
 from autoscaler.sim.scorecard import scorecard, team_card
@@ -53,21 +53,16 @@ def run(sc: Scenario, mode: str) -> dict[str, Any]:
     card = scorecard(result)
     teams = team_card(result, sc.teams)["all"]
     top = top_priority_models({m.name: m.spec.priority for m in sc.models})
-    met = within = total = 0.0
-    for m in top:
-        i = result.models.index(m)
-        a = np.asarray(result.minute_arrivals[i], dtype=float)
-        ok = minute_met(a, result.minute_within[i], float(result.slo_percentile[i]) / 100.0)
-        met += float(a[ok].sum())
-        within += float(np.sum(result.minute_within[i]))
-        total += float(a.sum())
+    rows = [result.models.index(m) for m in top]
+    within = float(sum(np.sum(result.minute_within[i]) for i in rows))
+    total = float(sum(np.sum(result.minute_arrivals[i]) for i in rows))
     demand = demand_gpus(workload, sc.cluster)
     peak = float(np.max(sum(demand.values()))) if demand else 0.0
     gpus = sum(n.gpu_count for n in sc.cluster)
     return {
         "mode": mode,
         "top_priority_models": top,
-        "top_requests_in_slo_minutes": met / total if total else None,
+        "top_requests_in_slo_minutes": requests_in_slo_minutes(result, top),
         "top_slo_attainment": within / total if total else None,
         "summed_slo_attainment": float(sum(v["slo_attainment"] for v in card["per_model"].values())),
         "per_model_slo_attainment": {m: v["slo_attainment"] for m, v in card["per_model"].items()},

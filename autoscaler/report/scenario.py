@@ -45,6 +45,19 @@ def minute_met(arrivals: np.ndarray, within: np.ndarray, objective: float) -> np
     return frac >= objective - 1e-9
 
 
+def requests_in_slo_minutes(result: Any, models: Sequence[str]) -> float | None:
+    """The share of ``models``' requests (together) that arrived in a model-minute meeting the SLO percentile
+    (:func:`minute_met`); None without requests."""
+    served = total = 0.0
+    for m in models:
+        if m in result.models:
+            i = result.models.index(m)
+            a = np.asarray(result.minute_arrivals[i], dtype=float)
+            served += float(a[minute_met(a, result.minute_within[i], float(result.slo_percentile[i]) / 100.0)].sum())
+            total += float(a.sum())
+    return served / total if total > 0 else None
+
+
 def recovery_time_s(
     arrivals: np.ndarray,
     within: np.ndarray,
@@ -127,15 +140,7 @@ def build_doc(
         # The issue-9 targets: the SLO attainment summed over models (each model counts once, whatever its
         # traffic), and the share of the top-priority class's requests served in minutes that met their SLO.
         overall["summed_slo_attainment"] = float(sum(m["slo_attainment"] for m in card.get("per_model", {}).values()))
-        served = total = 0.0
-        for m in top:
-            if m in index:
-                i = index[m]
-                a = np.asarray(result.minute_arrivals[i], dtype=float)
-                met = minute_met(a, result.minute_within[i], float(result.slo_percentile[i]) / 100.0)
-                served += float(a[met].sum())
-                total += float(a.sum())
-        overall["top_priority_requests_in_slo"] = served / total if total > 0 else None
+        overall["top_priority_requests_in_slo"] = requests_in_slo_minutes(result, top)
         doc["per_team"][run.label] = rows
         doc["overall"][run.label] = overall
         doc["recovery"][run.label] = recoveries(result, top, cold_starts)

@@ -62,12 +62,17 @@ from typing import Any
 import numpy as np
 
 from autoscaler.arbitration import ARBITRATION_MODES, ArbitrationPolicy, TeamQuota
+from autoscaler.capacity import min_replicas_for_slo
+from autoscaler.core import slot_request
 from autoscaler.sim.defaults import default_model_values
 from autoscaler.sim.run import ClusterEvent, SimConfig
+from autoscaler.sim.training import load_training
 from autoscaler.sim.workload import SimWorkload
 from autoscaler.spec import ModelSpec, SpecError, parse_mapping
 from forecasting.traces.model import RateSeries, RequestLog, Trace
-from sharing.slots import NodeSpec
+from sharing.lending import LendingPolicy
+from sharing.packer import CostAwarePacker
+from sharing.slots import Inventory, NodeSpec
 
 STEP_S = 60.0
 EVENT_KINDS = ("node_lost", "gpu_kind_removed", "surge")
@@ -179,9 +184,6 @@ class Scenario:
         """The simulator's settings for this scenario: its cluster events (those before the end of ``hours``, by
         default the file's duration), arbitration, request timeout and training backlog (lent to, or a static
         split); ``settings`` (tick_s, mode, seed, ...) are passed on."""
-        from autoscaler.sim.training import load_training
-        from sharing.lending import LendingPolicy
-
         end_s = (hours if hours is not None else self.duration_h) * 3600.0
         extra: dict[str, Any] = {}
         if self.training is not None:
@@ -558,11 +560,6 @@ def demand_gpus(workload: SimWorkload, nodes: Sequence[NodeSpec]) -> dict[str, n
     spec's profile, Poisson arrivals: bursts within the minute need more) times the GPU fraction of the slot the
     packer gives one replica on an empty node of the cluster's first kind. How tight a scenario is: the peak of
     the sum over the cluster's GPUs ("demand ~130 % of the GPUs at peak")."""
-    from autoscaler.capacity import min_replicas_for_slo
-    from autoscaler.core import slot_request
-    from sharing.packer import CostAwarePacker
-    from sharing.slots import Inventory
-
     first = nodes[0]
     out: dict[str, np.ndarray] = {}
     rates = workload.arrivals_per_tick(STEP_S) / STEP_S

@@ -126,6 +126,16 @@ class Gone(Exception):
     """The object an action addresses no longer exists (deleted meanwhile)."""
 
 
+async def _or_gone(read: Awaitable[Any], key: str) -> Any:
+    """A read of an object that may have been deleted meanwhile: a 404 is :class:`Gone` (``key``)."""
+    try:
+        return await read
+    except ApiException as e:
+        if e.status == 404:
+            raise Gone(key) from None
+        raise
+
+
 # -- pure helpers -------------------------------------------------------------------------------------------------
 
 
@@ -418,12 +428,7 @@ class KubeActuator:
 
         async def attempt() -> str:
             nonlocal marked
-            try:
-                scale = await self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace)
-            except ApiException as e:
-                if e.status == 404:
-                    raise Gone(mm.key) from None
-                raise
+            scale = await _or_gone(self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace), mm.key)
             current = scale.spec.replicas or 0
             if current == a.replicas:
                 return "unchanged"
@@ -493,13 +498,8 @@ class KubeActuator:
             return
 
         async def attempt() -> bool:
-            try:
-                dep = self.api_client.sanitize_for_serialization(
-                    await self._apps.read_namespaced_deployment(mm.name, mm.namespace))
-            except ApiException as e:
-                if e.status == 404:
-                    raise Gone(mm.key) from None
-                raise
+            dep = self.api_client.sanitize_for_serialization(
+                await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key))
             pod_spec = dep["spec"]["template"]["spec"]
             containers = pod_spec.get("containers") or []
             idx = next((i for i, c in enumerate(containers) if c.get("name") == mm.container), None)
@@ -605,12 +605,7 @@ class KubeActuator:
         r, line = tick.report, describe(a)
         mm = self._model(tick, a.model)
         payload = status_payload(a, dry_run=self.config.dry_run, now=tick.now, shortfall=shortfall)
-        try:
-            dep = await self._apps.read_namespaced_deployment(mm.name, mm.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                raise Gone(mm.key) from None
-            raise
+        dep = await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key)
         annotations = dep.metadata.annotations or {}
         if same_status(annotations.get(STATUS_ANNOTATION), payload):
             # already said (e.g. after a controller restart): neither the annotation nor a new Event
