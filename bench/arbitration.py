@@ -4,7 +4,8 @@ priority-only preemption (Kueue/KAI-style), side by side on one scenario, option
 Per scenario (``--scenario``, default the shipped ``resource-tight-day``) and surge scale (``--surge-scale``: every
 surge multiplier m of the scenario becomes 1 + (m - 1) x scale, so 1 = the file as shipped, 0 = no surge), three runs
 with the same autoscaling policy (slotwise), cluster, teams and traffic, differing only in the arbitration mode:
-``slo`` (slotwise), ``priority`` and ``partition`` (:mod:`autoscaler.arbitration`). Printed per run, the issue's
+``slo`` (slotwise), ``priority`` and ``partition`` (:mod:`autoscaler.decision.arbitration`). Printed per run, the
+issue's
 targets:
 
 - the top-priority class's requests served in minutes that met their SLO (``>= 99.9 %``), and their raw share
@@ -29,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.commands.simulate import shipped_scenarios
 from autoscaler.policies import make_policy
 from autoscaler.report.scenario import requests_in_slo_minutes, top_priority_models
+from autoscaler.sim.harness import shipped_scenarios
 from autoscaler.sim.run import simulate
 from autoscaler.sim.scenario import Scenario, demand_gpus, load_scenario
 from autoscaler.sim.scorecard import scorecard, team_card

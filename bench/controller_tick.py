@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
-from autoscaler.adapters.kube.templates import template_actions
-from autoscaler.adapters.kube.translate import build_view
-from autoscaler.core import CoreConfig, decide, fresh_state
-from autoscaler.layout import mig_layout_actions
+from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
+from autoscaler.decision.core import CoreConfig, decide, fresh_state
+from autoscaler.decision.node_actions import mig_layout_actions
+from autoscaler.live.kube.templates import template_actions
+from autoscaler.live.kube.translate import build_view
 from autoscaler.policies import make_policy
-from autoscaler.snapshot import MetricsWindow, ModelMetrics
 
 T0 = "2026-11-30T10:00:00Z"
 

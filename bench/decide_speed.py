@@ -58,15 +58,15 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.capacity import min_replicas_for_slo, profile_from_spec
-from autoscaler.core import CoreConfig, decide, fresh_state, slot_request
-from autoscaler.forecast import FleetForecaster
-from autoscaler.plan import PlaceReplica, RemoveReplica, ScaleModel, Shortfall
+from autoscaler.api.plan import PlaceReplica, RemoveReplica, ScaleModel, Shortfall
+from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
+from autoscaler.api.spec import ModelSpec, parse_mapping
+from autoscaler.decision.core import CoreConfig, decide, fresh_state, slot_request
+from autoscaler.estimation.capacity import min_replicas_for_slo, profile_from_spec
+from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies import POLICIES, make_policy
 from autoscaler.sim.cluster import SimCluster
 from autoscaler.sim.defaults import CLIENT_DEFAULTS, FUNCTION_DEFAULTS, LLM_DEFAULTS
-from autoscaler.snapshot import MetricsWindow, ModelMetrics
-from autoscaler.spec import ModelSpec, parse_mapping
 from sharing.cluster import nodes_from_spec
 from sharing.packer import CostAwarePacker
 from sharing.slots import NodeSpec
@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         a1 = time.perf_counter()
         if k == 0:
             warm = ((c1 - c0) * 1e3, (w1 - w0) * 1e3)
-            gc.freeze()  # as the controller does after its first tick (autoscaler/controller.py)
+            gc.freeze()  # as the controller does after its first tick (autoscaler/live/controller.py)
             continue
         cpu_ms.append((c1 - c0) * 1e3)
         wall_ms.append((w1 - w0) * 1e3)

@@ -175,8 +175,8 @@ def _replay(engine: QueueEngine, schedule: list[tuple[float, float, np.ndarray]]
 
 def closed_loop(args: argparse.Namespace) -> float:
     """The closed-loop table (the real simulator per policy and mode); returns the worst |gap| in pp."""
-    from autoscaler.commands.simulate import POLICY_ORDER, default_cluster, run_policies
     from autoscaler.sim.defaults import model_specs
+    from autoscaler.sim.harness import POLICY_ORDER, default_cluster, run_policies
     from autoscaler.sim.run import SimConfig
     from autoscaler.sim.workload import build_workload
     from forecasting.traces import resolve_trace

@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoscaler.capacity import ServiceProfile
+from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.sim.queueing import FluidEngine, Workload
 
 

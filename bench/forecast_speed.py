@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from forecasting.backtest import load_counts
+from autoscaler.benchmarks.backtest.protocol import load_counts
 from forecasting.slotwise import SlotwiseBatch, SlotwiseForecaster
 
 QS = (0.5, 0.9, 0.99)

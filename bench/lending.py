@@ -38,9 +38,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from autoscaler.commands.simulate import default_cluster, load_cluster
 from autoscaler.policies import make_policy
 from autoscaler.sim.defaults import model_specs
+from autoscaler.sim.harness import default_cluster, load_cluster
 from autoscaler.sim.run import SimConfig, simulate
 from autoscaler.sim.scorecard import scorecard
 from autoscaler.sim.training import BUNDLED, DEFAULT_CHECKPOINT_EVERY_S, DEFAULT_GRACE_S, load_training

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from autoscaler.commands.simulate import default_cluster
 from autoscaler.policies import make_policy
 from autoscaler.sim.defaults import model_specs
+from autoscaler.sim.harness import default_cluster
 from autoscaler.sim.run import SimConfig, simulate
 from autoscaler.sim.workload import build_workload
 from forecasting.traces import resolve_trace

@@ -32,9 +32,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from itertools import pairwise
 from typing import Any
 
-from autoscaler.commands.simulate import DEFAULT_TRACE, default_cluster, load_cluster, run_policies
 from autoscaler.policies import POLICIES, make_policy
 from autoscaler.sim.defaults import model_specs
+from autoscaler.sim.harness import DEFAULT_TRACE, default_cluster, load_cluster, run_policies
 from autoscaler.sim.run import SimConfig, SimResult, simulate
 from autoscaler.sim.scorecard import scorecard
 from autoscaler.sim.workload import SimWorkload, build_workload
@@ -53,7 +53,7 @@ TARGET = (
 )
 
 # ---------------------------------------------------------------------------------------------------
-# The verdict: pure functions of the points (unit-tested in tests/test_tradeoff.py).
+# The verdict: pure functions of the points (unit-tested in tests/benchmarks/test_tradeoff.py).
 
 Point = tuple[float, float]  # (gpu_hours, violating requests)
 

@@ -1,20 +1,15 @@
-"""Quantile forecasting of request rates: baselines, the slotwise online forecaster, the backtest.
+"""Quantile forecasting of request rates: the slotwise online forecaster and the trace readers.
 
 ``quantile_forecast(history, h, quantiles, step_s, season)`` runs the controller's forecaster on one
-series; :class:`SlotwiseForecaster` is the per-model object the decision core holds.
+series; :class:`SlotwiseBatch` holds many series (the decision core's fleet forecaster shards them). The
+baselines it is measured against and the backtest protocol are benchmark code
+(:mod:`autoscaler.benchmarks.backtest`). Depends on numpy and scikit-learn, never on ``autoscaler``.
 """
 
 from forecasting.api import quantile_forecast
-from forecasting.empirical import NaiveQuantile, SeasonalNaiveQuantile
-from forecasting.ets import ExpSmoothing
-from forecasting.naive import LastValue
 from forecasting.slotwise import SlotwiseBatch, SlotwiseForecaster, prior_from_similar
 
 __all__ = [
-    "ExpSmoothing",
-    "LastValue",
-    "NaiveQuantile",
-    "SeasonalNaiveQuantile",
     "SlotwiseBatch",
     "SlotwiseForecaster",
     "prior_from_similar",

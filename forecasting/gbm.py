@@ -10,14 +10,9 @@ scores. Values before the start of a series are NaN (the trees route them), so s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from forecasting.backtest import Setup
 
 MAX_ROWS = 200_000
 
@@ -168,15 +163,3 @@ class GlobalQuantileGBM:
                 pred = (reg.predict(x) * scale).reshape(len(ts), m, self.h)
                 out[a : a + len(ts), :, qi, :] = pred
         return np.sort(np.maximum(out, 0.0), axis=2)
-
-
-def run_hgb(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:
-    """Protocol hgb: trained on the first half of every series, then predicts every origin."""
-    day = setup.season or round(86400.0 / setup.step_s)
-    model = GlobalQuantileGBM(
-        setup.h, tuple(qs), lags=setup.lags, season=day, step_s=setup.step_s, start_tod_s=setup.start_tod_s
-    )
-    t0 = time.perf_counter()
-    model.fit(y[:, : setup.first])
-    train = time.perf_counter() - t0
-    return model.predict(y, setup.origins), {"train_s": train}

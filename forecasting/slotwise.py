@@ -37,6 +37,7 @@ quantiles of a prior rate (an annotation hint, or the median of similar models -
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forecasting.calibration import QuantileTracker, pinball
+from forecasting.gbm import GlobalQuantileGBM
 
 DEFAULT_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99)
 # Periods (seconds) of the timers that dominate serverless / batch traffic; used as "repeat the last
@@ -299,10 +301,6 @@ class SlotwiseBatch:
 
     def _train_gbm(self, y: np.ndarray, t0: int) -> None:
         """Fit the global quantile model on history ``y`` (M, T) whose first column is step ``t0``."""
-        import time
-
-        from forecasting.gbm import GlobalQuantileGBM
-
         start = time.perf_counter()
         model = GlobalQuantileGBM(
             self.horizon,

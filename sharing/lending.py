@@ -2,8 +2,8 @@
 
 Pure: a function of the inventory, what inference will need over the reclaim horizon, what is lent now and the
 training workloads on it (no I/O, no clock: ``now`` is an argument). The decision core calls it after packing
-(``autoscaler/lend.py`` turns models into requests and the result into ``LendGpus`` / ``ReclaimGpus`` of
-``autoscaler/plan.py``); the simulator and the Kubernetes actuator carry out its decisions.
+(``autoscaler/decision/lend.py`` turns models into requests and the result into ``LendGpus`` / ``ReclaimGpus`` of
+``autoscaler/api/plan.py``); the simulator and the Kubernetes actuator carry out its decisions.
 
 Terms (issue 8):
 - **reserved**: what sizing needs at the upper quantile over the reclaim horizon (reclaim deadline + each model's

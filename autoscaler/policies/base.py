@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from autoscaler.capacity import ServiceProfile
-from autoscaler.plan import Reason
-from autoscaler.snapshot import ModelMetrics
-from autoscaler.spec import ModelSpec
+from autoscaler.api.plan import Reason
+from autoscaler.api.snapshot import ModelMetrics
+from autoscaler.api.spec import ModelSpec
+from autoscaler.estimation.capacity import ServiceProfile
 
 
 @dataclass(frozen=True)

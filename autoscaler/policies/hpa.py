@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from autoscaler.plan import Reason
+from autoscaler.api.plan import Reason
+from autoscaler.api.spec import ModelSpec
 from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
-from autoscaler.spec import ModelSpec
 
 _EPS = 1e-9
 

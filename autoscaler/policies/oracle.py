@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler import capacity as capacity_model
-from autoscaler.plan import Reason
+from autoscaler.api.plan import Reason
+from autoscaler.api.spec import ModelSpec
+from autoscaler.estimation import capacity as capacity_model
 from autoscaler.policies.base import PolicyContext, PolicyResult
-from autoscaler.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,12 @@ quantile of load over the model's lead time, inside the rails a production contr
 
 Registered as ``slotwise``. What it is given (by the decision core, learned online per model):
 
-- the forecast (:mod:`autoscaler.forecast`) of the peak load over the lead time = the measured cold start
+- the forecast (:mod:`autoscaler.estimation.forecast`) of the peak load over the lead time = the measured cold start
   (a high percentile of observed scale-up-to-Ready times; the annotation is only the prior) + tick +
   metric lag, so new replicas are Ready when the load arrives;
 - the quantile to size for (``ctx.sizing_quantile``): it follows from the SLO (a 99.9 % target needs a
   higher quantile than a 95 % one) and rises while the model burns its error budget;
-- the capacity curve (``ctx.capacity``): the queueing model of :mod:`autoscaler.capacity` on a
+- the capacity curve (``ctx.capacity``): the queueing model of :mod:`autoscaler.estimation.capacity` on a
   service-time profile whose scale is learned from observed (rate, replicas, in-flight, latency).
 
 What it adds, each tick:
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler import capacity as capacity_model
-from autoscaler.capacity import ServiceProfile
-from autoscaler.learning import SloQuantile
-from autoscaler.plan import Reason
+from autoscaler.api.plan import Reason
+from autoscaler.api.spec import ModelSpec
+from autoscaler.estimation import capacity as capacity_model
+from autoscaler.estimation.capacity import ServiceProfile
+from autoscaler.estimation.learning import SloQuantile
 from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
-from autoscaler.spec import ModelSpec
 
 _RATE_GRID = 1.005
 _LOG_RATE_GRID = math.log(_RATE_GRID)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autoscaler.plan import Reason
+from autoscaler.api.plan import Reason
+from autoscaler.api.spec import ModelSpec
 from autoscaler.policies.base import PolicyContext, PolicyResult
-from autoscaler.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from autoscaler.cost import price_table
+from autoscaler.report.cost import price_table
 from autoscaler.report.data import LENT_NOTE, ModelRow, Section, override_prices
 from sharing.catalog import load_catalog
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.plan import PreemptionReason, ShortfallCause
+from autoscaler.api.plan import PreemptionReason, ShortfallCause
 from autoscaler.report.render import _CSS, _table, hours, pct, usd
 
 RECOVERY_MINUTES = 3  # consecutive minutes at or above the SLO percentile that count as recovered

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from autoscaler.spec import ModelSpec, SpecError, parse_mapping
+from autoscaler.api.spec import ModelSpec, SpecError, parse_mapping
 from forecasting.traces.model import RateSeries, RequestLog, Trace
 
 LLM_DEFAULTS: dict[str, Any] = {

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autoscaler.snapshot import MetricsWindow, ModelMetrics
+from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
 
 
 class SimMetrics:

@@ -10,7 +10,7 @@ the prefill time for ``ttft``).
 Two engines implement :class:`QueueEngine`:
 
 - :class:`FluidEngine` (here): per-tick M/G/c steady state (the same formulas as
-  :mod:`autoscaler.capacity`) plus a fluid backlog for overload. Vectorised over models; ~150 µs a tick
+  :mod:`autoscaler.estimation.capacity`) plus a fluid backlog for overload. Vectorised over models; ~150 µs a tick
   for 50 models on a rate series, ~270 µs on a request log (``bench/fluid_speed.py``), which is what a
   14-day, 50-model run at 10 s ticks needs.
 - :class:`autoscaler.sim.des.DesEngine`: request-level discrete events, exact, slower; the reference the
@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from autoscaler.capacity import ServiceProfile, _bin_means, wait_params, within_prob
+from autoscaler.estimation.capacity import ServiceProfile, _bin_means, wait_params, within_prob
 
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # a client's timeout when the run does not say (SimConfig.request_timeout_s)
 
 if TYPE_CHECKING:
-    from autoscaler.spec import ModelSpec
+    from autoscaler.api.spec import ModelSpec
     from forecasting.traces.model import RequestLog
 
 
@@ -300,7 +300,7 @@ _WAIT_GRID = np.concatenate([[0.0], np.logspace(-3, 4, 64)])
 
 def _stationary_in_system(rho: np.ndarray, c: float, mean_s: float, scv: float) -> np.ndarray:
     """Mean number in system of one replica at utilisation ``rho``: busy servers + queue (Little on the
-    wait model of :func:`autoscaler.capacity.wait_params`)."""
+    wait model of :func:`autoscaler.estimation.capacity.wait_params`)."""
     rate = rho * c / mean_s
     p_wait, decay = wait_params(rate, c, mean_s, scv)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -358,11 +358,11 @@ class FluidEngine:
 
     1. State per model and *cohort*: ``x``, the mean number of requests in system per routable replica.
        The stationary M/G/c relation ``x = L(rho)`` (busy servers + Little's queue, from the shared wait
-       model in :mod:`autoscaler.capacity`) is inverted by table to give the utilisation ``rho(x)`` the
+       model in :mod:`autoscaler.estimation.capacity`) is inverted by table to give the utilisation ``rho(x)`` the
        state implies, and ``x`` moves as ``dx/dt = lam/n - (c/mean_s) * rho(x)``, integrated with a
        linearly-implicit Euler step (stiff at light load, where it relaxes within one service time).
        Arrivals see the stationary M/G/c wait at ``min(rho(x), rho_cap)``. In steady state rho(x) is
-       the offered utilisation, so this reproduces :func:`autoscaler.capacity.attainment`.
+       the offered utilisation, so this reproduces :func:`autoscaler.estimation.capacity.attainment`.
        Why not the steady state at each tick's rate: a replica's queue at rho 0.9 takes minutes to
        build (relaxation ~ mean_s / (c (1-sqrt(rho))^2)), so a minute-long surge, or the Poisson noise
        of a 10 s count, would be charged its full stationary wait (-4 to -15 pp against the DES).

@@ -27,17 +27,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.arbitration import ArbitrationPolicy
-from autoscaler.core import CoreConfig, decide, fresh_state
-from autoscaler.cost import UNKNOWN_TEAM, price_table
-from autoscaler.forecast import FleetForecaster
+from autoscaler.api.spec import ModelSpec
+from autoscaler.decision.arbitration import ArbitrationPolicy
+from autoscaler.decision.core import CoreConfig, decide, fresh_state
+from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
+from autoscaler.report.cost import UNKNOWN_TEAM, price_table
 from autoscaler.sim.cluster import SHORTFALL_CAUSES, LendingStats, SimCluster
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.metrics import SimMetrics
 from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
 from autoscaler.sim.workload import SimWorkload, served_as
-from autoscaler.spec import ModelSpec
 from sharing.lending import LendingPolicy
 from sharing.packer import CostAwarePacker, Packer
 from sharing.slots import NodeSpec
@@ -152,7 +152,7 @@ class SimResult:
     sim_wall_s: float
     invalid_models: dict[str, str] = field(default_factory=dict)
     burn_in_s: float = 0.0  # the first seconds, not scored (see SimConfig.burn_in_s)
-    # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/cost.py for the units):
+    # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/report/cost.py for the units):
     gpu_kinds: tuple[str, ...] = ()  # the cluster's GPU kinds (canonical names), the columns below
     model_gpu_seconds: np.ndarray | None = None  # (M, K) GPU-equivalent seconds held per model and kind
     idle_gpu_seconds: np.ndarray | None = None  # (K,) idle reserved GPU-equivalent seconds per kind
@@ -188,8 +188,8 @@ def _warm_start(
 ) -> None:
     """Begin as a running cluster would be: each model with the replicas its first minutes of load need
     (the same for every policy), so the run measures steady control, not a cold boot."""
-    from autoscaler.capacity import min_replicas_for_slo
-    from autoscaler.core import slot_request
+    from autoscaler.decision.core import slot_request
+    from autoscaler.estimation.capacity import min_replicas_for_slo
 
     window = max(dt, 300.0)
     first = workload.arrivals_per_tick(window)[:, 0] / window

@@ -13,7 +13,7 @@ errors. The schema::
       - name: search
         guaranteed_gpus: 8            # GPU-equivalents it always gets when its models need them (default 0)
         borrowing_limit_gpus: 4       # at most this many more, of what others do not use (absent or null: no limit)
-    arbitration:                      # optional: who gets GPUs when they run out (autoscaler/arbitration.py)
+    arbitration:                      # optional: who gets GPUs when they run out (autoscaler/decision/arbitration.py)
       mode: slo                       # slo (default) | priority | partition (the baselines)
       preemption: true                # may drain replicas of other models (default true)
       min_runtime_s: 300              # a replica younger than this is not preempted for priority (default 300)
@@ -27,7 +27,7 @@ errors. The schema::
         model: conv                   # the model within it (required when the trace has more than one)
         scale: 2.0                    # arrival-rate multiplier (default 1)
         offset: 6                     # hours into the trace where the scenario starts (default 0)
-        slo-latency-ms: 2000          # ... any key of docs/annotations.md (parsed by autoscaler.spec)
+        slo-latency-ms: 2000          # ... any key of docs/annotations.md (parsed by autoscaler.api.spec)
     training:                         # optional: the preemptible training backlog (as --training ...)
       source: alibaba-gpu-v2023-default-be   # bundled name or file
       checkpoint_every_s: 1800
@@ -47,7 +47,8 @@ log's per-request token counts become the model's mean service time: ``prefill x
 output``, unless ``service-time-ms`` is given), multiplied by ``scale``; a source shorter than the scenario repeats.
 A surge multiplies the rates of its models over ``[at, at + duration_s)`` (fractions of a minute pro rata).
 Node loss and GPU kind removal are :class:`autoscaler.sim.run.ClusterEvent` s carried out by the simulator.
-``teams`` and ``arbitration`` become one :class:`autoscaler.arbitration.ArbitrationPolicy` (``Scenario.arbitration``),
+``teams`` and ``arbitration`` become one :class:`autoscaler.decision.arbitration.ArbitrationPolicy`
+(``Scenario.arbitration``),
 the decision core's arbitration in the simulation.
 """
 
@@ -61,14 +62,14 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.arbitration import ARBITRATION_MODES, ArbitrationPolicy, TeamQuota
-from autoscaler.capacity import min_replicas_for_slo
-from autoscaler.core import slot_request
+from autoscaler.api.spec import ModelSpec, SpecError, parse_mapping
+from autoscaler.decision.arbitration import ARBITRATION_MODES, ArbitrationPolicy, TeamQuota
+from autoscaler.decision.core import slot_request
+from autoscaler.estimation.capacity import min_replicas_for_slo
 from autoscaler.sim.defaults import default_model_values
 from autoscaler.sim.run import ClusterEvent, SimConfig
 from autoscaler.sim.training import load_training
 from autoscaler.sim.workload import SimWorkload
-from autoscaler.spec import ModelSpec, SpecError, parse_mapping
 from forecasting.traces.model import RateSeries, RequestLog, Trace
 from sharing.lending import LendingPolicy
 from sharing.packer import CostAwarePacker
@@ -555,9 +556,10 @@ def _llm_service_ms(log: RequestLog, row: int, values: Mapping[str, Any]) -> flo
 
 
 def demand_gpus(workload: SimWorkload, nodes: Sequence[NodeSpec]) -> dict[str, np.ndarray]:
-    """Per team, the GPU-equivalents its models need each minute of the simulated period: the replicas each model
-    needs for its SLO at that minute's mean arrival rate (:func:`autoscaler.capacity.min_replicas_for_slo` on its
-    spec's profile, Poisson arrivals: bursts within the minute need more) times the GPU fraction of the slot the
+    """Per team, the GPU-equivalents its models need each minute of the simulated period: the replicas each
+    model needs
+    for its SLO at that minute's mean arrival rate (:func:`autoscaler.estimation.capacity.min_replicas_for_slo` on
+    its spec's profile, Poisson arrivals: bursts within the minute need more) times the GPU fraction of the slot the
     packer gives one replica on an empty node of the cluster's first kind. How tight a scenario is: the peak of
     the sum over the cluster's GPUs ("demand ~130 % of the GPUs at peak")."""
     first = nodes[0]

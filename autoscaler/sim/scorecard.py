@@ -5,7 +5,7 @@ Lending (issue 8; :func:`lending_card`), all over the scored period, in whole-GP
 - ``idle_reserved_gpu_hours``: GPU-hours inference reserved but did not use = the inference pool's GPUs (every
   GPU of the simulated cluster except a static split's) less the GPU-equivalents its replicas held (starting,
   serving or draining) = **lent + idle not lent**. The simulated cluster is all inference's, so every node
-  counts: :func:`autoscaler.cost.idle_reserved` (the ``cost`` block's ``idle_gpu_hours``) counts only nodes
+  counts: :func:`autoscaler.report.cost.idle_reserved` (the ``cost`` block's ``idle_gpu_hours``) counts only nodes
   holding a replica, because a live controller cannot tell which replica-free nodes are inference's, and counts a
   lent GPU as used; the two agree on nodes with replicas and no lent GPUs.
 - ``lent_gpu_hours``: whole GPUs lent x hours (from the LendGpus until the GPU is back, grace period included);
@@ -29,10 +29,10 @@ all teams in :func:`scorecard`:
   holding a slot); ``utilization_busy`` = busy / allocated;
 - ``replica_wait_minutes``: replica-minutes its models asked for and did not get yet, any cause (the run's
   ``unplaced_replica_minutes`` summed over teams); ``shortfall_minutes_by_cause``: the same by
-  :class:`autoscaler.plan.ShortfallCause` (``none``: a Shortfall without a known cause);
+  :class:`autoscaler.api.plan.ShortfallCause` (``none``: a Shortfall without a known cause);
   ``refusals_within_guarantee``: the replica-minutes refused (cause not ``reclaiming``/``preempting``, which are
   grants in progress) while the team was inside its guarantee -- a broken guarantee, 0 when arbitration works;
-- ``preemptions_by_reason``: replicas preempted from the team, by :class:`autoscaler.plan.PreemptionReason`;
+- ``preemptions_by_reason``: replicas preempted from the team, by :class:`autoscaler.api.plan.PreemptionReason`;
   ``preemptions_caused``: replicas preempted for the team's models;
 - overall only: ``training_jobs_started`` (jobs first started in the scored period), ``training_jobs_completed``,
   ``training_wait_p50_s`` / ``training_wait_p95_s`` (a job's wait: entered the backlog -> first start, see
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.arbitration import TeamQuota
+from autoscaler.decision.arbitration import TeamQuota
 from autoscaler.sim.run import SimResult
 
 # The keys, in the order the table prints them.
@@ -400,7 +400,7 @@ def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, 
     total.update({
         "gpus_total": result.gpus_total,
         "fragmentation": result.fragmentation,
-        # the report's "idle reserved cost": free GPU-equivalents on nodes holding replicas (autoscaler/cost.py)
+        # the report's "idle reserved cost": free GPU-equivalents on nodes holding replicas (autoscaler/report/cost.py)
         "idle_reserved_cost_usd": cost["idle_usd"],
         "lent_gpu_hours": cost["lent_gpu_hours"],
         "lent_value_usd": cost["lent_usd"],

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
+from autoscaler.api.spec import ModelSpec, SpecError
+from autoscaler.estimation.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
 from autoscaler.sim.queueing import Workload
-from autoscaler.spec import ModelSpec, SpecError
 from forecasting.traces.model import RateSeries, RequestLog, Trace
 
 Specs = dict[str, ModelSpec | SpecError]

@@ -53,21 +53,16 @@ __all__ = [
 
 
 def bundled_dir() -> Path:
-    """``autoscaler/data/traces``. Located through the imported package's own path rather than
-    importlib.resources, whose namespace-path handling breaks under editable installs + pytest."""
-    import autoscaler
-
-    for root in autoscaler.__path__:
-        folder = Path(root) / "data" / "traces"
-        if folder.is_dir():
-            return folder
-    return Path(__file__).resolve().parents[2] / "autoscaler" / "data" / "traces"
+    """``forecasting/data/traces``: the trace slices shipped with the package (attribution beside them). Located
+    through the package's own path rather than importlib.resources, whose namespace-path handling breaks under
+    editable installs + pytest."""
+    return Path(__file__).resolve().parent.parent / "data" / "traces"
 
 
 def bundled_traces() -> dict[str, Path]:
     """Traces shipped with the package, by name: file ``azure_llm_2023.csv`` -> ``azure-llm-2023``.
 
-    Any canonical ``*.csv`` / ``*.csv.gz`` dropped into ``autoscaler/data/traces`` is picked up;
+    Any canonical ``*.csv`` / ``*.csv.gz`` dropped into ``forecasting/data/traces`` is picked up;
     per-model side files (``*.models.csv``) are not traces of their own.
     """
     folder = bundled_dir()

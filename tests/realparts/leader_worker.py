@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, w
 
 from kubernetes_asyncio import client, config
 
-from autoscaler.adapters.kube.leader import LeaderElector
+from autoscaler.live.kube.leader import LeaderElector
 
 
 class ActingLog:

@@ -1,1 +1,0 @@
-"""Adapters between the decision core's ports and real systems (Prometheus, Kubernetes)."""

@@ -1,0 +1,101 @@
+"""What the decision core sees: a cluster snapshot and a metrics window, both plain data.
+
+Built by the Cluster and Metrics ports (simulated or Kubernetes/Prometheus adapters);
+the decision core never does I/O and never reads a clock: ``now`` is in the snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from autoscaler.api.spec import ModelSpec, SpecError
+from sharing.slots import Inventory, Slot
+
+
+@dataclass(frozen=True)
+class Replica:
+    replica_id: str
+    slot: Slot | None  # None: not placed on a known GPU slot (a Pending pod, or one on a node outside the inventory)
+    ready: bool
+    started_at: float  # when it was placed (scale-up decision time)
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class ModelObservation:
+    """One managed model as observed. ``spec`` is None when its annotations are invalid (``spec_error``)."""
+
+    name: str
+    spec: ModelSpec | None
+    desired_replicas: int  # the Deployment's current scale
+    replicas: tuple[Replica, ...] = ()
+    spec_error: SpecError | None = None
+
+    # Cached: the core asks every tick, and an observation is immutable.
+    @cached_property
+    def ready_replicas(self) -> int:
+        return sum(1 for r in self.replicas if r.ready and not r.draining)
+
+    @cached_property
+    def active_replicas(self) -> int:
+        """Placed and not draining (ready or still starting)."""
+        return sum(1 for r in self.replicas if not r.draining)
+
+
+@dataclass(frozen=True)
+class TrainingWorkload:
+    """A preemptible training workload running on (or waiting for) GPU capacity inference lends.
+
+    ``kind`` is where it came from (``Pod``, ``Job``, ``Workload`` for Kueue); ``gpus`` its GPU-equivalents;
+    ``grace_s`` its termination grace period (the reclaim contract caps lending by it).
+    """
+
+    name: str  # namespace/name
+    kind: str
+    gpus: float
+    nodes: tuple[str, ...] = ()
+    running: bool = False
+    grace_s: float = 30.0
+    started_at: float | None = None
+    last_checkpoint_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    now: float
+    models: dict[str, ModelObservation]
+    inventory: Inventory  # GPU devices and what is allocated on them; the core copies before changing it
+    training: tuple[TrainingWorkload, ...] = ()
+    # GPUs lent to training now: (node, device) -> when lent. In the inventory they are allocated whole to the
+    # owner ``sharing.lending.lent_owner(node, device)`` under the model ``sharing.lending.LENT_MODEL``.
+    lent: Mapping[tuple[str, int], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelMetrics:
+    """Recent observations of one model, oldest first, one sample per ``MetricsWindow.step_s``.
+
+    ``stale`` is True when the metric source is lost or older than the staleness limit: policies must
+    then hold replicas rather than guess.
+    """
+
+    rate: np.ndarray  # requests/s per step
+    in_flight: np.ndarray  # mean requests in the system (running + queued) per step
+    latency_s: float = float("nan")  # observed latency at the model's SLO percentile, last step
+    queue_depth: float = 0.0
+    stale: bool = False
+    future_rate: float | None = None  # clairvoyant load for the next tick: ONLY the oracle baseline gets this
+    # requests/s settled within the SLO latency per step (Prometheus: the rate of the latency histogram's
+    # bucket at the SLO); None where the source has no such series. rate vs this = error-budget burn.
+    within_rate: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class MetricsWindow:
+    now: float
+    step_s: float
+    models: dict[str, ModelMetrics] = field(default_factory=dict)

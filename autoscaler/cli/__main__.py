@@ -1,0 +1,5 @@
+"""``python -m autoscaler.cli`` is ``slotwise``."""
+
+from autoscaler.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,218 @@
+"""``slotwise run``: the controller against a real cluster (in-cluster config, else a kubeconfig).
+
+Without a cluster there is nothing to run against: the message says so and points to ``slotwise simulate``,
+which runs the same control loop on a simulated cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autoscaler.decision.arbitration import ArbitrationPolicy
+from autoscaler.live.controller import Controller, ControllerSettings
+from autoscaler.live.kube.actuator import ActuatorConfig
+from autoscaler.live.prometheus.metrics import MetricNames
+from sharing.lending import LendingPolicy
+
+log = logging.getLogger("slotwise.run")
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+NO_CLUSTER = (
+    "no Kubernetes cluster to run against: not in a pod (no service-account token), no --kubeconfig, "
+    "no KUBECONFIG and no ~/.kube/config. To try slotwise without a cluster, run `slotwise simulate` "
+    "(the same control loop on a simulated cluster driven by a real trace)."
+)
+
+
+class NoCluster(RuntimeError):
+    pass
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the controller against a Kubernetes cluster")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("--config", default=None, help="controller settings (YAML; see docs/kubernetes.md)")
+    p.add_argument("--prometheus", default=None, help="Prometheus URL for model metrics (e.g. http://prom:9090)")
+    p.add_argument("--metrics-preset", default=None, choices=("vllm", "triton"), help="model server metric names")
+    p.add_argument("--dry-run", action="store_true", help="compute and report the plan; change nothing else")
+    p.add_argument("--namespace", default=None, help="manage Deployments in this namespace only")
+    p.add_argument("--selector", default=None, help="manage only Deployments matching this label selector")
+    p.add_argument("--policy", default=None, help="sizing policy (default slotwise)")
+    p.add_argument("--tick", type=float, default=None, help="loop period in seconds")
+    p.add_argument("--history-hours", type=float, default=None, help="warm-start the forecaster from Prometheus")
+    p.add_argument("--lease-namespace", default=None, help="namespace of the leader-election Lease")
+    p.add_argument("--lease-name", default=None)
+    p.add_argument("--identity", default=None, help="this replica's identity in the Lease (default: hostname)")
+    p.add_argument("--listen", default=None, help="HOST:PORT for /metrics, /healthz, /readyz (default 0.0.0.0:8080)")
+    p.add_argument("--allow-mig-relayout", action="store_true",
+                   help="let the actuator re-partition MIG GPUs (cordon, drain-wait, relabel, uncordon)")
+    p.add_argument("--max-relayout-nodes", type=int, default=None)
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def load_settings_file(path: str) -> dict[str, Any]:
+    """The YAML settings file: keys are :class:`ControllerSettings` fields, ``actuator:`` a mapping of
+    :class:`ActuatorConfig` fields, ``metrics:`` ``{preset, names...}``, ``teams:`` the team quotas (with
+    ``arbitration:`` they make :class:`~autoscaler.decision.arbitration.ArbitrationPolicy`); unknown keys are errors."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings")
+    known = {f.name for f in fields(ControllerSettings)} | {"metrics", "teams"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return data
+
+
+def _section(data: dict[str, Any], key: str, cls: type) -> Any:
+    """``data[key]`` (a mapping of ``cls``'s fields, removed from ``data``) as a ``cls``; unknown keys are errors."""
+    values = data.pop(key, {}) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{key}: expected a mapping of settings")
+    known = {f.name for f in fields(cls)}
+    bad = sorted(set(values) - known)
+    if bad:
+        raise ValueError(f"unknown {key} setting(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    return cls(**values)
+
+
+def _arbitration(data: dict[str, Any]) -> ArbitrationPolicy:
+    """``arbitration:`` (mode, preemption, ...) and ``teams:`` (the quotas), removed from ``data``, as one
+    :class:`ArbitrationPolicy`. Two top-level keys because teams are an organisation's list, not a knob of the
+    algorithm; one policy because the decision core needs them together. Errors name the key."""
+    arbitration = data.pop("arbitration", None)
+    teams = data.pop("teams", None)
+    if arbitration is not None and not isinstance(arbitration, dict):
+        raise ValueError(f"arbitration: expected a mapping of settings, got {arbitration!r}")
+    try:
+        return ArbitrationPolicy.from_mapping(arbitration, teams)
+    except (TypeError, ValueError) as e:
+        text = str(e)
+        # from_mapping names the key itself ("arbitration: ...", "teams[1]: ..."); the policy's own checks
+        # ("min_runtime_s must be ...") name only the field: say which section it belongs to
+        if not text.startswith(("arbitration", "teams")):
+            text = f"arbitration: {text}"
+        raise ValueError(text) from None
+
+
+def build_settings(args: argparse.Namespace) -> ControllerSettings:
+    data = load_settings_file(args.config) if args.config else {}
+    actuator = _section(data, "actuator", ActuatorConfig)
+    lending = _section(data, "lending", LendingPolicy)
+    arbitration = _arbitration(data)
+    metrics_data = data.pop("metrics", {}) or {}
+    if args.dry_run:
+        actuator = replace(actuator, dry_run=True)
+    if args.allow_mig_relayout:
+        actuator = replace(actuator, mig_relayout=True)
+    if args.max_relayout_nodes is not None:
+        actuator = replace(actuator, max_nodes_relayout=args.max_relayout_nodes)
+    preset = args.metrics_preset or metrics_data.pop("preset", "vllm")
+    metrics_data.pop("preset", None)
+    try:
+        names = MetricNames.preset(preset, **metrics_data)
+    except TypeError as e:
+        raise ValueError(f"metrics settings: {e}") from None
+    settings = ControllerSettings(**data, actuator=actuator, metric_names=names, lending=lending,
+                                  arbitration=arbitration)
+    overrides = {
+        "prometheus_url": args.prometheus, "namespace": args.namespace, "label_selector": args.selector,
+        "policy": args.policy, "tick_s": args.tick, "history_hours": args.history_hours,
+        "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
+    }
+    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    if args.listen:
+        host, _, port = args.listen.rpartition(":")
+        settings = replace(settings, http_host=host or "0.0.0.0", http_port=int(port))
+    if settings.lease_namespace == "default" and os.environ.get("POD_NAMESPACE"):
+        settings = replace(settings, lease_namespace=os.environ["POD_NAMESPACE"])
+    return settings
+
+
+async def client_configuration(kubeconfig: str | None) -> Any:
+    """In-cluster config when running in a pod, else the kubeconfig (flag, $KUBECONFIG, ~/.kube/config)."""
+    from kubernetes_asyncio import config as kconfig
+    from kubernetes_asyncio.client import Configuration
+
+    cfg = Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and IN_CLUSTER_TOKEN.exists():
+        kconfig.load_incluster_config(client_configuration=cfg)
+        return cfg
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if not Path(path).is_file():
+        if kubeconfig or os.environ.get("KUBECONFIG"):
+            raise NoCluster(f"kubeconfig {path} does not exist")
+        raise NoCluster(NO_CLUSTER)
+    await kconfig.load_kube_config(config_file=path, client_configuration=cfg)
+    return cfg
+
+
+async def warm_start(controller: Controller) -> None:
+    """Fold Prometheus history into the forecaster before the first decision (in a thread: the history client
+    is blocking). A failure is logged and the controller starts cold."""
+    s = controller.settings
+    if not (s.prometheus_url and s.history_hours > 0):
+        return
+    from prometheus_api_client import PrometheusConnect
+
+    from autoscaler.live.prometheus.history import PrometheusHistoryError, warm_start_from_prometheus
+
+    names = s.metric_names
+    labels = ", ".join(names.key_labels)
+    joined = ", ".join(f'"{label}"' for label in names.key_labels)
+    matchers = f"{{{names.matchers}}}" if names.matchers else ""
+    query = (f'label_join(sum by ({labels}) (rate({names.requests}{matchers}[1m])), '
+             f'"slotwise_model", "/", {joined})')
+    forecaster = controller.core.forecaster_factory()
+    try:
+        history = await asyncio.to_thread(
+            warm_start_from_prometheus, forecaster, PrometheusConnect(s.prometheus_url, disable_ssl=True), query,
+            "slotwise_model", controller.clock(), s.history_hours, 60.0,
+        )
+    except PrometheusHistoryError as e:
+        log.warning("forecaster starts cold: %s", e)
+        return
+    controller.state.forecaster = forecaster
+    log.info("forecaster warm-started with %.1f h of history for %d model(s)", s.history_hours, len(history))
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    from kubernetes_asyncio.client import ApiClient
+
+    settings = build_settings(args)
+    cfg = await client_configuration(args.kubeconfig)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with ApiClient(configuration=cfg) as api:
+        controller = Controller(api, settings)
+        await warm_start(controller)
+        log.info("slotwise %s starting (identity %s, lease %s/%s)", "DRY RUN" if settings.actuator.dry_run else "",
+                 settings.identity, settings.lease_namespace, settings.lease_name)
+        await controller.run(stop)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(main_async(args))
+    except NoCluster as e:
+        print(f"slotwise: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,476 @@
+"""The decision core: a pure function (snapshot, metrics window, controller state) -> (plan, state).
+
+One code path for the simulator, the benchmarks and the live controller. No I/O, no clock
+(time is ``snapshot.now``), no Kubernetes. Each tick it runs the stages
+
+    per due model: forecast -> size (the policy, inside its rails)
+    all asks together: arbitrate + pack (autoscaler/decision/arbitration.py) -> lend (when ``CoreConfig.lending`` is
+    enabled)
+
+and emits typed actions (:mod:`autoscaler.api.plan`). Packing works on a copy of the snapshot's inventory,
+so only replicas that can actually be placed are counted as capacity; the rest is a :class:`Shortfall`
+with a cause, never a silent Pending pod. When the asks do not all fit, arbitration decides who gets the GPUs
+(team guarantees, priority, SLO damage) and whom to preempt, with a reason for each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autoscaler.api.plan import (
+    GRANTS,
+    PlaceReplica,
+    Plan,
+    Reason,
+    RemoveReplica,
+    ScaleModel,
+    Shortfall,
+    UpdateStatus,
+)
+from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
+from autoscaler.api.spec import ModelSpec
+from autoscaler.decision.arbitration import (
+    ArbitrationPolicy,
+    ArbitrationResult,
+    ArbitrationState,
+    Ask,
+    Candidate,
+    LazyMapping,
+    ModelLoad,
+    arbitrate,
+)
+from autoscaler.estimation.capacity import ServiceProfile, predicted_latency_s, profile_from_spec
+from autoscaler.estimation.forecast import FleetForecaster
+from autoscaler.estimation.model_learning import ModelLearning
+from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails, window_mean
+from sharing.lending import LENT_MODEL, LendingPolicy
+from sharing.packer import CostAwarePacker, Packer
+from sharing.slots import Inventory, Slot, SlotRequest
+
+if TYPE_CHECKING:
+    from autoscaler.decision.lend import LendState
+
+_EMPTY = np.zeros(0)
+STALE_METRICS = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
+
+
+@dataclass
+class CoreConfig:
+    """Settings of the decision core. ``forecaster_factory`` builds the fleet forecaster when the state
+    has none (a warm-started one can be put in the state instead); ``upper_quantile`` is the forecast
+    quantile reported in the status."""
+
+    policy: Policy
+    packer: Packer = field(default_factory=CostAwarePacker)
+    forecaster_factory: Callable[[], FleetForecaster] = FleetForecaster
+    upper_quantile: float = 0.9
+    drain_timeout_s: float = 30.0
+    metric_lag_s: float = 0.0
+    # The live controller reports every decision (status, metrics: forecast and predicted latency); the
+    # simulator only asks for a status when the decision changes, without the predicted latency (a search).
+    report_every_decision: bool = False
+    # Lending idle reserved GPUs to training (autoscaler/decision/lend.py); None or disabled: no lend stage. Whole nodes
+    # only for the Kubernetes "pods" mode (a node label cannot split a node).
+    lending: LendingPolicy | None = None
+    lending_whole_nodes_only: bool = False
+    # Opt-in (issue 8, pods-mode lending): a scale-down removes replicas on the nodes with the fewest replicas
+    # first (then as usual), so emptied nodes become whole and lendable.
+    consolidate_removals: bool = False
+    # Who gets GPUs when they run out: team quotas, priorities, SLO damage, preemption
+    # (autoscaler/decision/arbitration.py).
+    arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+
+
+@dataclass
+class ModelState:
+    """What the controller remembers about one model between ticks."""
+
+    policy_state: Any
+    capacity: ServiceProfile
+    next_decision_at: float = -math.inf
+    learning: ModelLearning | None = None
+    last_reason: Reason | None = None
+    last_desired: int = -1
+    sized: SizedLoad | None = None  # the loads it was last sized on (arbitration's SLO-damage inputs)
+
+
+@dataclass
+class ControllerState:
+    models: dict[str, ModelState] = field(default_factory=dict)
+    replica_seq: int = 0
+    # Measured service profiles to use instead of the spec prior (a warm start: offline profiling in
+    # the simulator, learned online by the sizing issue).
+    profiles: dict[str, ServiceProfile] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)  # model -> spec problem last reported
+    forecaster: FleetForecaster | None = None
+    forecast_models: frozenset[str] = frozenset()  # the models the forecaster was last synced to
+    lending: LendState | None = None  # the lend stage's memory (need-soon per model, reclaims in flight)
+    arbitration: ArbitrationState = field(default_factory=ArbitrationState)  # teams' recent borrowing
+
+
+@dataclass
+class Decision:
+    plan: Plan
+    state: ControllerState
+    # The inventory after this tick's placements (None: nothing placed). The live controller diffs it
+    # against the snapshot's to plan MIG re-layouts and the time-slicing config.
+    inventory: Inventory | None = None
+
+
+def slot_request(spec: ModelSpec) -> SlotRequest:
+    return SlotRequest(
+        model=spec.name,
+        memory_gib=spec.gpu_memory_gib,
+        compute_fraction=spec.gpu_compute_share,
+        gpus=spec.gpus_per_replica,
+        kinds=spec.slot_kinds,
+    )
+
+
+def _forecast(
+    forecaster: FleetForecaster, name: str, cold_start_s: float, now: float, config: CoreConfig
+) -> Forecast | None:
+    # Lead time: a replica asked for now serves only after its cold start, and the next chance to
+    # correct comes one tick later; metrics arrive late by the metric lag.
+    horizon_s = cold_start_s + config.policy.tick_s + config.metric_lag_s
+    values = forecaster.quantiles(name, now, horizon_s)
+    if values is None:
+        return None
+    return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s)
+
+
+def _update_forecaster(
+    snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig
+) -> FleetForecaster:
+    """Keep the fleet forecaster's models in step with the valid specs, then fold in new samples."""
+    forecaster = state.forecaster
+    if forecaster is None:
+        forecaster = state.forecaster = config.forecaster_factory()
+    valid = frozenset(n for n, o in snapshot.models.items() if o.spec is not None)
+    if valid != state.forecast_models:
+        # A model joining with a metrics window that already spans forecast steps (a controller restart,
+        # a fixed annotation: Prometheus kept its past) starts from that past, not from its prior.
+        for name in valid - state.forecast_models:
+            m = metrics.models.get(name)
+            if (m is not None and not m.stale and m.rate.size * metrics.step_s >= forecaster.step_s
+                    and not forecaster.has_history(name)):
+                forecaster.warm_start({name: m.rate}, metrics.step_s)
+        priors = {n: o.spec.expected_rps for n, o in snapshot.models.items() if o.spec is not None}
+        forecaster.sync(sorted(valid), priors)
+        state.forecast_models = valid
+    forecaster.observe(snapshot.now, metrics)
+    return forecaster
+
+
+def _choose_removals(obs: ModelObservation, count: int, per_node: dict[str, int] | None = None) -> list[str]:
+    """Remove replicas that serve nothing yet first (still starting), newest first, then the newest ready.
+
+    With ``per_node`` (allocations per node, ``CoreConfig.consolidate_removals``): among those that serve (or among
+    those that do not), the replicas on the nodes with the fewest allocations first, so that a node empties and
+    can be lent whole."""
+    live = [r for r in obs.replicas if not r.draining]
+    if per_node is None:
+        live.sort(key=lambda r: (r.ready, -r.started_at))
+    else:
+        live.sort(key=lambda r: (r.ready, per_node.get(r.slot.node, 0) if r.slot is not None else 0, -r.started_at))
+    return [r.replica_id for r in live[:count]]
+
+
+def _node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """Allocations per node in the snapshot's inventory (lent GPUs aside)."""
+    out: dict[str, int] = {}
+    inv = snapshot.inventory
+    for owner, s in inv.allocations():
+        if inv.model_of(owner) != LENT_MODEL:
+            out[s.node] = out.get(s.node, 0) + 1
+    return out
+
+
+@dataclass
+class _Sized:
+    """One due model's sizing, before arbitration decides what of it is placed."""
+
+    obs: ModelObservation
+    ms: ModelState
+    ctx: PolicyContext
+    learning: ModelLearning | None
+    target: int
+    reason: Reason
+    detail: str
+
+
+@dataclass(frozen=True)
+class SizedLoad:
+    """What a model was last sized on, for arbitration: its load at the forecast's sizing quantile (its *tail*)
+    and at the median (what it *expects*), each at least the load observed over the last minute. Computed only
+    when arbitration asks (most ticks it does not)."""
+
+    forecast: Forecast | None
+    quantile: float
+    rate: np.ndarray
+    step_s: float
+
+    @cached_property
+    def observed_rps(self) -> float:
+        return window_mean(self.rate, self.step_s, 60.0) or 0.0
+
+    def _at(self, q: float) -> float:
+        f = self.forecast.at(q) if self.forecast is not None else math.nan
+        return max(f, self.observed_rps) if math.isfinite(f) else self.observed_rps
+
+    @cached_property
+    def tail_rps(self) -> float:
+        return self._at(self.quantile)
+
+    @cached_property
+    def expected_rps(self) -> float:
+        return self._at(0.5)
+
+
+def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
+    now = snapshot.now
+    plan = Plan(now=now)
+    policy = config.policy
+    node_load: dict[str, int] | None = None  # allocations per node (consolidate_removals), computed lazily
+    uses_forecast = getattr(policy, "uses_forecast", True)
+    learns = getattr(policy, "learns", False)
+    forecaster = _update_forecaster(snapshot, metrics, state, config) if uses_forecast else None
+    sized: list[_Sized] = []
+    removals: dict[str, list[RemoveReplica]] = {}
+    for name, obs in snapshot.models.items():
+        if obs.spec is None:
+            # Invalid annotations affect this model only: say so, touch nothing.
+            # Report each distinct problem once (an Event per tick would be noise).
+            message = str(obs.spec_error)
+            if state.invalid.get(name) != message:
+                plan.actions.append(
+                    UpdateStatus(name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
+                                 message=message, condition_ok=False)
+                )
+                state.invalid[name] = message
+            continue
+        state.invalid.pop(name, None)
+        spec = obs.spec
+        ms = state.models.get(name)
+        if ms is None:
+            prior = state.profiles.get(name) or profile_from_spec(spec)
+            ms = ModelState(
+                policy_state=policy.initial_state(spec, obs.active_replicas),
+                capacity=prior,
+                learning=ModelLearning.start(spec, prior, policy.tick_s) if learns else None,
+            )
+            state.models[name] = ms
+        if now < ms.next_decision_at:
+            continue
+        ms.next_decision_at = now + policy.tick_s - 1e-9
+        m = metrics.models.get(name, STALE_METRICS)
+        learning = ms.learning
+        cold_start_s = spec.cold_start_s
+        if learning is not None:
+            learning.observe(obs, m, now, policy.tick_s, metrics.step_s)
+            cold_start_s = learning.cold_start.lead_s
+        current = obs.active_replicas
+        ctx = PolicyContext(
+            now=now,
+            spec=spec,
+            current_replicas=current,
+            ready_replicas=obs.ready_replicas,
+            metrics=m,
+            metrics_step_s=metrics.step_s,
+            forecast=None if m.stale or forecaster is None else _forecast(forecaster, name, cold_start_s, now, config),
+            capacity=ms.capacity if learning is None else learning.capacity.profile(learning.kind),
+            state=ms.policy_state,
+            sizing_quantile=None if learning is None else learning.quantile.quantile,
+            burn=0.0 if learning is None else learning.quantile.burn,
+        )
+        result = apply_rails(policy, ctx)
+        ms.policy_state = result.state
+        ms.sized = SizedLoad(ctx.forecast, ctx.sizing_quantile or config.upper_quantile, m.rate, metrics.step_s)
+        target = result.desired
+        if target < current:
+            if config.consolidate_removals and node_load is None:
+                node_load = _node_load(snapshot)  # once per tick: the snapshot's, not changed within it
+            removals[name] = [RemoveReplica(name, rid, config.drain_timeout_s)
+                              for rid in _choose_removals(obs, current - target, node_load)]
+        sized.append(_Sized(obs, ms, ctx, learning, target, result.reason, result.detail))
+
+    inventory: Inventory | None = None  # copied only when something is to be placed: most ticks place nothing
+    outcome = ArbitrationResult()
+    asks = [_ask(s, i) for i, s in enumerate(sized) if s.target > s.obs.active_replicas]
+    if asks:
+        inventory = snapshot.inventory.copy()
+        outcome = _arbitrate(asks, snapshot, inventory, removals, state, config)
+
+    preempted: dict[str, list[RemoveReplica]] = {}
+    for r in outcome.preemptions:
+        preempted.setdefault(r.model, []).append(r)
+    shortfalls: dict[str, list[Shortfall]] = {}
+    for sf in outcome.shortfalls:
+        shortfalls.setdefault(sf.model, []).append(sf)
+    due = set()
+    for s in sized:
+        due.add(s.obs.name)
+        _finish(s, plan, outcome.placed.get(s.obs.name, ()), shortfalls.get(s.obs.name, ()),
+                removals.get(s.obs.name, []) + preempted.get(s.obs.name, []), config)
+    for name, victims in preempted.items():
+        if name not in due:  # a model not deciding this tick, preempted for another
+            _finish_victim(snapshot.models[name], state.models[name], victims, plan)
+    lending = config.lending
+    if lending is not None and (lending.enabled or snapshot.lent):
+        # Imported here: the stage imports this module. (Disabled with GPUs still lent: they are reclaimed.)
+        from autoscaler.decision.lend import lend_stage
+
+        after = inventory if inventory is not None else snapshot.inventory
+        plan.actions.extend(lend_stage(snapshot, metrics, plan, after, state, config, forecaster))
+    return Decision(plan=plan, state=state, inventory=inventory)
+
+
+def _ask(s: _Sized, order: int) -> Ask:
+    spec = s.obs.spec
+    assert spec is not None
+    current = s.obs.active_replicas
+    learning = s.learning
+    return Ask(
+        model=s.obs.name, team=spec.team, priority=spec.priority, request=slot_request(spec),
+        # The policy sized in replicas of the kind it was sized for; a replica the packer puts on a slower kind
+        # (the cheaper or the only one free) counts for its speed, and more are placed until the capacity asked
+        # for is there (within max replicas).
+        wanted=float(s.target - current), current=current, max_new=max(0, spec.max_replicas - current),
+        load_rps=s.ms.sized.tail_rps if s.ms.sized else 0.0, profile=s.ctx.capacity,
+        slo_target=spec.slo_percentile / 100.0, order=order,
+        expected_rps=s.ms.sized.expected_rps if s.ms.sized else None,
+        speed=None if learning is None else learning.relative_speed,
+    )
+
+
+def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
+               removals: dict[str, list[RemoveReplica]], state: ControllerState,
+               config: CoreConfig) -> ArbitrationResult:
+    """The views arbitration needs: teams, GPUs held per team, what is being freed; the damage inputs and the
+    replicas that may be preempted only if it asks (when the asks do not all fit)."""
+    team_of: dict[str, str] = {}
+    held: dict[str, float] = {}
+    freeing: list[tuple[str, Slot]] = []
+    valid = []
+    for name, obs in snapshot.models.items():
+        spec = obs.spec
+        if spec is None:
+            continue
+        valid.append((name, obs, spec))
+        team_of[name] = spec.team
+        removed = {r.replica_id for r in removals.get(name, ())}
+        for r in obs.replicas:
+            if r.slot is None:
+                continue
+            if r.draining or r.replica_id in removed:
+                freeing.append((r.replica_id, r.slot))
+            else:
+                held[spec.team] = held.get(spec.team, 0.0) + r.slot.gpu_fraction
+
+    def load_of(name: str) -> ModelLoad:
+        obs = snapshot.models[name]
+        spec = obs.spec
+        assert spec is not None
+        ms = state.models.get(name)
+        sized = ms.sized if ms is not None else None
+        return ModelLoad(sized.tail_rps if sized else 0.0, ms.capacity if ms else None, spec.slo_percentile / 100.0,
+                         obs.active_replicas, spec.min_replicas, sized.expected_rps if sized else None)
+
+    def views() -> tuple[Mapping[str, ModelLoad], list[Candidate]]:
+        candidates: list[Candidate] = []
+        for name, obs, spec in valid:
+            removed = {r.replica_id for r in removals.get(name, ())}
+            candidates.extend(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at)
+                              for r in obs.replicas
+                              if r.slot is not None and not r.draining and r.replica_id not in removed)
+        return LazyMapping(load_of), candidates
+
+    def name_replica(model: str) -> str:
+        state.replica_seq += 1
+        return f"{model}-{state.replica_seq}"
+
+    return arbitrate(asks, inventory, config.packer, config.arbitration, snapshot.now, team_of=team_of,
+                     held=held, views=views, freeing=freeing, state=state.arbitration, name_replica=name_replica)
+
+
+def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfalls: Sequence[Shortfall],
+            removed: list[RemoveReplica], config: CoreConfig) -> None:
+    """A due model's actions: its placements, shortfalls, removals (its own and preemptions), scale and status."""
+    obs, ms, ctx = s.obs, s.ms, s.ctx
+    spec = obs.spec
+    assert spec is not None
+    current = obs.active_replicas
+    reason, detail = s.reason, s.detail
+    for rid, slot in placed:
+        plan.actions.append(PlaceReplica(obs.name, rid, slot))
+    plan.actions.extend(shortfalls)
+    refused = [sf for sf in shortfalls if sf.cause not in GRANTS]
+    waiting = sum(sf.missing for sf in shortfalls if sf.cause in GRANTS)
+    if refused:
+        missing = sum(sf.missing for sf in refused)
+        causes = ", ".join(sorted({str(sf.cause) for sf in refused}))
+        reason, detail = Reason.UNPLACEABLE, f"{missing} replica(s) {causes}; {detail}".strip("; ")
+    if waiting:
+        detail = f"{waiting} replica(s) waiting for capacity being freed; {detail}".strip("; ")
+    if s.target > current and s.learning is not None and placed:
+        units = sum(s.learning.relative_speed(slot) for _, slot in placed)
+        if len(placed) > units + 1e-9 and not refused:
+            detail = f"{detail}; {len(placed)} placed on slower slots for {s.target - current}".strip("; ")
+    plan.actions.extend(removed)
+    preempted = [r for r in removed if r.preempted_by]
+    if preempted:
+        reason = Reason.PREEMPTED
+        detail = f"{len(preempted)} replica(s) preempted for {', '.join(sorted({r.preempted_by for r in preempted}))}"
+    target = current + len(placed) - len(removed) if s.target >= current else s.target - len(preempted)
+    if target != current:
+        plan.actions.append(ScaleModel(obs.name, target, current, reason, detail))
+    if config.report_every_decision or target != ms.last_desired or reason is not ms.last_reason:
+        forecast_rps = None if ctx.forecast is None else ctx.forecast.at(config.upper_quantile)
+        predicted_ms = None
+        # The prediction (a search over the queueing model) is for the live status and /metrics; the
+        # simulator's statuses only count reasons, so it does not pay for it.
+        if forecast_rps is not None and config.report_every_decision:
+            latency_s = predicted_latency_s(forecast_rps, target, ctx.capacity)
+            predicted_ms = latency_s * 1000.0 if math.isfinite(latency_s) else None
+        plan.actions.append(
+            UpdateStatus(
+                obs.name,
+                desired=target,
+                current=obs.ready_replicas,
+                reason=reason,
+                forecast_rps=forecast_rps,
+                message=detail,
+                predicted_latency_ms=predicted_ms,
+                slo_latency_ms=spec.slo_latency_ms,
+            )
+        )
+    ms.last_desired, ms.last_reason = target, reason
+
+
+def _finish_victim(obs: ModelObservation, ms: ModelState, victims: list[RemoveReplica], plan: Plan) -> None:
+    """A model that did not decide this tick lost replicas to a preemption: drain them and say so."""
+    spec = obs.spec
+    assert spec is not None
+    current = obs.active_replicas
+    target = current - len(victims)
+    detail = f"{len(victims)} replica(s) preempted for {', '.join(sorted({r.preempted_by for r in victims}))}"
+    plan.actions.extend(victims)
+    plan.actions.append(ScaleModel(obs.name, target, current, Reason.PREEMPTED, detail))
+    plan.actions.append(UpdateStatus(obs.name, desired=target, current=obs.ready_replicas, reason=Reason.PREEMPTED,
+                                     message=detail, slo_latency_ms=spec.slo_latency_ms))
+    ms.last_desired, ms.last_reason = target, Reason.PREEMPTED
+
+
+def fresh_state(
+    profiles: dict[str, ServiceProfile] | None = None, forecaster: FleetForecaster | None = None
+) -> ControllerState:
+    """A controller's state at start: optionally measured profiles and a warm-started forecaster."""
+    return ControllerState(profiles=dict(profiles or {}), forecaster=forecaster)
+
+

@@ -1,0 +1,337 @@
+"""Capacity model: predicted latency attainment of a model as a function of load and replicas.
+
+First version: a queueing prior (each replica an M/G/c station with ``concurrency`` servers; load split
+evenly, as kube-proxy's random routing does). The same math drives the simulator's fluid mode, so the
+oracle baseline and the fluid simulator agree by construction. Issue "SLO sizing" learns it online.
+
+The wait model (shared with :mod:`autoscaler.sim.queueing`, which calls the functions below and never
+re-derives them):
+
+- P(wait > 0) is Erlang C for ``c`` servers at offered load ``a = rate/replicas * mean_s`` (Erlang B from
+  the Poisson pmf/cdf ratio, which stays finite for c in the hundreds where the factorial form overflows);
+- the wait, given that it is positive, is exponential. For M/M/c its rate is ``c(1-rho)/mean_s``; for
+  general service we scale the mean wait by Allen–Cunneen's ``(1+scv)/2``, i.e. divide the rate by it.
+  The fidelity bench (bench/fidelity.py) checked this against a request-level simulation on the Azure
+  LLM traces; see docs there for what else was tried.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+from scipy import special
+
+from autoscaler.api.spec import ModelSpec
+
+# Utilisation at or above which a station is treated as unstable (steady-state attainment 0).
+_RHO_UNSTABLE = 1.0 - 1e-9
+
+
+@dataclass(frozen=True)
+class ServiceProfile:
+    """How one replica of a model serves requests.
+
+    ``occupancy_s``: sample of per-request service times (how long a request holds one of the replica's
+    ``concurrency`` slots), as K representative quantile points. ``latency_part_s``: the matching sample of
+    the part of service that counts toward the SLO latency (== occupancy for ``e2e``, prefill for ``ttft``).
+    """
+
+    occupancy_s: np.ndarray
+    latency_part_s: np.ndarray
+    concurrency: int
+    slo_s: float
+    percentile: float  # e.g. 95.0
+    # Variability of the arrivals (squared coefficient of variation of inter-arrival times, estimated as
+    # the index of dispersion of counts): 1 = Poisson; bursty traffic queues more at the same mean rate.
+    arrival_scv: float = 1.0
+
+    # Sizing asks the same question every tick while the load is steady: remember the answers.
+    _memo: dict[tuple[float, int], int] = field(default_factory=dict, compare=False, repr=False)
+    _variants: dict[float, ServiceProfile] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def mean_s(self) -> float:
+        return float(np.mean(self.occupancy_s))
+
+    @cached_property
+    def scv(self) -> float:
+        """Squared coefficient of variation of the service time."""
+        m = self.mean_s
+        return float(np.var(self.occupancy_s) / (m * m)) if m > 0 else 0.0
+
+    @cached_property
+    def budget_s(self) -> np.ndarray:
+        """Per sample point, how long a request may wait and still meet the SLO."""
+        return self.slo_s - self.latency_part_s
+
+    def with_arrival_scv(self, arrival_scv: float) -> ServiceProfile:
+        """This profile under arrivals of variability ``arrival_scv``; the variants are kept, so that
+        sizing keeps its memo per variant (callers should round the value to a coarse grid)."""
+        if arrival_scv == self.arrival_scv:
+            return self
+        variant = self._variants.get(arrival_scv)
+        if variant is None:
+            if len(self._variants) > 64:
+                self._variants.clear()
+            variant = replace(self, arrival_scv=arrival_scv, _memo={}, _variants={})
+            self._variants[arrival_scv] = variant
+        return variant
+
+    def scaled(self, factor: float) -> ServiceProfile:
+        """A new profile whose service (occupancy and latency part) takes ``factor`` times as long.
+
+        What the online capacity learner (:mod:`autoscaler.estimation.learning`) hands to sizing: one multiplicative
+        correction of the declared service time keeps the shape (scv) and the SLO, and a fresh object
+        gets a fresh sizing memo, so answers for the old factor are never reused.
+        """
+        return ServiceProfile(
+            occupancy_s=self.occupancy_s * factor,
+            latency_part_s=self.latency_part_s * factor,
+            concurrency=self.concurrency,
+            slo_s=self.slo_s,
+            percentile=self.percentile,
+            arrival_scv=self.arrival_scv,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shared, vectorised queueing math (also used by the fluid simulator every tick: keep it cheap).
+
+
+def erlang_b(c: np.ndarray | int, a: np.ndarray | float) -> np.ndarray:
+    """Erlang B blocking probability for ``c`` servers at offered load ``a`` Erlangs (vectorised).
+
+    B(c, a) = Poisson pmf(c; a) / Poisson cdf(c; a). Both come from log-space/incomplete-gamma
+    ufuncs, so the ratio is stable for c up to many hundreds (the textbook a^c/c! form overflows at ~170).
+    """
+    c_arr = np.asarray(c, dtype=np.float64)
+    a_arr = np.asarray(a, dtype=np.float64)
+    a_pos = np.maximum(a_arr, 1e-300)
+    log_pmf = c_arr * np.log(a_pos) - a_pos - special.gammaln(c_arr + 1.0)
+    cdf = special.pdtr(c_arr, a_pos)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        b = np.exp(log_pmf) / cdf
+    # cdf underflows only far beyond saturation (a >> c), where blocking tends to 1.
+    b = np.where(cdf > 0, b, 1.0)
+    return np.where(a_arr > 0, np.clip(b, 0.0, 1.0), 0.0)
+
+
+def erlang_c(c: np.ndarray | int, a: np.ndarray | float) -> np.ndarray:
+    """Erlang C: probability that an arrival waits, ``c`` servers, offered load ``a`` Erlangs.
+
+    1 where ``a >= c`` (no steady state: everybody waits).
+    """
+    c_arr = np.asarray(c, dtype=np.float64)
+    a_arr = np.asarray(a, dtype=np.float64)
+    b = erlang_b(c_arr, a_arr)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = a_arr / c_arr
+        pc = b / (1.0 - rho * (1.0 - b))
+    return np.where(rho < _RHO_UNSTABLE, np.clip(pc, 0.0, 1.0), 1.0)
+
+
+def wait_params(
+    rate_per_replica: np.ndarray | float,
+    concurrency: np.ndarray | int,
+    mean_s: np.ndarray | float,
+    scv: np.ndarray | float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The M/G/c wait tail ``P(W > t) = p_wait * exp(-decay * t)`` of one replica (vectorised).
+
+    ``decay`` is 0 where the replica is unstable (rho >= 1), meaning the wait grows without bound.
+    """
+    c = np.asarray(concurrency, dtype=np.float64)
+    m = np.asarray(mean_s, dtype=np.float64)
+    a = np.asarray(rate_per_replica, dtype=np.float64) * m
+    p_wait = erlang_c(c, a)
+    rho = a / c
+    # Allen–Cunneen: the mean wait of M/G/c is about (1+scv)/2 times that of M/M/c; we keep the M/M/c
+    # P(wait>0) and stretch the exponential instead, which keeps the formula closed-form.
+    ac = 0.5 * (1.0 + np.asarray(scv, dtype=np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        decay = np.where(rho < _RHO_UNSTABLE, c * (1.0 - rho) / (m * ac), 0.0)
+    return p_wait, decay
+
+
+def within_prob(budget_s: np.ndarray, p_wait: np.ndarray, decay: np.ndarray) -> np.ndarray:
+    """P(W <= budget) for the wait tail of :func:`wait_params` (broadcasts; budget < 0 gives 0)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        tail = p_wait * np.exp(-decay * np.maximum(budget_s, 0.0))
+    return np.where(budget_s >= 0.0, 1.0 - tail, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Profiles
+
+
+def _bin_means(x: np.ndarray, k: int) -> np.ndarray:
+    """K equal-probability bins of the sorted sample, each replaced by its mean (keeps the mean exact)."""
+    xs = np.sort(np.asarray(x, dtype=np.float64))
+    edges = np.linspace(0, len(xs), k + 1).round().astype(np.int64)
+    csum = np.concatenate(([0.0], np.cumsum(xs)))
+    counts = np.maximum(edges[1:] - edges[:-1], 1)
+    return (csum[edges[1:]] - csum[edges[:-1]]) / counts
+
+
+def _exp_bin_means(mean: float, k: int) -> np.ndarray:
+    """Conditional means of an exponential(mean) over K equal-probability bins (closed form)."""
+    p = np.linspace(0.0, 1.0, k + 1)
+    lo, hi = p[:-1], p[1:]
+    # E[X | F(X) in [lo, hi)] = mean * (1 + [(1-lo)ln(1-lo) - (1-hi)ln(1-hi)] / (hi - lo)), with 0 ln 0 = 0.
+    def xlogx(u: np.ndarray) -> np.ndarray:
+        return np.where(u > 0, u * np.log(np.where(u > 0, u, 1.0)), 0.0)
+
+    return mean * (1.0 + (xlogx(1.0 - lo) - xlogx(1.0 - hi)) / (hi - lo))
+
+
+def profile_from_spec(spec: ModelSpec, k: int = 32) -> ServiceProfile:
+    """Prior profile from the declared spec only (exponential service around ``service_time_ms``).
+
+    The K points are the conditional means of K equal-probability bins, so the mean is exact; the scv
+    comes out a little below 1 (the spread inside each bin is lost, mostly in the top bin).
+    For ``ttft`` the latency part is the prefill share of the service when the token rates say how big
+    it is (prefill of a 1k-token prompt against the whole service time), else the whole occupancy: a
+    conservative prior, since it can only over-estimate the latency part.
+    """
+    occ = _exp_bin_means(spec.service_time_s, k)
+    if spec.slo_metric == "ttft" and spec.prefill_ms_per_1k_tokens is not None:
+        frac = min(1.0, spec.prefill_ms_per_1k_tokens / spec.service_time_ms)
+        lat = occ * frac
+    else:
+        lat = occ.copy()
+    return ServiceProfile(
+        occupancy_s=occ,
+        latency_part_s=lat,
+        concurrency=spec.concurrency,
+        slo_s=spec.slo_latency_s,
+        percentile=spec.slo_percentile,
+    )
+
+
+def profile_from_samples(
+    occupancy: np.ndarray,
+    latency_part: np.ndarray,
+    concurrency: int,
+    slo_s: float,
+    percentile: float,
+    k: int = 32,
+) -> ServiceProfile:
+    """Compress measured per-request samples to K points each (equal-probability bin means).
+
+    The two arrays are summarised separately (paired by rank, not by request): the attainment math only
+    needs each marginal, because under FIFO a request's wait does not depend on its own service time.
+    The mean is kept exactly; the variance loses the within-bin spread (for the Azure code trace, whose
+    service scv is ~2.0, 32 points keep ~95% of it).
+    """
+    occ = np.asarray(occupancy, dtype=np.float64)
+    lat = np.asarray(latency_part, dtype=np.float64)
+    if occ.size == 0 or lat.size == 0:
+        raise ValueError("profile_from_samples needs at least one sample")
+    kk = max(1, min(k, occ.size))
+    return ServiceProfile(
+        occupancy_s=_bin_means(occ, kk),
+        latency_part_s=_bin_means(lat, max(1, min(k, lat.size))),
+        concurrency=int(concurrency),
+        slo_s=float(slo_s),
+        percentile=float(percentile),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Steady state
+
+
+def attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
+    """Steady-state fraction of requests whose latency is within the SLO."""
+    if rate <= 0:
+        return 1.0  # no requests, none late
+    if replicas <= 0:
+        return 0.0
+    # Allen-Cunneen's (ca^2 + cs^2) / 2: burstier arrivals stretch the wait like a more variable service.
+    scv = profile.scv + profile.arrival_scv - 1.0
+    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, scv)
+    if decay <= 0:
+        return 0.0  # unstable: the queue grows without bound
+    return float(np.mean(within_prob(profile.budget_s, p_wait, decay)))
+
+
+def predicted_latency_s(rate: float, replicas: int, profile: ServiceProfile, rel_tol: float = 1e-3) -> float:
+    """Steady-state latency at the profile's percentile with ``replicas`` at ``rate`` (inf when unstable).
+
+    What the status reports next to the SLO: the L with mean_k P(latency_part_k + W <= L) = percentile (the
+    left side is non-decreasing in L). Found on a grid of candidates evaluated in one vectorised step, the
+    bracket refined until it is within ``rel_tol``: the live controller asks for every model every tick.
+    """
+    target = profile.percentile / 100.0
+    parts = profile.latency_part_s
+    if rate <= 0:
+        return float(np.quantile(parts, target))
+    if replicas <= 0:
+        return math.inf
+    scv = profile.scv + profile.arrival_scv - 1.0
+    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, scv)
+    if decay <= 0:
+        return math.inf
+
+    def met(latency: np.ndarray) -> np.ndarray:
+        return np.mean(within_prob(latency[None, :] - parts[:, None], p_wait, decay), axis=0) >= target
+
+    lo, hi = float(np.min(parts)), float(np.max(parts)) + 1.0 / float(decay)
+    while not met(np.array([hi]))[0]:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > rel_tol * hi:
+        grid = np.linspace(lo, hi, 33)
+        ok = met(grid)
+        first = int(np.argmax(ok))  # hi meets the target, so some grid point does
+        lo, hi = (grid[first - 1] if first > 0 else lo), grid[first]
+    return hi
+
+
+def min_replicas_for_slo(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> int:
+    """Fewest replicas whose steady-state attainment at ``rate`` meets ``profile.percentile``.
+
+    Attainment is non-decreasing in replicas, so a bisection over [stability bound, max] finds the
+    minimum. Returns ``max_replicas`` when even that is not enough (the SLO is unreachable by scaling,
+    e.g. the latency part alone exceeds it); 0 for no load.
+    """
+    if rate <= 0:
+        return 0
+    memo = profile._memo
+    key = (rate, max_replicas)
+    if key not in memo:
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = _min_replicas_search(rate, profile, max_replicas)
+    return memo[key]
+
+
+def _min_replicas_search(rate: float, profile: ServiceProfile, max_replicas: int) -> int:
+    target = profile.percentile / 100.0
+    mean_s = profile.mean_s
+    # Below this count the replicas are overloaded: attainment is 0 there, no need to evaluate.
+    lo = max(1, math.floor(rate * mean_s / profile.concurrency) + 1)
+    if lo > max_replicas:
+        return max_replicas
+    if attainment(rate, lo, profile) >= target:
+        return lo
+    hi = lo
+    step = 1
+    # Gallop up first: the answer is usually within a few replicas of the stability bound.
+    while True:
+        hi = min(max_replicas, lo + step)
+        if attainment(rate, hi, profile) >= target:
+            break
+        if hi == max_replicas:
+            return max_replicas
+        lo = hi
+        step *= 2
+    while hi - lo > 1:  # invariant: lo fails, hi meets the target
+        mid = (lo + hi) // 2
+        if attainment(rate, mid, profile) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -1,0 +1,628 @@
+"""Online learning for SLO-driven sizing: cold-start lead time, service-time scale, sizing quantile.
+
+Everything here is pure (no I/O, no clock: ``now`` comes from the snapshot) and cheap, because the
+decision core calls it once per model per tick: 1,000 models must decide in 200 ms in total, so the
+common path of every call below is a handful of float operations and dict look-ups (a few µs), and
+anything that needs numpy is either rare (a replica became ready) or computed once and cached.
+
+- :class:`ColdStartEstimator` — how long a scale-up takes to become Ready (the forecast's lead time);
+- :class:`ReadyTracker` — turns successive snapshots into measured cold-start durations;
+- :class:`CapacityLearner` — a multiplicative correction of the declared service time, per slot kind,
+  learned by inverting the queueing model of :mod:`autoscaler.estimation.capacity` on observed (rate, replicas,
+  in-flight[, latency]);
+- :class:`SloQuantile` — which forecast quantile to size for, from the SLO and its error-budget burn.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Mapping
+from functools import lru_cache
+
+import numpy as np
+from scipy import special
+
+from autoscaler.api.snapshot import ModelObservation
+from autoscaler.estimation.capacity import ServiceProfile, wait_params
+
+__all__ = ["CapacityLearner", "ColdStartEstimator", "ReadyTracker", "SloQuantile"]
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def _expit(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cold start
+
+
+class ColdStartEstimator:
+    """Lead time to plan scale-ups with: a high quantile of recent measured cold starts.
+
+    Sizing must add capacity ``lead_s`` before the load arrives, so the estimate errs high: it is the
+    ``quantile`` (0.95) of the last ``window`` observations, blended with the declared ``prior_s`` as
+    ``prior_weight`` pseudo-observations (``(w*prior + n*q) / (w + n)``) so that one lucky fast start does
+    not shrink the lead. While fewer than ``1/(1 - quantile)`` starts were seen (20 for 0.95) the sample
+    has on average not yet seen one tail event, so the empirical quantile under-estimates: then the
+    lead is never below the slowest of the last ``recent`` starts (a cold start that once took 3 min,
+    e.g. an image pull on a fresh node, can take 3 min again).
+
+    Always within [min, max] of the prior and the observations in the window.
+    """
+
+    __slots__ = ("_lead", "_n", "_obs", "_prior", "_prior_weight", "_q", "_recent", "_small_n")
+
+    def __init__(
+        self,
+        prior_s: float,
+        *,
+        quantile: float = 0.95,
+        window: int = 64,
+        prior_weight: float = 4.0,
+        recent: int = 4,
+    ) -> None:
+        if not (math.isfinite(prior_s) and prior_s >= 0):
+            raise ValueError(f"prior_s must be finite and >= 0, got {prior_s!r}")
+        if not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+        if window < 1 or recent < 1:
+            raise ValueError("window and recent must be >= 1")
+        if not (math.isfinite(prior_weight) and prior_weight >= 0):
+            raise ValueError(f"prior_weight must be finite and >= 0, got {prior_weight!r}")
+        self._prior = float(prior_s)
+        self._q = float(quantile)
+        self._prior_weight = float(prior_weight)
+        self._recent = min(int(recent), int(window))
+        self._small_n = 1.0 / (1.0 - quantile)
+        self._obs: deque[float] = deque(maxlen=int(window))
+        self._n = 0
+        self._lead = self._prior
+
+    @property
+    def prior_s(self) -> float:
+        return self._prior
+
+    @property
+    def count(self) -> int:
+        """Valid observations seen in total (not only those still in the window)."""
+        return self._n
+
+    @property
+    def observations(self) -> tuple[float, ...]:
+        """The window, oldest first."""
+        return tuple(self._obs)
+
+    @property
+    def lead_s(self) -> float:
+        """Current estimate (cached: recomputed only by :meth:`observe`, so reading it every tick is free)."""
+        return self._lead
+
+    def observe(self, duration_s: float) -> bool:
+        """Record one measured scale-up-to-Ready time; False (and ignored) when not finite or negative."""
+        d = float(duration_s)
+        if not (math.isfinite(d) and d >= 0.0):
+            return False
+        self._obs.append(d)
+        self._n += 1
+        self._lead = self._estimate()
+        return True
+
+    def _estimate(self) -> float:
+        # Pure Python: a window of <= 64 floats sorts faster than numpy's call overhead.
+        xs = sorted(self._obs)
+        k = len(xs)
+        pos = self._q * (k - 1)  # numpy's default ("linear") quantile
+        i = int(pos)
+        j = min(i + 1, k - 1)
+        q = xs[i] + (xs[j] - xs[i]) * (pos - i)
+        n = self._n
+        w = self._prior_weight
+        lead = (w * self._prior + n * q) / (w + n)
+        # Rounding must not step outside the two blended values.
+        lead = min(max(lead, min(self._prior, q)), max(self._prior, q))
+        if n < self._small_n:
+            recent_max = max(self._obs[-m] for m in range(1, min(self._recent, k) + 1))
+            lead = max(lead, recent_max)
+        return lead
+
+
+class ReadyTracker:
+    """Measures cold starts from successive snapshots of one model's replicas.
+
+    :meth:`update` returns, for each replica first seen Ready in this snapshot after having been seen
+    not Ready before, ``now - started_at``. Granularity is the caller's tick: the replica became
+    Ready somewhere since the previous call, so each duration over-estimates by up to one tick (a safe
+    bias for a lead time). A replica already Ready when first seen is not counted (its start is
+    unknown to us: it may predate the controller), replicas that vanished are forgotten, and an id that
+    comes back with a different ``started_at`` is a new replica (StatefulSets reuse names).
+    A replica that went Ready and then draining between two calls still counts: it did reach Ready.
+    """
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        # replica_id -> (started_at, settled); settled = counted, or Ready when first seen.
+        self._known: dict[str, tuple[float, bool]] = {}
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def update(self, observation: ModelObservation, now: float) -> list[float]:
+        """Cold-start durations (s) of the replicas that became Ready since the last call."""
+        known = self._known
+        fresh: dict[str, tuple[float, bool]] = {}
+        out: list[float] = []
+        for r in observation.replicas:
+            rid = r.replica_id
+            prev = known.get(rid)
+            if prev is None or prev[0] != r.started_at:  # first sight (NaN start: never counted)
+                fresh[rid] = (r.started_at, r.ready)
+            elif prev[1] or not r.ready:  # already counted, or still starting
+                fresh[rid] = prev
+            else:
+                d = now - r.started_at
+                if math.isfinite(d) and d >= 0.0:
+                    out.append(d)
+                fresh[rid] = (r.started_at, True)
+        self._known = fresh
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Capacity: service-time scale
+
+# Utilisation grid for the inverse tables: uniform in logit(rho) over [1e-4, 0.9999] (plus 0), so the
+# points crowd geometrically toward both ends: near 0 the in-flight count is ~x and near saturation it
+# explodes like 1/(1 - rho), and either way neighbours differ by ~2%, which keeps linear interpolation
+# within ~0.01% for the mean (tests/estimation/test_learning.py checks the recovery against the forward model).
+_GRID_N = 1024
+_RHO = np.concatenate(([0.0], special.expit(np.linspace(-math.log(1e4), math.log(1e4), _GRID_N))))
+
+
+@lru_cache(maxsize=512)
+def _in_flight_table(c: int, scv: float) -> tuple[list[float], list[float]]:
+    """``(y, x)``: per-replica mean in system ``y = x * (1 + Wq/mean)`` at offered load ``x`` Erlangs.
+
+    Little's law per replica: in flight = busy servers (``x``) + queue (``x * Wq / mean``). With service
+    ``s * mean``, ``x = rate/replicas * s * mean`` and ``Wq/(s*mean)`` depends on ``x`` only, so one
+    table per (concurrency, scv) inverts every observation: the scale search is a bisect on a list.
+    The wait is the capacity model's (``p_wait / decay`` is the mean of its exponential tail).
+    """
+    x = _RHO * c
+    p_wait, decay = wait_params(x, c, 1.0, scv)
+    y = x * (1.0 + p_wait / decay)
+    return [float(v) for v in y], [float(v) for v in x]
+
+
+@lru_cache(maxsize=512)
+def _latency_table(c: int, scv: float, p: float, shape: bytes) -> tuple[list[float], list[float]] | None:
+    """``(h, x)``: ``h = x * q(x)`` with ``q`` the ``p``-quantile of latency in units of the mean service.
+
+    Latency = latency part + wait; with service ``s * mean`` it is ``s * mean * q(x)``, so an observed
+    latency ``l`` at ``rate/replicas`` gives ``l * rate/replicas = x * q(x)``, monotone in ``x``.
+    ``shape`` is the latency part divided by the mean occupancy. None when the latency part is 0 at the
+    quantile (nothing to learn from latency at low load).
+
+    The latency CDF is the capacity model's, ``F(t) = mean_k within_prob(t - lat_k, p_wait, decay)``
+    (tests/estimation/test_learning.py inverts it by bisection and compares). Between two sorted points,
+    ``t = lat_j + u``, it is ``j/K - (p_wait/K) * D_j * exp(-decay*u)`` with
+    ``D_j = sum_{k<=j} exp(-decay*(lat_j - lat_k))`` (a recursion, exponents <= 0: no overflow), so the
+    quantile is a closed form on the first segment that reaches ``p``: exact, and one pass over the K
+    points for the whole grid (about a millisecond), where a bisection took several.
+    """
+    lat = np.sort(np.frombuffer(shape, dtype=np.float64))
+    k_pts = lat.size
+    x = _RHO * c
+    p_wait, decay = wait_params(x, c, 1.0, scv)
+    q = np.full_like(x, np.nan)
+    todo = np.ones(x.shape, dtype=bool)
+    d_sum = np.zeros_like(x)
+    pk = p * k_pts
+    for j in range(1, k_pts + 1):
+        if j > 1:
+            d_sum *= np.exp(-decay * (lat[j - 1] - lat[j - 2]))
+        d_sum += 1.0
+        cd = p_wait * d_sum
+        at_start = todo & (j - cd >= pk)  # the jump at lat_j already reaches p
+        q[at_start] = lat[j - 1]
+        todo &= ~at_start
+        if j <= pk or not todo.any():
+            continue
+        with np.errstate(divide="ignore"):
+            u = np.log(cd / (j - pk)) / decay
+        inside = todo if j == k_pts else todo & (u < lat[j] - lat[j - 1])
+        q[inside] = lat[j - 1] + u[inside]
+        todo &= ~inside
+    if not q[0] > 0.0:
+        return None
+    h = x * q
+    return [float(v) for v in h], [float(v) for v in x]
+
+
+def _invert(ys: list[float], xs: list[float], y: float) -> float | None:
+    """x with table(x) == y by linear interpolation; None when y is beyond the table (saturated)."""
+    i = bisect_left(ys, y)
+    if i == 0:
+        return xs[0]
+    if i >= len(ys):
+        return None
+    y0 = ys[i - 1]
+    return xs[i - 1] + (xs[i] - xs[i - 1]) * (y - y0) / (ys[i] - y0)
+
+
+class _EwLogMean:
+    """Exponentially weighted mean of log-factors with a fading prior (``prior_weight`` pseudo-points)."""
+
+    __slots__ = ("prior_w", "s", "w")
+
+    def __init__(self, prior_weight: float) -> None:
+        self.s = 0.0  # decayed sum of data
+        self.w = 0.0  # decayed count of data
+        self.prior_w = prior_weight  # decays like a data point, so a changed model is eventually trusted
+
+    def add(self, v: float, gamma: float) -> None:
+        self.s = gamma * self.s + v
+        self.w = gamma * self.w + 1.0
+        self.prior_w *= gamma
+
+    def value(self, prior_log: float) -> float:
+        tot = self.w + self.prior_w
+        return (self.s + self.prior_w * prior_log) / tot if tot > 0 else prior_log
+
+
+class CapacityLearner:
+    """Learns, per model, how much longer (or shorter) service really takes than declared.
+
+    ``scale`` multiplies the prior profile's service times (1.0: the spec is right; 2.0: requests take
+    twice as long). Each informative tick is inverted through the capacity model: the scale whose
+    predicted mean time in system (scaled service + predicted wait at ``rate/ready`` per replica)
+    equals the observed one, ``W = in_flight / rate`` (Little's law). This is a table look-up, not a
+    search (see :func:`_in_flight_table`). With ``latency_s`` (observed at the SLO percentile) a second
+    estimate matches the predicted latency quantile; the two are averaged in log space with weight
+    ``latency_weight``: the mean pins throughput, the tail is what the SLO is about.
+
+    Estimates are combined in log space (a factor 2 too slow and 2 too fast are symmetric errors) as an
+    exponentially weighted mean with ``half_life`` observations, starting from ``prior_weight``
+    pseudo-observations at 1.0 that fade like data: little data shrinks toward the spec, a model that
+    changes (new version, new hardware) is followed within a few half-lives.
+
+    Slot kinds: the factor is kept relative to the hardware the spec was declared for (the reference);
+    ``declared_speed[kind]`` says how fast a kind is relative to it (0.5: twice as slow; missing: 1.0).
+    An observation is attributed to a kind only when all ready replicas run on it (the caller passes
+    ``kind=None`` for mixed placements; those feed the reference as if at speed 1.0). A kind's factor
+    is its own data shrunk toward ``reference / speed``, so a kind without data gets exactly that.
+
+    Saturated observations (in flight beyond the model's stable range: the queue is growing, no steady
+    state) only say ``scale >= capacity bound``: they count when that bound exceeds the current factor,
+    and are otherwise skipped, so a burst above capacity never talks the factor down.
+    """
+
+    def __init__(
+        self,
+        prior: ServiceProfile,
+        *,
+        declared_speed: Mapping[str, float] | None = None,
+        prior_weight: float = 4.0,
+        half_life: float = 60.0,
+        bounds: tuple[float, float] = (0.1, 10.0),
+        min_rate: float = 0.0,
+        latency_weight: float = 0.5,
+        resolution: float = 0.01,
+    ) -> None:
+        lo, hi = bounds
+        if not (0.0 < lo < 1.0 < hi and math.isfinite(hi)):
+            raise ValueError(f"bounds must satisfy 0 < lo < 1 < hi, got {bounds!r}")
+        if not (half_life > 0 and prior_weight >= 0 and 0.0 <= latency_weight <= 1.0 and resolution > 0):
+            raise ValueError("need half_life > 0, prior_weight >= 0, 0 <= latency_weight <= 1, resolution > 0")
+        if prior.mean_s <= 0 or prior.concurrency < 1:
+            raise ValueError("prior profile needs a positive mean service time and concurrency >= 1")
+        self.prior = prior
+        self._speed_log: dict[str, float] = {}
+        for k, v in (declared_speed or {}).items():
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"declared_speed[{k!r}] must be finite and > 0, got {v!r}")
+            self._speed_log[k] = math.log(v)
+        self._gamma = 0.5 ** (1.0 / half_life)
+        self._prior_weight = float(prior_weight)
+        self._log_lo, self._log_hi = math.log(lo), math.log(hi)
+        self._min_rate = float(min_rate)
+        self._lat_w = float(latency_weight)
+        self._step = math.log1p(resolution)
+        self._ref = _EwLogMean(self._prior_weight)
+        self._kinds: dict[str, _EwLogMean] = {}
+        self._profiles: dict[str | None, tuple[int, ServiceProfile]] = {}
+        self._n = 0
+
+        m = prior.mean_s
+        self._mean = m
+        scv = round(prior.scv, 9)
+        self._y_tab, self._x_tab = _in_flight_table(prior.concurrency, scv)
+        self._x_max = self._x_tab[-1]
+        self._scv = scv
+        self._h_tab: list[float] | None = None  # latency table, built on the first latency reading
+        self._hx_tab: list[float] = []
+
+    def declare_speed(self, kind: str, speed: float) -> None:
+        """Declare how fast ``kind`` is relative to the reference (as ``declared_speed`` does), e.g. when
+        the model first runs there: the kinds in use are known only then."""
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed of {kind!r} must be finite and > 0, got {speed!r}")
+        self._speed_log[kind] = math.log(speed)
+        self._profiles.pop(kind, None)  # a cached profile of the kind was for the old speed
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        """Informative observations used so far."""
+        return self._n
+
+    @property
+    def scale(self) -> float:
+        """The model's factor on the reference hardware (what ``profile()`` uses)."""
+        return math.exp(self._ref.value(0.0))
+
+    def _kind_log(self, kind: str) -> float:
+        prior_log = self._ref.value(0.0) - self._speed_log.get(kind, 0.0)
+        acc = self._kinds.get(kind)
+        return acc.value(prior_log) if acc is not None else prior_log
+
+    def scale_for(self, kind: str | None = None) -> float:
+        """The factor for replicas on ``kind`` (None: the reference, i.e. :attr:`scale`)."""
+        return self.scale if kind is None else math.exp(self._kind_log(kind))
+
+    def profile(self, kind: str | None = None) -> ServiceProfile:
+        """The prior profile scaled by the current factor for ``kind``.
+
+        The factor is rounded to ``resolution`` (1%) steps and the profile cached per kind, so while the
+        factor is steady the same object comes back and sizing keeps its memo.
+        """
+        lg = self._ref.value(0.0) if kind is None else self._kind_log(kind)
+        key = round(lg / self._step)
+        hit = self._profiles.get(kind)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        prof = self.prior if key == 0 else self.prior.scaled(math.exp(key * self._step))
+        self._profiles[kind] = (key, prof)
+        return prof
+
+    # -- learning -----------------------------------------------------------------------------
+
+    def _latency_ready(self) -> bool:
+        if self._h_tab is None:
+            prior = self.prior
+            shape = np.round(np.asarray(prior.latency_part_s, dtype=np.float64) / self._mean, 9)
+            tab = _latency_table(prior.concurrency, self._scv, prior.percentile / 100.0, shape.tobytes())
+            self._h_tab, self._hx_tab = tab if tab is not None else ([], [])
+        return bool(self._h_tab)
+
+    def estimate(self, rate: float, ready: int, in_flight: float, latency_s: float = math.nan) -> float | None:
+        """The scale one tick implies on its own (clamped to the bounds), or None if uninformative.
+
+        A saturated reading comes back as the (lower) capacity bound; :meth:`observe` decides whether
+        to use it.
+        """
+        est, _ = self._estimate(rate, ready, in_flight, latency_s)
+        return None if est is None else math.exp(est)
+
+    def _estimate(self, rate: float, ready: int, in_flight: float, latency_s: float) -> tuple[float | None, bool]:
+        """(log scale, saturated) for one tick."""
+        if not (rate > self._min_rate and rate > 0.0 and ready > 0 and math.isfinite(rate)):
+            return None, False
+        per = rate / ready
+        to_log = self._mean * per  # scale = x / (mean * rate/replicas)
+        est_mean: float | None = None
+        saturated = False
+        if in_flight > 0.0 and math.isfinite(in_flight):
+            x = _invert(self._y_tab, self._x_tab, in_flight / ready)
+            if x is None:
+                x, saturated = self._x_max, True
+            if x > 0.0:
+                est_mean = math.log(x / to_log)
+        est_lat: float | None = None
+        if latency_s > 0.0 and math.isfinite(latency_s) and self._latency_ready():
+            assert self._h_tab is not None
+            x = _invert(self._h_tab, self._hx_tab, latency_s * per)
+            lat_sat = x is None
+            if x is None:
+                x = self._x_max
+            if x > 0.0:
+                est_lat = math.log(x / to_log)
+                if est_mean is None:
+                    saturated = lat_sat
+                elif lat_sat != saturated:
+                    # One reading saturated, the other not: keep the informative one.
+                    if saturated:
+                        est_mean, saturated = None, False
+                    else:
+                        est_lat = None
+        if est_mean is None and est_lat is None:
+            return None, False
+        if est_mean is None:
+            v = est_lat
+        elif est_lat is None:
+            v = est_mean
+        else:
+            v = (1.0 - self._lat_w) * est_mean + self._lat_w * est_lat
+        assert v is not None
+        return min(max(v, self._log_lo), self._log_hi), saturated
+
+    def observe(
+        self,
+        rate: float,
+        ready: int,
+        in_flight: float,
+        latency_s: float = math.nan,
+        kind: str | None = None,
+    ) -> float | None:
+        """Learn from one tick: total request rate (req/s), ready replicas, mean in flight (running +
+        queued, whole model), optionally the latency at the SLO percentile, and the slot kind all ready
+        replicas run on (None if mixed). Returns the tick's own estimate, or None if it was skipped
+        (no load, no replicas, non-finite, or a saturated reading that says nothing new)."""
+        v, saturated = self._estimate(rate, ready, in_flight, latency_s)
+        if v is None:
+            return None
+        if saturated and v <= (self._ref.value(0.0) if kind is None else self._kind_log(kind)):
+            return None
+        g = self._gamma
+        if kind is None:
+            self._ref.add(v, g)
+        else:
+            self._ref.add(v + self._speed_log.get(kind, 0.0), g)
+            acc = self._kinds.get(kind)
+            if acc is None:
+                acc = self._kinds[kind] = _EwLogMean(self._prior_weight)
+            acc.add(v, g)
+        self._n += 1
+        return math.exp(v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sizing quantile
+
+# The miss fraction that sizes for its own quantile (an 80% SLO sizes for the 80% rate quantile).
+_REFERENCE_MISS = 0.05  # the SLO miss rate (95 %) at which the window objective is the quantile
+
+
+class SloQuantile:
+    """Which forecast quantile to size for: from the SLO, corrected by the error-budget burn.
+
+    An SLO on a percentile is judged per window: a window (``ticks_per_window`` ticks, a minute) meets
+    it when at least the declared percentile of its requests were within the latency target, and the
+    objective is that windows holding ``objective`` (99.5 %) of the requests meet it; the error budget is
+    the other 0.5 % (request-weighted, so "99.5 % of requests are served in windows that met the SLO").
+
+    Start (:meth:`initial`): a window is lost mostly when the load beats the quantile sized for, so the
+    quantile starts at the window objective for a 95 % SLO, and a stricter percentile (less slack inside
+    each window for a load surprise) moves the tail further out, in proportion to the square root of its
+    miss rate: ``1 - q = (1 - objective) * sqrt((1 - p) / 0.05)``: 95 % -> 0.995, 99 % -> 0.9978,
+    99.9 % -> 0.9993 (at most 0.9995, leaving the controller room above: it may go to 0.9999, beyond
+    the forecaster's top tracked level, where ``Forecast.at`` extrapolates the tail). Stricter SLO,
+    higher quantile.
+
+    Then (:meth:`update`, once per tick; the controller moves once per completed window) an integral
+    controller in logit space on the burn rate = recent share of requests in missed windows / budget
+    (request-weighted: a miss at the daily peak costs more requests than one at night), exponentially
+    weighted over ``memory`` windows (6 h: a 1 % budget needs hours of windows to be measured at all),
+    with ``prior_misses`` pseudo-misses at exactly the budget so that a few windows prove nothing. Per
+    window it moves by ``log(burn) / windows_per_hour`` times ``gain_up`` (burning faster than 1x) or
+    ``gain_down`` (slower: give capacity back). The gains are equal by default: with a faster way up than
+    down, the swings of the burn around 1 at exactly the budget ratchet the quantile up (measured: +0.8
+    logits in 2,000 windows with 3 up / 0.5 down); equal gains hold it within ~0.4 logits. Bounded in
+    ``bounds``. More misses never give a lower quantile.
+    """
+
+    def __init__(
+        self,
+        slo_percentile: float,
+        *,
+        objective: float = 0.995,
+        ticks_per_window: int = 6,
+        memory: float = 360.0,
+        windows_per_hour: float = 60.0,
+        gain_up: float = 1.0,
+        gain_down: float = 1.0,
+        max_burn: float = 10.0,
+        prior_misses: float = 1.0,
+        bounds: tuple[float, float] = (0.5, 0.9999),
+    ) -> None:
+        if not 0.0 < slo_percentile < 100.0:
+            raise ValueError(f"slo_percentile must be in (0, 100), got {slo_percentile!r}")
+        if not 0.0 < objective < 1.0:
+            raise ValueError(f"objective must be in (0, 1), got {objective!r}")
+        lo, hi = bounds
+        if not 0.0 < lo < hi < 1.0:
+            raise ValueError(f"bounds must satisfy 0 < lo < hi < 1, got {bounds!r}")
+        if not (memory >= 1 and windows_per_hour > 0 and gain_up >= 0 and gain_down >= 0 and max_burn > 1
+                and prior_misses > 0):
+            raise ValueError("need memory >= 1, windows_per_hour > 0, gains >= 0, max_burn > 1, prior_misses > 0")
+        if int(ticks_per_window) < 1:
+            raise ValueError("ticks_per_window must be >= 1")
+        self.target = slo_percentile / 100.0
+        self.objective = objective
+        self._budget = 1.0 - objective
+        self._ticks = int(ticks_per_window)
+        self._gamma = 1.0 - 1.0 / memory
+        self._up = gain_up / windows_per_hour
+        self._down = gain_down / windows_per_hour
+        self._log_max_burn = math.log(max_burn)
+        self._prior_misses = prior_misses
+        self._zlo, self._zhi = _logit(lo), _logit(hi)
+        self._z = min(max(_logit(self.initial(slo_percentile, objective)), self._zlo), self._zhi)
+        self._q = _expit(self._z)
+        self._windows = 0.0  # exponentially weighted count of windows with requests
+        self._served = 0.0  # ... and their requests, and the requests of the missed ones
+        self._missed = 0.0
+        self._requests = 0.0  # exponentially weighted request counts (attainment, for reporting)
+        self._late = 0.0
+        self._win_ticks = 0  # the window in progress
+        self._win_requests = 0.0
+        self._win_within = 0.0
+
+    @staticmethod
+    @lru_cache(maxsize=256)  # (asked by the policy for every model and tick)
+    def initial(slo_percentile: float, objective: float = 0.995) -> float:
+        """The forecast quantile to start from for an SLO of ``slo_percentile`` % (see class doc)."""
+        eps = min(max(1.0 - slo_percentile / 100.0, 1e-9), 1.0)
+        q = 1.0 - (1.0 - objective) * math.sqrt(eps / _REFERENCE_MISS)
+        return min(max(q, 0.5), 0.9995)
+
+    @property
+    def quantile(self) -> float:
+        return self._q
+
+    @property
+    def attainment(self) -> float:
+        """Recent (exponentially weighted) fraction of requests within the latency target; 1.0 before any."""
+        return 1.0 - self._late / self._requests if self._requests > 0 else 1.0
+
+    @property
+    def burn(self) -> float:
+        """Error-budget burn rate over windows (1.0: losing exactly the budget), shrunk toward 1 early."""
+        # prior pseudo-misses in requests: so many windows of the recent mean size
+        prior = self._prior_misses * (self._served / self._windows if self._windows > 0 else 1.0)
+        denominator = self._served * self._budget + prior
+        if not denominator > 0:  # (request counts that underflow: no evidence either way)
+            return 1.0
+        return (self._missed + prior) / denominator
+
+    def update(self, requests: float, requests_within: float) -> float:
+        """One tick's requests and how many met the latency target; returns the quantile to size for now.
+
+        Invalid counts (non-finite, negative) are ignored; ``requests_within`` is clipped to
+        ``[0, requests]``. A window without requests does not count and does not move the quantile.
+        """
+        r = float(requests)
+        w = float(requests_within)
+        if not (math.isfinite(r) and math.isfinite(w) and r >= 0.0):
+            return self._q
+        w = min(max(w, 0.0), r)
+        self._win_ticks += 1
+        self._win_requests += r
+        self._win_within += w
+        if self._win_ticks < self._ticks:
+            return self._q
+        r, w = self._win_requests, self._win_within
+        self._win_ticks, self._win_requests, self._win_within = 0, 0.0, 0.0
+        if r <= 0.0:
+            return self._q
+        g = self._gamma
+        self._requests = g * self._requests + r
+        self._late = g * self._late + (r - w)
+        self._windows = g * self._windows + 1.0
+        self._served = g * self._served + r
+        self._missed = g * self._missed + (r if w < self.target * r - 1e-9 else 0.0)
+        log_burn = max(min(math.log(self.burn), self._log_max_burn), -self._log_max_burn)
+        dz = (self._up if log_burn > 0 else self._down) * log_burn
+        self._z = min(max(self._z + dz, self._zlo), self._zhi)
+        self._q = _expit(self._z)
+        return self._q

@@ -1,0 +1,165 @@
+"""Per-model online learning as the decision core runs it, and the slot kinds it learns per.
+
+:class:`ModelLearning` composes the pure pieces of :mod:`autoscaler.estimation.learning` for one model: measured
+cold starts (the forecast's lead time), the service-time scale per slot kind, and the quantile to size
+for. :func:`slot_kind` names the kind of slot a replica runs on; :func:`slot_speed` resolves the
+``slotwise.io/slot-speeds`` annotation against it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autoscaler.api.snapshot import ModelMetrics, ModelObservation
+from autoscaler.api.spec import ModelSpec
+from autoscaler.estimation.capacity import ServiceProfile
+from autoscaler.estimation.learning import CapacityLearner, ColdStartEstimator, ReadyTracker, SloQuantile
+from autoscaler.policies.base import window_mean
+from sharing.catalog import load_catalog
+from sharing.slots import Slot, SlotKind
+
+SLO_WINDOW_S = 60.0  # an SLO on a percentile is judged per window of this length
+
+
+# (gpu model, slot kind, MIG profile key) -> slot-kind key; bounded by the catalog's geometry.
+_KIND_KEYS: dict[tuple[str, SlotKind, str | None], str] = {}
+
+
+def slot_kind(slot: Slot) -> str:
+    """The slot-kind key the capacity model learns per: ``<gpu model>/<slot type>``.
+
+    The GPU model is the catalog's canonical name; the slot type is ``whole`` (any number of GPUs),
+    the MIG profile's NVIDIA name (``3g.40gb``), ``share`` (time-sliced GPU) or ``<profile>/share``
+    (time-sliced MIG instance): ``H100-80GB/whole``, ``H100-80GB/3g.40gb``, ``L4-24GB/share``,
+    ``A100-80GB/1g.10gb/share``. Memoised: one dict look-up per replica and tick.
+    """
+    key = (slot.gpu_model, slot.kind, slot.profile)
+    hit = _KIND_KEYS.get(key)
+    if hit is None:
+        if slot.kind is SlotKind.WHOLE:
+            slot_type = "whole"
+        elif slot.kind is SlotKind.MIG:
+            slot_type = str(slot.profile_name())
+        else:
+            slot_type = "share" if slot.profile is None else f"{slot.profile_name()}/share"
+        hit = _KIND_KEYS[key] = f"{slot.gpu_model}/{slot_type}"
+    return hit
+
+
+def _names_gpu(entry: str, gpu_model: str) -> bool:
+    if entry.casefold() == gpu_model.casefold():
+        return True
+    try:
+        return load_catalog().resolve(entry) == gpu_model  # aliases: "L4", "H100", GFD product labels
+    except KeyError:
+        return False
+
+
+def slot_speed(kind: str, speeds: tuple[tuple[str, float], ...]) -> float:
+    """The declared relative speed of slot kind ``kind`` (a :func:`slot_kind` key) from the
+    ``slotwise.io/slot-speeds`` entries: the entry equal to the whole key, else the one equal to its
+    slot type (``whole``, ``share``, ``3g.40gb``, ``3g.40gb/share``), else the first naming its GPU model
+    (canonical name or catalog alias: ``L4``, ``H100``); case-insensitive; 1.0 when none matches."""
+    gpu_model, _, slot_type = kind.partition("/")
+    whole_key, slot_type = kind.casefold(), slot_type.casefold()
+    by_type: float | None = None
+    by_gpu: float | None = None
+    for entry, speed in speeds:
+        e = entry.casefold()
+        if e == whole_key:
+            return speed
+        if e == slot_type:
+            if by_type is None:
+                by_type = speed
+        elif by_gpu is None and "/" not in e and _names_gpu(entry, gpu_model):
+            by_gpu = speed
+    return by_type if by_type is not None else by_gpu if by_gpu is not None else 1.0
+
+
+@dataclass
+class ModelLearning:
+    """What the core learns online about one model (for policies that ask: ``learns = True``).
+
+    Slot kinds (:func:`slot_kind`): a tick's capacity observation is attributed to a kind when all ready
+    replicas run on it (mixed placements feed the model-level factor only), and the policy sizes with the
+    profile of the kind most active replicas run on (ties: the slower; none: the reference). A kind's
+    declared speed (``spec.slot_speeds``, :func:`slot_speed`) is resolved on first sight of the kind, before
+    anything about it is learned or read: the kinds a model lands on are only known from its replicas.
+    """
+
+    ready: ReadyTracker
+    cold_start: ColdStartEstimator  # lead time of a scale-up
+    capacity: CapacityLearner  # service-time correction of the capacity prior, per slot kind
+    quantile: SloQuantile  # forecast quantile to size for, corrected by error-budget burn
+    slot_speeds: tuple[tuple[str, float], ...] = ()  # the spec's declared speeds, unresolved
+    kind: str | None = None  # the slot kind most active replicas run on (this tick)
+    kinds_seen: set[str] = field(default_factory=set)
+
+    @classmethod
+    def start(cls, spec: ModelSpec, prior: ServiceProfile, tick_s: float) -> ModelLearning:
+        # SLO windows of a minute: the scorecard's model-minutes, and Prometheus' usual rate window
+        window_ticks = max(1, round(SLO_WINDOW_S / tick_s))
+        return cls(ReadyTracker(), ColdStartEstimator(spec.cold_start_s), CapacityLearner(prior),
+                   SloQuantile(spec.slo_percentile, ticks_per_window=window_ticks), slot_speeds=spec.slot_speeds)
+
+    def _first_sight(self, kind: str) -> None:
+        self.kinds_seen.add(kind)
+        speed = slot_speed(kind, self.slot_speeds)
+        if speed != 1.0:
+            self.capacity.declare_speed(kind, speed)
+
+    def relative_speed(self, slot: Slot) -> float:
+        """How much of a replica of the sizing kind a replica on ``slot`` is worth (its speed relative to
+        :attr:`kind`'s, from the learned / declared per-kind factors; 1 without a sizing kind)."""
+        kind = slot_kind(slot)
+        if kind not in self.kinds_seen:
+            self._first_sight(kind)
+        if not self.kind or kind == self.kind:
+            return 1.0
+        speed = self.capacity.scale_for(self.kind) / self.capacity.scale_for(kind)
+        # Learned factors of two kinds differ by noise: within 10 % a replica is a replica (else a 0.98
+        # would place two replicas for one).
+        return 1.0 if abs(math.log(speed)) < math.log(1.1) else speed
+
+    def _scan_kinds(self, obs: ModelObservation) -> str | None:
+        """Set :attr:`kind`; return the kind all ready replicas run on (None: mixed, or none ready)."""
+        counts: dict[str, int] = {}
+        ready_kind: str | None = None
+        mixed = False
+        for r in obs.replicas:
+            if r.draining or r.slot is None:
+                continue
+            k = slot_kind(r.slot)
+            counts[k] = counts.get(k, 0) + 1
+            if r.ready:
+                if ready_kind is None:
+                    ready_kind = k
+                elif k != ready_kind:
+                    mixed = True
+        for k in counts:
+            if k not in self.kinds_seen:
+                self._first_sight(k)
+        if len(counts) <= 1:
+            self.kind = next(iter(counts), None)
+        else:
+            scale_for = self.capacity.scale_for
+            self.kind = max(counts, key=lambda k: (counts[k], scale_for(k)))
+        return None if mixed else ready_kind
+
+    def observe(self, obs: ModelObservation, m: ModelMetrics, now: float, tick_s: float, step_s: float) -> None:
+        for duration in self.ready.update(obs, now):
+            self.cold_start.observe(duration)
+        ready_kind = self._scan_kinds(obs)
+        if m.stale or m.rate.size == 0:
+            return
+        # The samples since the previous decision (a policy tick may span several metric steps).
+        n = max(1, min(m.rate.size, round(tick_s / step_s)))
+        rate = window_mean(m.rate, step_s, n * step_s)
+        in_flight = window_mean(m.in_flight, step_s, n * step_s)
+        if rate is not None and in_flight is not None:
+            self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s, kind=ready_kind)
+        if m.within_rate is not None and rate is not None:
+            last = m.within_rate[-n:].tolist()
+            within = sum(v for v in last if math.isfinite(v)) * step_s
+            self.quantile.update(rate * n * step_s, min(within, rate * n * step_s))

@@ -1,0 +1,11 @@
+"""The live adapters: everything that talks to a real cluster or a real Prometheus.
+
+- :mod:`~autoscaler.live.controller`: the control loop (informers, Lease, tick, act, report);
+- :mod:`~autoscaler.live.kube`: Kubernetes -- informers, translation into the snapshot, the actuators, the Lease,
+  the MIG re-layout gate;
+- :mod:`~autoscaler.live.prometheus`: the one Prometheus client (aiohttp) and all PromQL;
+- :mod:`~autoscaler.live.exporter`: ``/metrics``, ``/healthz``, ``/readyz`` and the controller's own metrics.
+
+The only layer that imports kubernetes_asyncio and aiohttp. May import: everything below it (``api``,
+``estimation``, ``policies``, ``decision``, ``report.cost``), ``sharing``, ``forecasting``.
+"""

@@ -1,0 +1,302 @@
+"""The live control loop: informers -> snapshot, Prometheus -> metrics window, decide, act, report.
+
+The same decision core as the simulator (:func:`autoscaler.decision.core.decide`); everything here is wiring:
+
+- **observe**: list+watch informers (Deployments, Pods, Nodes, preemptible training workloads) keep caches;
+  each tick :func:`~autoscaler.live.kube.translate.build_view` turns one read of them into the snapshot.
+  Metrics come from :class:`~autoscaler.live.prometheus.metrics.PrometheusMetrics` (without a Prometheus
+  every model is "stale" and the rails hold replicas: no guessing).
+- **decide**: ``decide()``, then the node-level actions the placements imply (MIG re-layouts, time-slicing
+  config, pod templates).
+- **act**: only while this process holds the Lease (:class:`~autoscaler.live.kube.leader.LeaderElector`),
+  checked again right before applying, so a leader that lost its lease mid-tick does not write.
+- **report**: ``/metrics``, ``/healthz``, ``/readyz`` (:mod:`autoscaler.live.exporter`), a log line per action.
+
+Shutdown (SIGTERM): the tick in progress finishes, then the Lease is released and the tasks stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import math
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autoscaler.api.plan import Plan
+from autoscaler.api.ports import AsyncMetricsPort
+from autoscaler.api.snapshot import MetricsWindow
+from autoscaler.decision.arbitration import ArbitrationPolicy
+from autoscaler.decision.core import STALE_METRICS, ControllerState, CoreConfig, decide, fresh_state
+from autoscaler.decision.node_actions import mig_layout_actions, time_slicing_action
+from autoscaler.estimation.forecast import FleetForecaster
+from autoscaler.live.exporter import ControllerMetrics, Health, start_http
+from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
+from autoscaler.live.kube.informer import Informer
+from autoscaler.live.kube.leader import LeaderElector
+from autoscaler.live.kube.lending import LendingActuator
+from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView
+from autoscaler.live.kube.templates import template_actions
+from autoscaler.live.kube.translate import build_view
+from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
+from autoscaler.policies import make_policy
+from autoscaler.report.cost import CostMetrics
+from sharing.catalog import load_catalog
+from sharing.lending import LendingPolicy
+from sharing.packer import CostAwarePacker
+
+log = logging.getLogger("slotwise.controller")
+
+
+@dataclass
+class ControllerSettings:
+    """What ``slotwise run`` configures. ``namespace`` None watches every namespace."""
+
+    namespace: str | None = None
+    label_selector: str | None = None
+    policy: str = "slotwise"
+    policy_knobs: dict = field(default_factory=dict)  # the policy's constructor parameters (HPA/KPA-style names)
+    tick_s: float = 5.0  # how often the loop runs; each policy decides on its own tick_s within it
+    prometheus_url: str | None = None
+    metric_names: MetricNames = field(default_factory=lambda: MetricNames.preset("vllm"))
+    metrics_step_s: float = 15.0
+    metrics_window_s: float = 900.0
+    stale_after_s: float = 90.0
+    history_hours: float = 24.0  # forecaster warm start from Prometheus history (0: none)
+    lease_namespace: str = "default"
+    lease_name: str = "slotwise-controller"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{time.time_ns() % 10**9}")
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    http_host: str = "0.0.0.0"
+    http_port: int = 8080
+    actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
+    lending: LendingPolicy = field(default_factory=LendingPolicy)  # off by default
+    # who gets GPUs when they run out: team quotas (`teams:` in the settings file), priorities, preemption
+    # (`arbitration:`); the default has no quotas and arbitrates by SLO damage
+    arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+    # USD per GPU-hour by GPU kind (any catalog name or GFD product label), overriding the catalog's rough
+    # defaults: the price table cost attribution uses
+    prices: dict = field(default_factory=dict)
+    # preemptible training workloads (the lending issue acts on them; here they are observed)
+    training_paths: tuple[str, ...] = ("/api/v1/pods", "/apis/batch/v1/jobs")
+    kueue_workloads_path: str = "/apis/kueue.x-k8s.io/v1beta1/workloads"
+
+
+def _collection(group_path: str, resource: str, namespace: str | None) -> str:
+    return f"{group_path}/namespaces/{namespace}/{resource}" if namespace else f"{group_path}/{resource}"
+
+
+@dataclass
+class TickResult:
+    plan: Plan
+    view: ClusterView
+    window: MetricsWindow
+    report: ActuationReport | None  # None: not the leader, nothing applied
+    seconds: float
+
+
+class Controller:
+    """One controller process. ``run(stop)`` until ``stop`` is set; :meth:`tick` is one pass (tests call it)."""
+
+    def __init__(
+        self,
+        api_client: object,
+        settings: ControllerSettings,
+        *,
+        metrics_source: AsyncMetricsPort | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api_client
+        self.settings = settings
+        self.clock = clock
+        ns, sel = settings.namespace, settings.label_selector
+        self.deployments = Informer(api_client, _collection("/apis/apps/v1", "deployments", ns),
+                                    label_selector=sel, name="deployments")
+        self.pods = Informer(api_client, _collection("/api/v1", "pods", ns), name="pods")
+        self.nodes = Informer(api_client, "/api/v1/nodes", name="nodes")
+        self.training = [
+            Informer(api_client, path, label_selector=f"{PREEMPTIBLE_LABEL}=true", name=f"training:{path}",
+                     optional=True)
+            for path in (*[p for p in settings.training_paths if p != "/api/v1/pods"],
+                         settings.kueue_workloads_path)
+        ]
+        self.informers = [self.deployments, self.pods, self.nodes, *self.training]
+        self.elector = LeaderElector(
+            api_client, settings.lease_namespace, settings.lease_name, settings.identity,
+            lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
+            retry_period_s=settings.retry_period_s,
+        )
+        self.actuator = KubeActuator(api_client, settings.actuator)
+        # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
+        # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
+        self.lender = LendingActuator(api_client, settings.lending, dry_run=settings.actuator.dry_run, clock=clock)
+        self.exporter = ControllerMetrics(reclaim_deadline_s=settings.lending.max_reclaim_s,
+                                          teams=settings.arbitration.teams)
+        # GPU-slot-seconds and cost per team/namespace/model, on the same /metrics registry
+        self.cost = CostMetrics(self.exporter.registry, load_catalog(), settings.prices)
+        self._cost_at: float | None = None  # when cost was last recorded (None: not since leading)
+        # Alive while the loop beat within a minute (or three ticks): a slow tick is not a dead loop.
+        self.health = Health(settings.tick_s, max_missed_ticks=max(3, math.ceil(60.0 / settings.tick_s)),
+                             clock=clock)
+        self.prometheus: AsyncMetricsPort | None = metrics_source
+        if self.prometheus is None and settings.prometheus_url:
+            self.prometheus = PrometheusMetrics(
+                settings.prometheus_url, settings.metric_names, step_s=settings.metrics_step_s,
+                window_s=settings.metrics_window_s, stale_after_s=settings.stale_after_s,
+            )
+        lending = settings.lending
+        # Lending whole nodes (pods mode) needs whole nodes idle: pack onto nodes already in use and empty the
+        # least-used node first on scale-down (measured: benchmarks section 7), as the simulator does.
+        consolidate = lending.enabled and lending.mode == "pods"
+        self.core = CoreConfig(
+            packer=CostAwarePacker(prefer_open_nodes=consolidate),
+            consolidate_removals=consolidate,
+            policy=make_policy(settings.policy, **settings.policy_knobs), report_every_decision=True,
+            metric_lag_s=settings.metrics_step_s,
+            lending=lending,  # disabled with GPUs still lent: the lend stage reclaims them (reason "disabled")
+            arbitration=settings.arbitration,
+            # a node label/taint cannot split a node: in pods mode only whole idle nodes are lent
+            lending_whole_nodes_only=lending.mode == "pods",
+            # lending looks ahead by the reclaim deadline plus a cold start: forecast that far
+            forecaster_factory=(lambda: FleetForecaster(horizon_s=max(300.0, lending.max_reclaim_s + 600.0)))
+            if lending.enabled else FleetForecaster,
+        )
+        self.state: ControllerState = fresh_state()
+        self.time_slicing: dict[str, int] = {}
+        self.ticks = 0
+        self.elector.on_change(self._leadership_changed)
+
+    # -- one pass ---------------------------------------------------------------------------------------------
+    def view(self) -> ClusterView:
+        # (preemptible pods are found among the pods by build_view itself)
+        training = [obj for inf in self.training for obj in inf.items()]
+        return build_view(self.deployments.items(), self.pods.items(), self.nodes.items(), training,
+                          now=self.clock(), lending=self.settings.lending)
+
+    async def metrics_window(self, view: ClusterView) -> MetricsWindow:
+        now = view.snapshot.now
+        specs = {k: o.spec for k, o in view.snapshot.models.items() if o.spec is not None}
+        if self.prometheus is None:
+            # No metric source: "no data", never "no load" -- every policy holds its replicas.
+            stale = dict.fromkeys(specs, STALE_METRICS)
+            return MetricsWindow(now=now, step_s=self.settings.metrics_step_s, models=stale)
+        window = await self.prometheus.window(now, specs)
+        if self.prometheus.last_error:
+            self.exporter.error("prometheus")
+            log.warning("metrics: %s (models hold their replicas)", self.prometheus.last_error)
+        return window
+
+    def plan(self, view: ClusterView, window: MetricsWindow) -> Plan:
+        decision = decide(view.snapshot, window, self.state, self.core)
+        plan = decision.plan
+        if decision.inventory is not None:
+            plan.actions.extend(mig_layout_actions(view.snapshot.inventory, decision.inventory))
+            ts = time_slicing_action(decision.inventory, self.time_slicing)
+            if ts is not None:
+                plan.actions.append(ts)
+                self.time_slicing = dict(ts.replicas)
+        plan.actions.extend(template_actions(plan, view))
+        return plan
+
+    async def tick(self) -> TickResult:
+        started = time.perf_counter()
+        view = self.view()
+        for problem in view.problems:
+            log.warning("cluster: %s", problem)
+            self.exporter.error("cluster_object")
+        window = await self.metrics_window(view)
+        plan = self.plan(view, window)
+        report: ActuationReport | None = None
+        # Leadership is re-checked right before writing: the decision took time, the lease may be gone.
+        if self.elector.is_leader:
+            report = await self.actuator.apply(plan, view)
+            self.exporter.record_actuation(report)
+            for line in report.applied:
+                log.info("applied: %s", line)
+            for line, why in report.skipped:
+                log.info("skipped (%s): %s", why, line)
+            for line in report.errors:
+                log.error("action failed: %s", line)
+                self.exporter.error("actuation")
+            if self.settings.lending.enabled or self.lender.reclaims:
+                # every tick, even without lending actions: a reclaim spans ticks and is advanced here
+                lent = await self.lender.apply(plan.actions, view)
+                self.exporter.record_lending(lent)
+                self.exporter.record_actuation(lent)
+                for line in lent.applied:
+                    log.info("lending: %s", line)
+                for line in (*lent.errors, *lent.refused):
+                    log.error("lending: %s", line)
+                    self.exporter.error("lending")
+        seconds = time.perf_counter() - started
+        self.exporter.record_tick(plan, view.snapshot, window, seconds)
+        # Charge the time since the last record, capped: a gap (a follower's wait, a stall) charges a few ticks at
+        # most, never the time nobody observed.
+        now = view.snapshot.now
+        held = 0.0 if self._cost_at is None else min(max(0.0, now - self._cost_at), 3.0 * self.settings.tick_s)
+        self.cost.record(view.snapshot, held)
+        self._cost_at = now
+        self.ticks += 1
+        if self.ticks == 1:
+            # The first tick built what lives as long as the process (the warm-started forecaster, caches): move it
+            # out of the collector's reach, so a full collection later does not walk it (measured: a 50-60 ms pause
+            # in a 1,000-model tick, benchmarks section 6).
+            gc.freeze()
+        self.health.beat(self.clock())
+        return TickResult(plan, view, window, report, seconds)
+
+    # -- the process ------------------------------------------------------------------------------------------
+    def _leadership_changed(self, leader: bool) -> None:
+        self.exporter.set_leader(leader)
+        self._cost_at = None  # a new term of leadership charges from its first tick
+        log.info("%s %s the lease %s/%s", self.settings.identity, "acquired" if leader else "lost",
+                 self.settings.lease_namespace, self.settings.lease_name)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Observe always (a follower keeps warm caches), decide and act only as the leader; until ``stop``."""
+        runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port)
+        informer_tasks = [asyncio.create_task(i.run(), name=f"informer:{i.name}") for i in self.informers]
+        elector_task = asyncio.create_task(self.elector.run(), name="leader-election")
+        try:
+            synced = await self._wait_synced(stop)
+            if synced:
+                self.health.set_ready(True)
+                log.info("caches synced; %s", "dry run: nothing will be changed" if self.settings.actuator.dry_run
+                         else "acting when leader")
+            while synced and not stop.is_set():
+                started = self.clock()
+                if self.elector.is_leader:
+                    log.debug("acting: tick %d at %.3f", self.ticks, time.time())
+                    try:
+                        await self.tick()  # not cancelled by stop: a tick finishes cleanly
+                    except Exception:  # a bug or an API outage must not kill the loop; say so and go on
+                        log.exception("tick failed")
+                        self.exporter.error("tick")
+                else:
+                    self.health.beat(self.clock())
+                delay = max(0.0, self.settings.tick_s - (self.clock() - started))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+        finally:
+            elector_task.cancel()  # releases the Lease when held
+            with contextlib.suppress(asyncio.CancelledError):
+                await elector_task
+            for t in informer_tasks:
+                t.cancel()
+            await asyncio.gather(*informer_tasks, return_exceptions=True)
+            await runner.cleanup()
+            log.info("stopped")
+
+    async def _wait_synced(self, stop: asyncio.Event) -> bool:
+        while not stop.is_set():
+            if all(i.synced for i in self.informers):
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.2)
+        return False

@@ -1,0 +1,778 @@
+"""The Kubernetes actuator: applies one tick's :class:`~autoscaler.api.plan.Plan` to a real cluster
+(kubernetes_asyncio).
+
+What each action becomes:
+
+- ``ScaleModel``: the Deployment's ``scale`` subresource (replaced with the read ``resourceVersion``). Before a
+  scale-down the plan's ``RemoveReplica`` pods get ``controller.kubernetes.io/pod-deletion-cost=-1000`` so the
+  ReplicaSet removes them first (honoured from Kubernetes 1.22 on, harmless before). A preemption (a
+  ``RemoveReplica`` with ``preempted_by``) takes the same path, and once the scale-down is written the victim
+  Deployment gets a Warning Event ``Preempted`` with the core's message (one per replica; repeats bump the count).
+- ``SetSlotTemplate``: a JSON patch of the pod template: the container's ``resources`` replaced whole (so the old
+  GPU resource goes, e.g. ``nvidia.com/gpu`` -> ``nvidia.com/mig-3g.40gb``) and its ``nodeSelector``.
+- ``SetTimeSlicing``: the device plugin's time-slicing ConfigMap (create, or update one key).
+- ``SetMigLayout``: the MIG safety gate (:mod:`~autoscaler.live.kube.mig_gate`), only with ``mig_relayout``.
+- ``UpdateStatus``: the ``slotwise.io/status`` annotation (merge patch of that key only) and a core/v1 Event;
+  with the model's shortfall this tick (``shortfall``: cause -> replicas) when the plan has one.
+- ``Shortfall``: an Event whose reason and message say the cause (:func:`shortfall_event`): a Warning for a
+  refusal (``Unplaceable``, ``BorrowingLimit``, ``MinRuntime``, ``Outranked``, ``PreemptionTooCostly``,
+  ``MaxReplicas``), Normal for headroom not granted and for capacity being freed (``Reclaiming``, ``Preempting``).
+- ``PlaceReplica``: nothing; kube-scheduler places the pods (reported as skipped ``scheduler-placed``).
+
+Rules every write follows: **idempotent** (read first; no write when the object already says so), **optimistic
+concurrency** (every read-modify-write carries the read ``resourceVersion``; a 409 Conflict re-reads and retries
+up to ``conflict_retries`` times with full-jitter backoff), **rate-limited per tick** (scale writes, template
+changes, Events; what is over the limit is skipped ``rate-limit`` and the next tick re-plans it), **errors stay
+per action** (logged, listed in ``report.errors`` with the API status; the other actions go on), a Deployment
+deleted meanwhile is skipped ``gone``. **Dry run** writes only the status annotation (``"dryRun": true``) and
+Events (reason prefixed ``DryRun``); every other change is listed as skipped ``dry-run``.
+
+Events are de-duplicated like client-go's recorder: the same (object, type, reason, message) within
+``event_dedup_window_s`` bumps ``count`` and ``lastTimestamp`` of the Event already written instead of creating
+a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.client import AppsV1Api, CoreV1Api
+from kubernetes_asyncio.client.rest import ApiException
+
+from autoscaler.api.plan import (
+    Action,
+    PlaceReplica,
+    Plan,
+    Reason,
+    RemoveReplica,
+    ScaleModel,
+    SetMigLayout,
+    SetSlotTemplate,
+    SetTimeSlicing,
+    Shortfall,
+    ShortfallCause,
+    UpdateStatus,
+)
+from autoscaler.live.kube.mig_gate import (
+    OWNER_LABEL,
+    STATE_PENDING,
+    STATE_SUCCESS,
+    MigGate,
+    NodeRead,
+    is_gpu_resource,
+)
+from autoscaler.live.kube.objects import (
+    FIELD_MANAGER,
+    MIG_CONFIG,
+    MIG_CONFIG_STATE,
+    POD_DELETION_COST,
+    STATUS_ANNOTATION,
+    ClusterView,
+    ManagedModel,
+)
+from sharing.render import time_slicing_config, to_yaml
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+MIG_PARTED_KEY = "config.yaml"  # the key NVIDIA's MIG manager reads from its config ConfigMap
+DELETION_COST_FIRST = "-1000"  # lower cost = removed first by the ReplicaSet controller
+EVENT_CACHE_MAX = 4096  # de-duplication cache entries (client-go's recorder keeps an LRU of this size)
+EVENT_MESSAGE_MAX = 4096  # core/v1 has no limit of its own; keep one runaway message from bloating etcd
+
+
+@dataclass
+class ActuatorConfig:
+    dry_run: bool = False
+    max_scale_actions_per_tick: int = 50
+    max_template_changes_per_tick: int = 5
+    max_events_per_tick: int = 50
+    conflict_retries: int = 5
+    time_slicing_configmap: str = "gpu-operator/time-slicing-config"
+    time_slicing_key: str = "any"
+    mig_parted_configmap: str = "gpu-operator/slotwise-mig-parted-config"
+    mig_relayout: bool = False
+    max_nodes_relayout: int = 1
+    mig_timeout_s: float = 600.0
+    component: str = "slotwise"
+    conflict_backoff_s: float = 0.05  # first retry's backoff cap (full jitter, doubling per retry)
+    event_dedup_window_s: float = 600.0  # same Event again within this -> count bump instead of a new object
+
+
+@dataclass
+class ActuationReport:
+    applied: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (line, why)
+    errors: list[str] = field(default_factory=list)
+    conflicts_retried: int = 0
+    pending: list[str] = field(default_factory=list)  # MIG relayouts waiting (one line per node and tick)
+    events: int = 0  # Events written this tick (created or count bumped)
+
+    def why(self, prefix: str) -> list[str]:
+        """The skip reasons of lines starting with ``prefix`` (tests, logs)."""
+        return [why for line, why in self.skipped if line.startswith(prefix)]
+
+
+class Gone(Exception):
+    """The object an action addresses no longer exists (deleted meanwhile)."""
+
+
+async def _or_gone(read: Awaitable[Any], key: str) -> Any:
+    """A read of an object that may have been deleted meanwhile: a 404 is :class:`Gone` (``key``)."""
+    try:
+        return await read
+    except ApiException as e:
+        if e.status == 404:
+            raise Gone(key) from None
+        raise
+
+
+# -- pure helpers -------------------------------------------------------------------------------------------------
+
+
+def describe(action: Action) -> str:
+    return Plan(0.0, [action]).describe()[0]
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def split_key(key: str, default_namespace: str) -> tuple[str, str]:
+    """``"ns/name"`` -> (ns, name); a bare name gets ``default_namespace``."""
+    ns, sep, name = key.partition("/")
+    return (ns, name) if sep else (default_namespace, key)
+
+
+def merged_resources(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A container's ``resources`` after a slot change: ``old`` without ANY GPU resource (``nvidia.com/gpu``,
+    ``nvidia.com/mig-*``: the old slot kind must go, not linger beside the new one), then ``new``'s entries.
+    CPU/memory and other sections of ``old`` stay. Quantities as strings, as the API serves them."""
+    out: dict[str, Any] = {k: v for k, v in old.items() if k not in ("limits", "requests")}
+    for section in ("limits", "requests"):
+        kept = {r: str(q) for r, q in (old.get(section) or {}).items() if not is_gpu_resource(r)}
+        kept.update({r: str(q) for r, q in (new.get(section) or {}).items()})
+        if kept:
+            out[section] = kept
+    out.update({k: v for k, v in new.items() if k not in ("limits", "requests")})
+    return out
+
+
+def merged_node_selector(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]:
+    """``old`` without the ``nvidia.com/*`` keys (the previous slot kind's GPU selection), then ``new``; the
+    user's own keys (zone, pool ...) stay."""
+    out = {k: v for k, v in old.items() if not k.startswith("nvidia.com/")}
+    out.update({k: str(v) for k, v in new.items()})
+    return out
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def status_payload(a: UpdateStatus, *, dry_run: bool, now: float,
+                   shortfall: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The ``slotwise.io/status`` annotation's JSON; ``shortfall`` (cause -> replicas not placed this tick, from
+    the plan's Shortfalls of the model) only when there is one."""
+    payload = {
+        "desired": a.desired,
+        "current": a.current,
+        "reason": str(a.reason),
+        "forecastRps": _finite(a.forecast_rps),
+        "predictedLatencyMs": _finite(a.predicted_latency_ms),
+        "sloLatencyMs": _finite(a.slo_latency_ms),
+        "message": a.message,
+        "conditionOk": a.condition_ok,
+        "dryRun": dry_run,
+        "updated": rfc3339(now),
+    }
+    if shortfall:
+        payload["shortfall"] = {str(cause): int(n) for cause, n in shortfall.items()}
+    return payload
+
+
+def same_status(current: str | None, payload: Mapping[str, Any]) -> bool:
+    """The annotation already says ``payload`` (everything but the ``updated`` time)."""
+    if not current:
+        return False
+    try:
+        old = json.loads(current)
+    except ValueError:
+        return False
+    if not isinstance(old, dict):
+        return False
+    return {k: v for k, v in old.items() if k != "updated"} == {k: v for k, v in payload.items() if k != "updated"}
+
+
+_STATUS_REASONS = {
+    Reason.INVALID_SPEC: "InvalidAnnotation",
+    Reason.UNPLACEABLE: "Unplaceable",
+    Reason.METRICS_STALE: "MetricsStale",
+}
+_WARNING_REASONS = {Reason.UNPLACEABLE, Reason.METRICS_STALE}
+
+
+def status_event(a: UpdateStatus) -> tuple[str, str, str]:
+    """(type, reason, message) of the Event recording a status update. A problem's text (e.g. the SpecError
+    of invalid annotations) is the message verbatim, so users can grep for it."""
+    warning = not a.condition_ok or a.reason in _WARNING_REASONS
+    reason = _STATUS_REASONS.get(a.reason, "Scaled")
+    if not a.condition_ok:
+        message = a.message or f"condition not ok ({a.reason})"
+    else:
+        message = f"desired {a.desired} replica(s), {a.current} ready: {a.reason}"
+        if a.message:
+            message += f"; {a.message}"
+    return ("Warning" if warning else "Normal"), reason, message
+
+
+# Shortfall cause -> (Event type, Event reason). Refusals are Warnings; headroom not granted (the model meets its
+# SLO without it) and capacity being freed for the model (grants in progress) are Normal.
+_SHORTFALL_EVENTS = {
+    ShortfallCause.UNPLACEABLE: ("Warning", "Unplaceable"),
+    ShortfallCause.BORROWING_LIMIT: ("Warning", "BorrowingLimit"),
+    ShortfallCause.HEADROOM: ("Normal", "Headroom"),
+    ShortfallCause.MIN_RUNTIME: ("Warning", "MinRuntime"),
+    ShortfallCause.OUTRANKED: ("Warning", "Outranked"),
+    ShortfallCause.DAMAGE: ("Warning", "PreemptionTooCostly"),
+    ShortfallCause.MAX_REPLICAS: ("Warning", "MaxReplicas"),
+    ShortfallCause.RECLAIMING: ("Normal", "Reclaiming"),
+    ShortfallCause.PREEMPTING: ("Normal", "Preempting"),
+}
+PREEMPTED_EVENT = "Preempted"  # the victim Deployment's Warning Event reason
+
+
+def shortfall_event(a: Shortfall) -> tuple[str, str, str]:
+    """(type, reason, message) of the Event recording a shortfall: the cause in the reason and the message, and
+    whether the refusal broke the team's guarantee."""
+    type_, reason = _SHORTFALL_EVENTS.get(a.cause, ("Warning", "Unplaceable"))
+    if a.cause in (ShortfallCause.RECLAIMING, ShortfallCause.PREEMPTING):
+        what = "waiting for capacity being freed"
+    elif a.cause == ShortfallCause.UNPLACEABLE:
+        what = "cannot be placed"
+    else:
+        what = "not placed"
+    guarantee = ", within the team's guarantee" if a.within_guarantee and type_ == "Warning" else ""
+    return type_, reason, f"{a.missing} replica(s) {what} ({a.cause}{guarantee}): {a.reason}"
+
+
+def merge_mig_configs(existing_yaml: str | None, config: Mapping[str, Any]) -> tuple[str, bool]:
+    """The mig-parted document with ``config``'s ``mig-configs`` entries merged into the existing ones (other
+    nodes' entries survive) -> (YAML, whether it differs from ``existing_yaml``'s content)."""
+    old = yaml.safe_load(existing_yaml) if existing_yaml else None
+    if not isinstance(old, dict):
+        old = {}
+    configs = dict(old.get("mig-configs") or {})
+    merged = dict(configs)
+    merged.update(config.get("mig-configs") or {})
+    doc = {"version": old.get("version") or config.get("version", "v1"), "mig-configs": merged}
+    return to_yaml(doc), merged != configs or "version" not in old
+
+
+def api_error(e: BaseException) -> str:
+    """``status reason: message`` of an API error (the Status body's message), else the exception."""
+    if isinstance(e, ApiException):
+        message = ""
+        try:
+            body = json.loads(e.body) if e.body else {}
+            message = body.get("message", "") if isinstance(body, dict) else ""
+        except (TypeError, ValueError):
+            message = str(e.body)[:200]
+        return f"{e.status} {e.reason}" + (f": {message}" if message else "")
+    return f"{type(e).__name__}: {e}"
+
+
+# -- the actuator -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tick:
+    view: ClusterView
+    now: float
+    report: ActuationReport = field(default_factory=ActuationReport)
+    scale_writes: int = 0
+    template_writes: int = 0
+    events: int = 0
+
+
+@dataclass
+class _Seen:
+    name: str
+    namespace: str
+    count: int
+    last: float
+
+
+Hook = Callable[[str, str], Awaitable[None]]
+
+
+class KubeActuator:
+    """Applies plans to the cluster; one object for the controller's life (the MIG gate and the Event
+    de-duplication cache persist across ticks)."""
+
+    def __init__(self, api_client: Any, config: ActuatorConfig, *, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None) -> None:
+        self.api_client = api_client
+        self.config = config
+        self.clock = clock
+        self._apps = AppsV1Api(api_client)
+        self._core = CoreV1Api(api_client)
+        self._rng = rng or random.Random()
+        self.gate = MigGate(max_nodes=config.max_nodes_relayout, timeout_s=config.mig_timeout_s,
+                            retry_after_s=config.mig_timeout_s)
+        self._seen: dict[tuple, _Seen] = {}
+        self._event_seq = 0
+        # Test seam: awaited after every read and before the write that depends on it, with (what, object key),
+        # what in {"scale", "template", "time-slicing", "mig-config", "cordon"}: a test changes the object here
+        # to make the write really conflict (409) against the server.
+        self.before_write: Hook | None = None
+
+    # -- the tick ---------------------------------------------------------------------------------------------
+
+    async def apply(self, plan: Plan, view: ClusterView) -> ActuationReport:
+        tick = _Tick(view=view, now=self.clock())
+        r = tick.report
+        removals: dict[str, list[RemoveReplica]] = {}
+        for a in plan.of_type(RemoveReplica):
+            removals.setdefault(a.model, []).append(a)
+        # order: device-plugin config and MIG layout first (new pods need the resources), then templates (new
+        # pods of a scale-up must get the new slot kind), then scale, then what only reports
+        for a in plan.of_type(SetTimeSlicing):
+            await self._guard(tick, a, self._time_slicing)
+        await self._mig(tick, plan.of_type(SetMigLayout))
+        for a in plan.of_type(SetSlotTemplate):
+            await self._guard(tick, a, self._template)
+        scaled = set()
+        for a in plan.of_type(ScaleModel):
+            scaled.add(a.model)
+            await self._guard(tick, a, lambda t, a=a: self._scale(t, a, removals.get(a.model, [])))
+        for model, rems in removals.items():
+            if model not in scaled:
+                r.skipped.extend((describe(x), "no-scale") for x in rems)
+        for a in plan.of_type(PlaceReplica):
+            r.skipped.append((describe(a), "scheduler-placed"))
+        for a in plan.of_type(Shortfall):
+            await self._guard(tick, a, self._shortfall)
+        short: dict[str, dict[str, int]] = {}
+        for a in plan.of_type(Shortfall):
+            causes = short.setdefault(a.model, {})
+            causes[str(a.cause)] = causes.get(str(a.cause), 0) + a.missing
+        for a in plan.of_type(UpdateStatus):
+            await self._guard(tick, a, lambda t, a=a: self._status(t, a, short.get(a.model)))
+        if r.errors:
+            log.warning("actuation: %d applied, %d skipped, %d error(s): %s", len(r.applied), len(r.skipped),
+                        len(r.errors), "; ".join(r.errors))
+        else:
+            log.info("actuation: %d applied, %d skipped, %d conflict(s) retried", len(r.applied), len(r.skipped),
+                     r.conflicts_retried)
+        return r
+
+    async def _guard(self, tick: _Tick, a: Action, fn: Callable[[_Tick, Any], Awaitable[None]]) -> None:
+        """Run one action; whatever goes wrong stays with it."""
+        try:
+            await fn(tick, a)
+        except Gone:
+            tick.report.skipped.append((describe(a), "gone"))
+        except Exception as e:
+            line = describe(a)
+            log.warning("%s: %s", line, api_error(e))
+            tick.report.errors.append(f"{line}: {api_error(e)}")
+
+    async def _retrying(self, tick: _Tick, attempt: Callable[[], Awaitable[Any]]) -> Any:
+        """``attempt`` (a read-compare-write) again after each 409 Conflict, up to ``conflict_retries`` times."""
+        for n in range(self.config.conflict_retries + 1):
+            try:
+                return await attempt()
+            except ApiException as e:
+                if e.status != 409 or n == self.config.conflict_retries:
+                    raise
+                tick.report.conflicts_retried += 1
+                log.info("conflict (%s), re-reading (retry %d)", api_error(e), n + 1)
+                await asyncio.sleep(self._rng.uniform(0.0, self.config.conflict_backoff_s * 2**n))
+        raise AssertionError("unreachable")
+
+    async def _hook(self, what: str, key: str) -> None:
+        if self.before_write is not None:
+            await self.before_write(what, key)
+
+    def _model(self, tick: _Tick, model: str) -> ManagedModel:
+        mm = tick.view.models.get(model)
+        if mm is None:
+            raise Gone(model)
+        return mm
+
+    # -- scale ------------------------------------------------------------------------------------------------
+
+    async def _scale(self, tick: _Tick, a: ScaleModel, removals: list[RemoveReplica]) -> None:
+        r, line = tick.report, describe(a)
+        mm = self._model(tick, a.model)
+        if self.config.dry_run:
+            r.skipped.append((line, "dry-run"))
+            r.skipped.extend((describe(x), "dry-run") for x in removals)
+            await self._preempted(tick, mm, removals)  # reported as DryRunPreempted: what would happen
+            return
+        if tick.scale_writes >= self.config.max_scale_actions_per_tick:
+            r.skipped.append((line, "rate-limit"))
+            r.skipped.extend((describe(x), "rate-limit") for x in removals)
+            return
+        marked = False
+
+        async def attempt() -> str:
+            nonlocal marked
+            scale = await _or_gone(self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace), mm.key)
+            current = scale.spec.replicas or 0
+            if current == a.replicas:
+                return "unchanged"
+            if a.replicas < current and not marked:
+                await self._mark_for_removal(tick, mm, removals)
+                marked = True
+            await self._hook("scale", mm.key)
+            body = {
+                "apiVersion": "autoscaling/v1",
+                "kind": "Scale",
+                "metadata": {"name": mm.name, "namespace": mm.namespace,
+                             "resourceVersion": scale.metadata.resource_version},
+                "spec": {"replicas": a.replicas},
+            }
+            await self._apps.replace_namespaced_deployment_scale(mm.name, mm.namespace, body,
+                                                                 field_manager=FIELD_MANAGER)
+            return f"{current} -> {a.replicas}"
+
+        try:
+            outcome = await self._retrying(tick, attempt)
+        except Gone:
+            r.skipped.extend((describe(x), "gone") for x in removals)
+            raise
+        if outcome == "unchanged":
+            r.skipped.append((line, "unchanged"))
+            if not marked:
+                r.skipped.extend((describe(x), "unchanged") for x in removals)
+            return
+        tick.scale_writes += 1
+        r.applied.append(line)
+        # only once the scale-down is written: a skipped or failed one is planned again next tick
+        await self._preempted(tick, mm, removals)
+
+    async def _preempted(self, tick: _Tick, mm: ManagedModel, removals: list[RemoveReplica]) -> None:
+        """A Warning Event ``Preempted`` on the victim Deployment per preempted replica (the core's message)."""
+        for x in removals:
+            if x.preempted_by:
+                message = x.message or f"replica {x.replica_id} preempted ({x.reason}) for {x.preempted_by}"
+                await self._event(tick, self._deployment_ref(mm, mm.uid), "Warning", PREEMPTED_EVENT, message)
+
+    async def _mark_for_removal(self, tick: _Tick, mm: ManagedModel, removals: list[RemoveReplica]) -> None:
+        """Best effort: a pod already gone is fine, a failure is reported and does not stop the scale-down."""
+        for x in removals:
+            ns, pod = split_key(x.replica_id, mm.namespace)
+            try:
+                await self._core.patch_namespaced_pod(
+                    pod, ns, {"metadata": {"annotations": {POD_DELETION_COST: DELETION_COST_FIRST}}},
+                    _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+            except ApiException as e:
+                if e.status == 404:
+                    tick.report.skipped.append((describe(x), "gone"))
+                    continue
+                tick.report.errors.append(f"{describe(x)}: {api_error(e)}")
+                continue
+            tick.report.applied.append(f"{describe(x)}: {POD_DELETION_COST}={DELETION_COST_FIRST}")
+
+    # -- slot template ----------------------------------------------------------------------------------------
+
+    async def _template(self, tick: _Tick, a: SetSlotTemplate) -> None:
+        r, line = tick.report, describe(a)
+        mm = self._model(tick, a.model)
+        if self.config.dry_run:
+            r.skipped.append((line, "dry-run"))
+            return
+        if tick.template_writes >= self.config.max_template_changes_per_tick:
+            r.skipped.append((line, "rate-limit"))
+            return
+
+        async def attempt() -> bool:
+            dep = self.api_client.sanitize_for_serialization(
+                await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key))
+            pod_spec = dep["spec"]["template"]["spec"]
+            containers = pod_spec.get("containers") or []
+            idx = next((i for i, c in enumerate(containers) if c.get("name") == mm.container), None)
+            if idx is None:
+                raise ValueError(f"container {mm.container!r} not in the pod template")
+            old_res = containers[idx].get("resources") or {}
+            old_sel = pod_spec.get("nodeSelector") or {}
+            new_res = merged_resources(old_res, a.resources)
+            new_sel = merged_node_selector(old_sel, a.node_selector)
+            if new_res == old_res and new_sel == old_sel:
+                return False
+            await self._hook("template", mm.key)
+            base = f"/spec/template/spec/containers/{idx}"
+            ops: list[dict[str, Any]] = [
+                # a resourceVersion in the patch is a precondition: the server answers 409 if it moved on
+                {"op": "replace", "path": "/metadata/resourceVersion", "value": dep["metadata"]["resourceVersion"]},
+                # the name check guards the index (containers are a list) even without the precondition
+                {"op": "test", "path": f"{base}/name", "value": mm.container},
+                # replace the whole map: a merge would keep the old GPU resource next to the new one
+                {"op": "add", "path": f"{base}/resources", "value": new_res},
+            ]
+            if new_sel:
+                ops.append({"op": "add", "path": "/spec/template/spec/nodeSelector", "value": new_sel})
+            elif "nodeSelector" in pod_spec:
+                ops.append({"op": "remove", "path": "/spec/template/spec/nodeSelector"})
+            await self._apps.patch_namespaced_deployment(mm.name, mm.namespace, ops, field_manager=FIELD_MANAGER)
+            return True
+
+        if await self._retrying(tick, attempt):
+            tick.template_writes += 1
+            r.applied.append(line)
+        else:
+            r.skipped.append((line, "unchanged"))
+
+    # -- ConfigMaps -------------------------------------------------------------------------------------------
+
+    async def _upsert_configmap(self, tick: _Tick, ref: str, what: str,
+                                render: Callable[[str | None], tuple[str, bool]], key: str) -> str:
+        """Create or update one key of ConfigMap ``ref`` ("ns/name") to ``render(current value)`` -> (text,
+        changed); returns "created", "updated" or "unchanged"."""
+        ns, name = split_key(ref, "default")
+
+        async def attempt() -> str:
+            try:
+                cm = self.api_client.sanitize_for_serialization(
+                    await self._core.read_namespaced_config_map(name, ns))
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                cm = None
+            current = None if cm is None else (cm.get("data") or {}).get(key)
+            text, changed = render(current)
+            if cm is not None and (not changed or current == text):
+                return "unchanged"
+            await self._hook(what, ref)
+            if cm is None:
+                body = {"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": name, "namespace": ns,
+                                     "labels": {"app.kubernetes.io/managed-by": self.config.component}},
+                        "data": {key: text}}
+                await self._core.create_namespaced_config_map(ns, body, field_manager=FIELD_MANAGER)
+                return "created"
+            patch = {"metadata": {"resourceVersion": cm["metadata"]["resourceVersion"]}, "data": {key: text}}
+            await self._core.patch_namespaced_config_map(name, ns, patch, _content_type=MERGE_PATCH,
+                                                        field_manager=FIELD_MANAGER)
+            return "updated"
+
+        return await self._retrying(tick, attempt)
+
+    async def _time_slicing(self, tick: _Tick, a: SetTimeSlicing) -> None:
+        r, line = tick.report, describe(a)
+        text = to_yaml(time_slicing_config(a.replicas))  # raises on an invalid config: nothing is written then
+        if self.config.dry_run:
+            r.skipped.append((line, "dry-run"))
+            return
+        outcome = await self._upsert_configmap(tick, self.config.time_slicing_configmap, "time-slicing",
+                                               lambda current: (text, current != text), self.config.time_slicing_key)
+        if outcome == "unchanged":
+            r.skipped.append((line, "unchanged"))
+        else:
+            r.applied.append(f"{line}: {outcome} {self.config.time_slicing_configmap}")
+
+    # -- MIG --------------------------------------------------------------------------------------------------
+
+    async def _mig(self, tick: _Tick, actions: list[SetMigLayout]) -> None:
+        r = tick.report
+        if self.config.dry_run:
+            r.skipped.extend((describe(a), "dry-run") for a in actions)
+            return
+        # recovery and relayouts in flight go on even with the gate off: a node we cordoned is never abandoned
+        self.gate.recover(tick.view, tick.now)
+        for a in actions:
+            if self.config.mig_relayout:
+                self.gate.submit(a, tick.now, r)
+            else:
+                r.skipped.append((describe(a), "gate-disabled"))
+        if self.gate.jobs:
+            await self.gate.tick(tick.view, tick.now, _KubeGateIO(self, tick), r)
+
+    # -- status and Events ------------------------------------------------------------------------------------
+
+    async def _status(self, tick: _Tick, a: UpdateStatus, shortfall: Mapping[str, int] | None = None) -> None:
+        r, line = tick.report, describe(a)
+        mm = self._model(tick, a.model)
+        payload = status_payload(a, dry_run=self.config.dry_run, now=tick.now, shortfall=shortfall)
+        dep = await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key)
+        annotations = dep.metadata.annotations or {}
+        if same_status(annotations.get(STATUS_ANNOTATION), payload):
+            # already said (e.g. after a controller restart): neither the annotation nor a new Event
+            r.skipped.append((line, "unchanged"))
+            return
+        await self._apps.patch_namespaced_deployment(
+            mm.name, mm.namespace, {"metadata": {"annotations": {STATUS_ANNOTATION: json.dumps(payload)}}},
+            _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+        r.applied.append(line)
+        type_, reason, message = status_event(a)
+        await self._event(tick, self._deployment_ref(mm, dep.metadata.uid), type_, reason, message)
+
+    async def _shortfall(self, tick: _Tick, a: Shortfall) -> None:
+        mm = self._model(tick, a.model)
+        type_, reason, message = shortfall_event(a)
+        if await self._event(tick, self._deployment_ref(mm, mm.uid), type_, reason, message):
+            tick.report.applied.append(describe(a))
+
+    @staticmethod
+    def _deployment_ref(mm: ManagedModel, uid: str | None) -> dict[str, str]:
+        ref = {"kind": "Deployment", "apiVersion": "apps/v1", "name": mm.name, "namespace": mm.namespace}
+        if uid:
+            ref["uid"] = uid
+        return ref
+
+    async def _event(self, tick: _Tick, ref: Mapping[str, str], type_: str, reason: str, message: str) -> bool:
+        """Record an Event (rate-limited per tick, de-duplicated); False when skipped or failed."""
+        if self.config.dry_run:
+            reason = "DryRun" + reason
+        line = f"event {type_} {reason} {ref['kind']} {ref.get('namespace', '')}/{ref['name']}".replace(" /", " ")
+        if tick.events >= self.config.max_events_per_tick:
+            tick.report.skipped.append((line, "rate-limit"))
+            return False
+        tick.events += 1
+        try:
+            outcome = await self._record(ref, type_, reason, message[:EVENT_MESSAGE_MAX], tick.now)
+        except Exception as e:  # an Event is a report, never a reason to fail the action it reports
+            log.warning("%s: %s", line, api_error(e))
+            tick.report.errors.append(f"{line}: {api_error(e)}")
+            return False
+        tick.report.events += 1
+        log.debug("%s (%s): %s", line, outcome, message)
+        return True
+
+    async def _record(self, ref: Mapping[str, str], type_: str, reason: str, message: str, now: float) -> str:
+        key = (ref["kind"], ref.get("namespace", ""), ref["name"], ref.get("uid", ""), type_, reason, message)
+        window = self.config.event_dedup_window_s
+        self._seen = {k: s for k, s in self._seen.items() if now - s.last <= window}
+        if len(self._seen) >= EVENT_CACHE_MAX:  # bounded like client-go's LRU: forget the least recently seen
+            for k, _ in sorted(self._seen.items(), key=lambda kv: kv[1].last)[: len(self._seen) // 2]:
+                del self._seen[k]
+        seen = self._seen.get(key)
+        if seen is not None:
+            try:
+                await self._core.patch_namespaced_event(
+                    seen.name, seen.namespace, {"count": seen.count + 1, "lastTimestamp": rfc3339(now)},
+                    _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+                seen.count += 1
+                seen.last = now
+                return "bumped"
+            except ApiException as e:
+                if e.status != 404:  # 404: the Event expired (TTL) meanwhile: write a new one
+                    raise
+        namespace = ref.get("namespace") or "default"  # events about cluster-scoped objects live in "default"
+        self._event_seq += 1
+        # client-go names Events "<object>.<unix nanos in hex>"; the sequence keeps names unique under a fake clock
+        name = f"{ref['name'][:200]}.{int(now * 1e9) + self._event_seq:x}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": dict(ref),
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": rfc3339(now),
+            "lastTimestamp": rfc3339(now),
+            "source": {"component": self.config.component},
+            "reportingComponent": self.config.component,
+        }
+        await self._core.create_namespaced_event(namespace, body, field_manager=FIELD_MANAGER)
+        self._seen[key] = _Seen(name, namespace, 1, now)
+        return "created"
+
+
+class _KubeGateIO:
+    """The MIG gate's writes, against the API server (one per tick: carries the tick's report and limits)."""
+
+    def __init__(self, actuator: KubeActuator, tick: _Tick) -> None:
+        self.a = actuator
+        self.tick = tick
+        self._uids: dict[str, str] = {}
+
+    async def read_node(self, name: str) -> NodeRead | None:
+        try:
+            node = await self.a._core.read_node(name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        self._uids[name] = node.metadata.uid or ""
+        return NodeRead(name, dict(node.metadata.labels or {}), bool(node.spec.unschedulable),
+                        node.metadata.resource_version or "")
+
+    async def cordon(self, name: str, config_name: str) -> bool:
+        async def attempt() -> bool:
+            node = await self.read_node(name)
+            if node is None:
+                raise Gone(name)
+            if node.unschedulable:
+                # an admin's cordon stays theirs (we never lift it) -- unless it is our own label from a
+                # previous process
+                return node.labels.get(OWNER_LABEL) is not None
+            await self.a._hook("cordon", name)
+            await self.a._core.patch_node(
+                name, {"metadata": {"resourceVersion": node.resource_version, "labels": {OWNER_LABEL: config_name}},
+                       "spec": {"unschedulable": True}},
+                _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+            return True
+
+        return await self.a._retrying(self.tick, attempt)
+
+    async def uncordon(self, name: str, we_cordoned: bool) -> None:
+        if not we_cordoned:
+            return
+        try:
+            await self.a._core.patch_node(name, {"metadata": {"labels": {OWNER_LABEL: None}},
+                                                 "spec": {"unschedulable": False}},
+                                          _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def _config_entry(self, config_name: str) -> Any:
+        ns, name = split_key(self.a.config.mig_parted_configmap, "default")
+        try:
+            cm = await self.a._core.read_namespaced_config_map(name, ns)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        doc = yaml.safe_load((cm.data or {}).get(MIG_PARTED_KEY) or "") or {}
+        return (doc.get("mig-configs") or {}).get(config_name) if isinstance(doc, dict) else None
+
+    async def config_applied(self, node: NodeRead, config_name: str, config: dict) -> bool:
+        if node.labels.get(MIG_CONFIG) != config_name or node.labels.get(MIG_CONFIG_STATE) != STATE_SUCCESS:
+            return False
+        wanted = (config.get("mig-configs") or {}).get(config_name)
+        return wanted is not None and await self._config_entry(config_name) == wanted
+
+    async def write_config(self, config: dict) -> bool:
+        outcome = await self.a._upsert_configmap(self.tick, self.a.config.mig_parted_configmap, "mig-config",
+                                                 lambda current: merge_mig_configs(current, config), MIG_PARTED_KEY)
+        if outcome != "unchanged":
+            self.tick.report.applied.append(f"mig-parted config: {outcome} {self.a.config.mig_parted_configmap}")
+        return outcome != "unchanged"
+
+    async def relabel(self, name: str, config_name: str) -> None:
+        # both labels in ONE patch: a later "success" can only be the MIG manager's answer to this config
+        await self.a._core.patch_node(
+            name, {"metadata": {"labels": {MIG_CONFIG: config_name, MIG_CONFIG_STATE: STATE_PENDING}}},
+            _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+
+    async def event(self, node: str, type_: str, reason: str, message: str) -> None:
+        ref = {"kind": "Node", "apiVersion": "v1", "name": node}
+        if self._uids.get(node):
+            ref["uid"] = self._uids[node]
+        await self.a._event(self.tick, ref, type_, reason, message)

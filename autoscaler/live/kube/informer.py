@@ -1,0 +1,419 @@
+"""A list+watch cache of one Kubernetes collection (any resource path), as plain JSON dicts.
+
+The controller observes the cluster through a handful of these (Deployments, Pods, Nodes, Jobs, Kueue
+Workloads): each keeps an in-memory copy of the objects under one collection path, so a tick reads the cache
+instead of the apiserver. It is the informer/reflector pattern of client-go, over kubernetes_asyncio's
+``ApiClient`` but without its generated models (objects stay camelCase dicts, exactly as served):
+
+* **list** the collection in pages (``limit``/``continue``) and replace the cache atomically when the last
+  page is in (objects that vanished since the previous list are dropped and reported as ``DELETED``);
+* **watch** from the list's ``resourceVersion`` with ``allowWatchBookmarks=true`` and ``timeoutSeconds``;
+  ``BOOKMARK`` events only advance the resourceVersion; a watch the server ends is reopened from the last one;
+* **410 Gone** (HTTP 410, a watch ``ERROR`` event with code 410, or "too old resource version"): the
+  resourceVersion is compacted away and events were lost, so re-list, then tell subscribers ``RELIST``;
+* any other failure (HTTP errors, dropped connections, undecodable lines) -> reconnect after a full-jitter
+  exponential backoff (``backoff_initial_s`` doubling up to ``backoff_max_s``), reset by a successful list or
+  watch event, so a flapping apiserver is not hammered by every replica in lock-step;
+* ``optional=True`` (a CRD that may not be installed, e.g. Kueue Workloads): a 404 means "synced and empty",
+  and the path is probed again every ``backoff_max_s``.
+
+Cancelling :meth:`Informer.run` closes the open response; the cache stays readable afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from autoscaler.live.kube.objects import object_key
+
+log = logging.getLogger(__name__)
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+BOOKMARK = "BOOKMARK"
+ERROR = "ERROR"
+RELIST = "RELIST"  # the cache was replaced by a re-list (after the per-object ADDED/MODIFIED/DELETED diff)
+
+Callback = Callable[[str, dict[str, Any]], None]
+
+
+class Backoff:
+    """Full-jitter exponential backoff: the n-th delay (from 0) is uniform in ``[0, min(max_s, initial_s * 2**n)]``.
+
+    Full jitter (rather than a fixed doubling) spreads reconnects of many clients that failed together, which
+    is what an apiserver restart looks like to a fleet of informers.
+    """
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        if initial_s <= 0 or max_s < initial_s:
+            raise ValueError(f"need 0 < initial_s <= max_s, got {initial_s}, {max_s}")
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def ceiling(self) -> float:
+        """The upper bound of the next delay."""
+        # cap the exponent: 2**attempt overflows float long after the ceiling has hit max_s anyway
+        return min(self.max_s, self.initial_s * 2 ** min(self.attempt, 64))
+
+    def next(self) -> float:
+        delay = self._rng.uniform(0.0, self.ceiling())
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass
+class InformerStats:
+    lists: int = 0  # complete (all pages) successful lists
+    relists: int = 0  # successful lists after the first one (410 Gone, or an optional path that appeared)
+    watches: int = 0  # watch streams opened (HTTP 200)
+    watch_restarts: int = 0  # watch streams that ended for any reason (server timeout, drop, error, 410) or failed
+    events: int = 0  # ADDED/MODIFIED/DELETED events applied
+    bookmarks: int = 0
+    gone: int = 0  # 410s seen (each leads to a re-list)
+    not_found: int = 0  # 404s of an optional path
+    errors: int = 0  # failures that led to a backoff (HTTP errors, network errors, bad lines, ERROR events)
+    last_error: str | None = None
+
+
+class _Gone(Exception):
+    """The resourceVersion (or list continuation) is too old: only a fresh list can resume."""
+
+
+class _NotFound(Exception):
+    """The collection path answered 404 (an optional CRD that is not, or no longer, installed)."""
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def _status_message(status: int, body: str) -> str:
+    """The ``message`` of a ``Status`` body if it is one, else the body's start."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body[:300]
+    if isinstance(parsed, dict) and parsed.get("kind") == "Status":
+        return f"{parsed.get('reason')}: {parsed.get('message')}"
+    return body[:300]
+
+
+def _is_gone(status: int, message: str) -> bool:
+    # older apiservers (and etcd compaction races) report an expired resourceVersion as a 500 whose message says so
+    return status == 410 or "too old resource version" in message.lower()
+
+
+def _rv(obj: dict[str, Any]) -> str | None:
+    return (obj.get("metadata") or {}).get("resourceVersion")
+
+
+class Informer:
+    """A list+watch cache of the collection at ``path`` (e.g. ``/api/v1/pods``, ``/apis/apps/v1/deployments``,
+    ``/api/v1/namespaces/ns/configmaps``); see the module docstring for the protocol.
+
+    Read with :meth:`items` / :meth:`get` (the cached dicts themselves: treat them as read-only) once
+    :attr:`synced`; :meth:`subscribe` to hear about changes. Callbacks run synchronously in the informer's task
+    and must not block; an exception in one is logged and ignored.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        name: str | None = None,
+        optional: bool = False,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        watch_timeout_s: int = 300,
+        rng: random.Random | None = None,
+        page_size: int = 500,
+        request_timeout_s: float = 60.0,
+    ) -> None:
+        self._api = api_client
+        self.path = "/" + path.strip("/")
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.name = name or (self.path + (f"?labelSelector={label_selector}" if label_selector else ""))
+        self.optional = optional
+        self.backoff_max_s = backoff_max_s
+        self.watch_timeout_s = int(watch_timeout_s)
+        self.page_size = int(page_size)
+        self.request_timeout_s = request_timeout_s
+        self.stats = InformerStats()
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._resource_version: str | None = None
+        self._synced = asyncio.Event()
+        self._subscribers: list[Callback] = []
+        self._listed_once = False
+        self._events_since_list = 0
+
+    # --- reading --------------------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True once the first list completed (or an optional path answered 404); stays True afterwards."""
+        return self._synced.is_set()
+
+    @property
+    def resource_version(self) -> str | None:
+        """The resourceVersion the next watch resumes from (the last list's, advanced by events and bookmarks)."""
+        return self._resource_version
+
+    async def wait_synced(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._synced.wait(), timeout)
+        return self._synced.is_set()
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self._cache.values())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The cached object with ``objects.object_key(obj) == key`` (``ns/name``, or ``name`` if cluster-scoped)."""
+        return self._cache.get(key)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def subscribe(self, callback: Callback) -> None:
+        """``callback(event_type, obj)`` with ADDED/MODIFIED/DELETED and the object, or RELIST and
+        ``{"metadata": {"resourceVersion": rv}, "count": n}`` after a re-list replaced the cache."""
+        self._subscribers.append(callback)
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List, then watch, forever (until cancelled), re-listing on 410 and backing off on errors."""
+        need_list = True
+        while True:
+            watching = False
+            try:
+                if need_list:
+                    if not await self._list():  # an optional path that is not there: synced and empty
+                        await asyncio.sleep(self.backoff_max_s)
+                        continue
+                    need_list = False
+                events_before = self.stats.events + self.stats.bookmarks
+                started = time.monotonic()
+                watching = True
+                await self._watch()
+                self.stats.watch_restarts += 1
+                # A watch the server ends at timeoutSeconds is normal: reopen at once. One that ends at once and
+                # empty (a proxy or apiserver closing on us) must not turn into a hot loop: back off then.
+                quiet = self.stats.events + self.stats.bookmarks == events_before
+                if quiet and time.monotonic() - started < self.watch_timeout_s / 2:
+                    await asyncio.sleep(self._backoff.next())
+            except _Gone as exc:
+                self.stats.gone += 1
+                self.stats.watch_restarts += int(watching)
+                need_list = True
+                log.info("informer %s: %s; re-listing", self.name, exc)
+                if self._events_since_list == 0:
+                    # 410 right after a list: something is off (a lagging apiserver behind a load balancer);
+                    # re-listing at once could loop, so this one waits like an error does
+                    await asyncio.sleep(self._backoff.next())
+            except _NotFound:
+                # the optional collection vanished while watching (CRD deleted): the list turns it into "empty"
+                self.stats.watch_restarts += 1
+                need_list = True
+            except Exception as exc:  # network, HTTP, decoding: all retried the same way (CancelledError is not one)
+                self.stats.watch_restarts += int(watching)
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                delay = self._backoff.next()
+                log.warning(
+                    "informer %s: %s failed: %s; retrying in %.2f s",
+                    self.name,
+                    "watch" if watching else "list",
+                    self.stats.last_error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+
+    # --- list -----------------------------------------------------------------------------------------------
+
+    def _selectors(self) -> list[tuple[str, str]]:
+        params = []
+        if self.label_selector:
+            params.append(("labelSelector", self.label_selector))
+        if self.field_selector:
+            params.append(("fieldSelector", self.field_selector))
+        return params
+
+    async def _request(self, params: list[tuple[str, str]], timeout: aiohttp.ClientTimeout) -> Any:
+        """GET ``path?params`` through the ApiClient (its auth, TLS and token refresh); the raw aiohttp response."""
+        return await self._api.call_api(
+            self.path,
+            "GET",
+            query_params=params,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+
+    async def _get_page(self, params: list[tuple[str, str]]) -> dict[str, Any]:
+        resp = await self._request(params, aiohttp.ClientTimeout(total=self.request_timeout_s))
+        try:
+            body = await resp.text()
+        finally:
+            resp.close()
+        if resp.status == 200:
+            return json.loads(body)
+        message = _status_message(resp.status, body)
+        if resp.status == 404:
+            raise _NotFound(message)
+        if _is_gone(resp.status, message):
+            raise _Gone(f"list: {message}")
+        raise HttpError(resp.status, message)
+
+    async def _list(self) -> bool:
+        """One complete paged list, then the cache is replaced. False if an optional path answered 404."""
+        fresh: dict[str, dict[str, Any]] = {}
+        continue_token: str | None = None
+        while True:
+            params = [("limit", str(self.page_size)), *self._selectors()]
+            if continue_token:
+                params.append(("continue", continue_token))
+            try:
+                page = await self._get_page(params)
+            except _NotFound as exc:
+                if not self.optional:
+                    raise HttpError(404, str(exc)) from None
+                self.stats.not_found += 1
+                log.debug("informer %s: optional path not found (%s)", self.name, exc)
+                self._replace({}, None)
+                return False
+            # list items carry no kind/apiVersion (the list does); fill them in so cached objects look like
+            # watched ones and consumers can tell kinds apart
+            kind = str(page.get("kind") or "")
+            item_kind = kind[: -len("List")] if kind.endswith("List") else kind
+            for item in page.get("items") or []:
+                item.setdefault("kind", item_kind)
+                item.setdefault("apiVersion", page.get("apiVersion"))
+                fresh[object_key(item)] = item
+            meta = page.get("metadata") or {}
+            continue_token = meta.get("continue") or None
+            if not continue_token:
+                self._replace(fresh, meta.get("resourceVersion"))
+                return True
+
+    def _replace(self, fresh: dict[str, dict[str, Any]], resource_version: str | None) -> None:
+        """Swap in a complete list and tell subscribers what changed (per object, then RELIST)."""
+        old, self._cache = self._cache, fresh
+        self._resource_version = resource_version
+        self._events_since_list = 0
+        first = not self._listed_once
+        if resource_version is not None:  # a real list (not an optional path's 404)
+            self.stats.lists += 1
+            if self._listed_once:
+                self.stats.relists += 1
+            self._listed_once = True
+            self._backoff.reset()
+        for key, obj in old.items():
+            if key not in fresh:
+                self._notify(DELETED, obj)
+        for key, obj in fresh.items():
+            previous = old.get(key)
+            if previous is None:
+                self._notify(ADDED, obj)
+            elif _rv(previous) != _rv(obj):
+                self._notify(MODIFIED, obj)
+        if old or (resource_version is not None and not first):
+            self._notify(RELIST, {"metadata": {"resourceVersion": resource_version}, "count": len(fresh)})
+        if not self._synced.is_set():
+            log.info("informer %s: synced (%d objects)", self.name, len(fresh))
+        self._synced.set()
+
+    # --- watch ----------------------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """One watch stream from the current resourceVersion until the server ends it (returns) or it fails."""
+        params = [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(self.watch_timeout_s)),
+            *self._selectors(),
+        ]
+        if self._resource_version:
+            params.append(("resourceVersion", self._resource_version))
+        # no total timeout (the stream is long-lived); a read timeout a little past timeoutSeconds catches a dead
+        # connection that the server can no longer end
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.request_timeout_s, sock_read=self.watch_timeout_s + 30
+        )
+        resp = await self._request(params, timeout)
+        try:
+            if resp.status != 200:
+                message = _status_message(resp.status, await resp.text())
+                if resp.status == 404 and self.optional:
+                    raise _NotFound(message)
+                if _is_gone(resp.status, message):
+                    raise _Gone(f"watch: {message}")
+                raise HttpError(resp.status, message)
+            self.stats.watches += 1
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    return  # the server ended the watch (timeoutSeconds) or closed the connection cleanly
+                if line.strip():
+                    self._apply(json.loads(line))
+        finally:
+            resp.close()  # also on cancellation: never leave a watch connection behind
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == ERROR:
+            code = int(obj.get("code") or 0)
+            message = f"{obj.get('reason')}: {obj.get('message')}"
+            if _is_gone(code, message):
+                raise _Gone(f"watch ERROR event: {message}")
+            raise HttpError(code, f"watch ERROR event: {message}")
+        rv = _rv(obj)
+        if kind == BOOKMARK:
+            self.stats.bookmarks += 1
+        elif kind in (ADDED, MODIFIED):
+            self._cache[object_key(obj)] = obj
+            self.stats.events += 1
+            self._events_since_list += 1
+        elif kind == DELETED:
+            self._cache.pop(object_key(obj), None)
+            self.stats.events += 1
+            self._events_since_list += 1
+        else:
+            log.warning("informer %s: ignoring watch event of type %r", self.name, kind)
+            return
+        if rv:
+            self._resource_version = rv
+        self._backoff.reset()
+        if kind != BOOKMARK:
+            self._notify(kind, obj)
+
+    def _notify(self, kind: str, obj: dict[str, Any]) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(kind, obj)
+            except Exception:
+                log.exception("informer %s: subscriber %r failed on %s", self.name, callback, kind)

@@ -1,0 +1,872 @@
+"""Lending GPUs to preemptible training in Kubernetes, and taking them back: the plan's ``LendGpus`` /
+``ReclaimGpus`` applied to a real cluster, in the two modes of :class:`~sharing.lending.LendingPolicy`.
+
+**Pods mode** (``mode: pods``) lends whole nodes (a label or a taint cannot split a node):
+
+- ``LendGpus`` naming EVERY GPU of a node that holds no inference pod (no GPU pod without the
+  ``slotwise.io/preemptible=true`` label, checked on the live pod list, not only the cache) -> one merge patch of the
+  node (with the read ``resourceVersion``): label ``slotwise.io/lent=true`` (training pods select it), taint
+  ``slotwise.io/lent=true:NoSchedule`` (training pods tolerate it, inference pods do not), annotation
+  ``slotwise.io/lent-since`` (RFC 3339). A node that already says so is left alone (``unchanged``).
+- ``ReclaimGpus`` on a lent node -> a reclaim that spans ticks (per-node state, like the MIG gate), phases::
+
+      UNLABEL ──▶ EVICT ──▶ RELEASE ──▶ done (duration recorded)
+      (label off, so no new     (Eviction API for every      (taint and annotations off once
+       training lands; the       pod labelled preemptible     no preemptible pod is left on
+       decision's time and       on the node, the named       the node: inference may land)
+       reason as annotations)    workloads' pods first)
+
+  Evictions go through the Eviction subresource (``policy/v1`` where the server serves it, ``policy/v1beta1`` on
+  1.20: asked once from discovery) with ``deleteOptions.gracePeriodSeconds`` = the pod's own grace period capped
+  by ``max_reclaim_s``, and ``preconditions`` (uid, resourceVersion) so that the pod evicted is exactly the one
+  read -- still labelled preemptible. A pod WITHOUT the preemptible label is never evicted, whatever the plan
+  says: a plan naming one gets it reported in ``report.refused`` instead. A 429 (a PodDisruptionBudget) is retried
+  on the next tick. The reclaim's duration is measured from the decision (the view's ``now`` when the action
+  first came) to the taint's removal.
+- After a restart a node with the taint but no label is a reclaim in flight: it is adopted (its decision time
+  read back from ``slotwise.io/reclaim-since``) and finished.
+
+**Kueue mode** (``mode: kueue``) has no per-node state; the inference ClusterQueue's
+``spec.resourceGroups[*].flavors[kueue_flavor].resources[kueue_resource].lendingLimit`` caps what its cohort may
+borrow. Lent GPUs are those training pods hold (``translate``), so the limit is set, on every tick with a lend or
+a new reclaim, to ``lent now - being reclaimed + newly lent`` (capped by the resource's ``nominalQuota``). Lowering
+the limit evicts nothing (kubernetes-sigs/kueue#5176), so a reclaim also sets ``spec.active: false`` on the
+named workloads' Kueue Workloads, in the plan's preemption order (Kueue evicts a deactivated Workload at once and
+releases its quota); a named workload without a Workload (a bare preemptible pod) is evicted as in pods mode.
+The reclaim is done when no pod of the named workloads is left on the node. Kueue stops a deactivated Job's pods
+with their own grace period: keep ``terminationGracePeriodSeconds`` of workloads in the training ClusterQueue within
+``max_reclaim_s`` (the reclaim contract), or the reclaims measured here will be late.
+
+Every write is idempotent (read first, no write when it already says so), read-modify-writes carry the read
+``resourceVersion`` and are retried on 409 with full-jitter backoff, lends are rate-limited per tick
+(``max_lends_per_tick``, the rest re-planned next tick) and so are evictions (``max_evictions_per_tick``).
+Errors stay with their action. **Dry run** changes nothing: every action is reported skipped ``dry-run``.
+The report (:class:`LendingReport`) is what the exporter's ``record_lending`` counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from kubernetes_asyncio.client import ApisApi, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client.rest import ApiException
+
+from autoscaler.api.plan import LendGpus, ReclaimGpus
+from autoscaler.live.kube.actuator import api_error, describe, rfc3339
+from autoscaler.live.kube.objects import (
+    FIELD_MANAGER,
+    GPU_RESOURCE,
+    LENT_LABEL,
+    LENT_SINCE_ANNOTATION,
+    LENT_TAINT_EFFECT,
+    LENT_TAINT_KEY,
+    LENT_TAINT_VALUE,
+    MIG_RESOURCE_PREFIX,
+    PREEMPTIBLE_LABEL,
+    RECLAIM_REASON_ANNOTATION,
+    RECLAIM_SINCE_ANNOTATION,
+    ClusterView,
+    TrainingRef,
+    has_lent_taint,
+)
+from sharing.lending import LendingPolicy
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta1"
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+_JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+
+
+class Phase(StrEnum):
+    UNLABEL = "unlabel"  # pods mode: take the label off (no new training lands)
+    DEACTIVATE = "deactivate"  # kueue mode: spec.active=false on the named workloads' Workloads
+    EVICT = "evict"  # evict the preemptible pods until none is left
+    RELEASE = "release"  # pods mode: taint and annotations off
+
+
+@dataclass
+class Reclaim:
+    """One node's reclaim in flight."""
+
+    node: str
+    devices: tuple[int, ...]
+    workloads: tuple[str, ...]  # the plan's preemption order
+    reason: str
+    decided_at: float  # the decision (the view's now when the action first came; annotation after a restart)
+    deadline_s: float
+    phase: Phase
+    recovered: bool = False  # adopted after a restart
+    timed: bool = True  # the decision time is known: record the duration
+    refused: set[str] = field(default_factory=set)  # already reported, once per reclaim
+    bare: set[str] = field(default_factory=set)  # kueue mode: named workloads without a Kueue Workload (evicted)
+    blocked: set[str] = field(default_factory=set)  # pods whose eviction a PodDisruptionBudget refused (429)
+
+
+@dataclass(frozen=True)
+class ReclaimDone:
+    """A finished reclaim: from the decision until the GPUs were free."""
+
+    node: str
+    devices: tuple[int, ...]
+    reason: str
+    seconds: float
+    deadline_s: float
+
+    @property
+    def late(self) -> bool:
+        return self.seconds > self.deadline_s
+
+
+@dataclass
+class LendingReport:
+    """What one :meth:`LendingActuator.apply` did; lines in the style of ``ActuationReport``."""
+
+    applied: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (line, why)
+    errors: list[str] = field(default_factory=list)
+    conflicts_retried: int = 0
+    pending: list[str] = field(default_factory=list)  # reclaims in flight, one line per node
+    refused: list[str] = field(default_factory=list)  # pods / workloads the plan named that may not be preempted
+    evicted: list[str] = field(default_factory=list)  # pod keys evicted this tick
+    deactivated: list[str] = field(default_factory=list)  # Kueue Workloads ("ns/name") deactivated this tick
+    lends: int = 0  # LendGpus applied (a node lent; a lendingLimit raised for it)
+    reclaims_started: list[tuple[str, str]] = field(default_factory=list)  # (node, reason) of new reclaims
+    reclaims_done: list[ReclaimDone] = field(default_factory=list)
+
+    def why(self, prefix: str) -> list[str]:
+        return [why for line, why in self.skipped if line.startswith(prefix)]
+
+
+class Gone(Exception):
+    """The object an action addresses no longer exists."""
+
+
+# -- pure helpers ---------------------------------------------------------------------------------------------------
+
+
+def is_preemptible(labels: Mapping[str, str] | None) -> bool:
+    """The ONLY test for "may be evicted for inference": the pod itself carries ``slotwise.io/preemptible=true``.
+    Anything else (no label, another value, a label on the owning Job only) is treated as inference."""
+    return (labels or {}).get(PREEMPTIBLE_LABEL) == "true"
+
+
+def _gpu_request(pod: Mapping[str, Any]) -> bool:
+    for c in (*((pod.get("spec") or {}).get("containers") or ()), *((pod.get("spec") or {}).get("initContainers")
+                                                                    or ())):
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            for name, q in (res.get(part) or {}).items():
+                if (name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)) and str(q) not in ("0", "0m"):
+                    return True
+    return False
+
+
+def _pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _live(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") not in _TERMINAL
+
+
+def inference_pods(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Live pods asking for a GPU that are not preemptible: a node holding one may not be lent."""
+    return sorted(_pod_key(p) for p in pods if _live(p) and _gpu_request(p)
+                  and not is_preemptible((p.get("metadata") or {}).get("labels")))
+
+
+def belongs_to(pod: Mapping[str, Any], name: str, ref: TrainingRef | None) -> bool:
+    """Whether a live pod is one of the training workload ``name``'s (by the view's pod list, or its owner)."""
+    key = _pod_key(pod)
+    if key == name or (ref is not None and key in ref.pods):
+        return True
+    meta = pod.get("metadata") or {}
+    ns, _, obj = name.partition("/")
+    if meta.get("namespace") != ns or ref is None or ref.kind == "Pod":
+        return False
+    for owner in meta.get("ownerReferences") or ():
+        if owner.get("kind") == ref.kind and (owner.get("name") == obj or (ref.uid and owner.get("uid") == ref.uid)):
+            return True
+    labels = meta.get("labels") or {}
+    return ref.kind == "Job" and any(labels.get(lbl) == obj for lbl in _JOB_NAME_LABELS)
+
+
+def eviction_order(pods: Sequence[Mapping[str, Any]], workloads: Sequence[str],
+                   refs: Mapping[str, TrainingRef]) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """(the pods to evict, in order; the pods the plan named that may NOT be evicted).
+
+    Every live preemptible pod on the node is evicted: the named workloads' first, in the plan's preemption order,
+    then any other preemptible pod there (it holds the node's GPUs just the same). A named pod without the
+    preemptible label is refused, never evicted.
+    """
+    live = [p for p in pods if _live(p)]
+    order: list[Mapping[str, Any]] = []
+    refused: list[str] = []
+    seen: set[str] = set()
+    for name in workloads:
+        ref = refs.get(name)
+        for p in sorted((p for p in live if belongs_to(p, name, ref)), key=_pod_key):
+            key = _pod_key(p)
+            if key in seen:
+                continue
+            seen.add(key)
+            if is_preemptible((p.get("metadata") or {}).get("labels")):
+                order.append(p)
+            else:
+                refused.append(key)
+    for p in sorted(live, key=_pod_key):
+        key = _pod_key(p)
+        if key not in seen and is_preemptible((p.get("metadata") or {}).get("labels")):
+            seen.add(key)
+            order.append(p)
+    return order, refused
+
+
+def eviction_grace(pod_grace: Any, max_reclaim_s: float) -> int:
+    """The Eviction's grace period: the pod's own (30 s when unset), capped by the reclaim deadline."""
+    grace = pod_grace if isinstance(pod_grace, int | float) and not isinstance(pod_grace, bool) and pod_grace >= 0 \
+        else 30
+    return int(max(0, min(float(grace), math.floor(max_reclaim_s))))
+
+
+def lent_node_patch(node: Mapping[str, Any], now: float) -> dict[str, Any] | None:
+    """The merge patch that lends ``node`` (label, taint, lent-since), or None when it already says so.
+
+    ``spec.taints`` is a list, which a merge patch replaces whole: the patch carries the read list plus ours and the
+    read ``resourceVersion`` (a concurrent change of the taints makes it a 409, re-read and retried).
+    """
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    want_label = labels.get(LENT_LABEL) != "true"
+    want_since = LENT_SINCE_ANNOTATION not in annotations
+    want_taint = not has_lent_taint(taints)
+    if not (want_label or want_since or want_taint):
+        return None
+    patch: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                          "labels": {LENT_LABEL: "true"}}}
+    if want_since:
+        patch["metadata"]["annotations"] = {LENT_SINCE_ANNOTATION: rfc3339(now)}
+    if want_taint:
+        taints.append({"key": LENT_TAINT_KEY, "value": LENT_TAINT_VALUE, "effect": LENT_TAINT_EFFECT})
+        patch["spec"] = {"taints": taints}
+    return patch
+
+
+def released_node_patch(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that ends a reclaim (taint, lent-since and reclaim annotations off), None when done."""
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    kept = [t for t in taints if not has_lent_taint([t])]
+    ours = [k for k in (LENT_SINCE_ANNOTATION, RECLAIM_SINCE_ANNOTATION, RECLAIM_REASON_ANNOTATION) if k in annotations]
+    if len(kept) == len(taints) and not ours:
+        return None
+    patch: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
+    if ours:
+        patch["metadata"]["annotations"] = dict.fromkeys(ours)
+    if len(kept) != len(taints):
+        patch["spec"] = {"taints": kept or None}
+    return patch
+
+
+def rfc3339_precise(t: float) -> str:
+    """RFC 3339 with microseconds: a reclaim's decision time survives a restart without rounding a second off."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_rfc3339(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def lending_limit(lent_now: Iterable[tuple[str, int]], reclaiming: Iterable[tuple[str, int]],
+                  lend: Iterable[tuple[str, int]]) -> int:
+    """Kueue mode: the inference ClusterQueue's lendingLimit after a tick's decisions: the GPUs lent now, minus
+    those being reclaimed, plus the newly lent ones (a GPU counted once however many actions name it)."""
+    back = set(reclaiming)
+    return len((set(lent_now) | set(lend)) - back)
+
+
+def quantity_count(value: Any) -> int | None:
+    """A whole-number resource.Quantity ("8", "8000m", 8) -> 8; None when it is not one."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return int(value) if float(value).is_integer() and value >= 0 else None
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) % 1000 == 0:
+        return int(text[:-1]) // 1000
+    return None
+
+
+def set_lending_limit(cq: Mapping[str, Any], flavor: str, resource: str, limit: int) -> tuple[list, int, bool] | str:
+    """The ClusterQueue's ``spec.resourceGroups`` with ``lendingLimit`` of (flavor, resource) set to ``limit``
+    (capped by its nominalQuota) -> (resourceGroups, the limit written, changed), or a problem string."""
+    groups = [dict(g) for g in ((cq.get("spec") or {}).get("resourceGroups") or [])]
+    found = False
+    changed = False
+    written = limit
+    for g in groups:
+        flavors = []
+        for f in g.get("flavors") or []:
+            f = dict(f)
+            if f.get("name") == flavor:
+                resources = []
+                for r in f.get("resources") or []:
+                    r = dict(r)
+                    if r.get("name") == resource:
+                        found = True
+                        nominal = quantity_count(r.get("nominalQuota"))
+                        written = min(limit, nominal) if nominal is not None else limit
+                        if quantity_count(r.get("lendingLimit")) != written or "lendingLimit" not in r:
+                            r["lendingLimit"] = str(written)
+                            changed = True
+                    resources.append(r)
+                f["resources"] = resources
+            flavors.append(f)
+        g["flavors"] = flavors
+    if not found:
+        name = (cq.get("metadata") or {}).get("name")
+        return f"ClusterQueue {name} has no flavor {flavor!r} with resource {resource!r}"
+    return groups, written, changed
+
+
+# -- the actuator ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tick:
+    view: ClusterView
+    now: float
+    report: LendingReport = field(default_factory=LendingReport)
+    lends: int = 0
+    evictions: int = 0
+
+
+class LendingActuator:
+    """Applies the plan's lending actions; one object for the controller's life (reclaims in flight persist)."""
+
+    def __init__(self, api_client: Any, policy: LendingPolicy, *, dry_run: bool = False,
+                 clock: Callable[[], float] = time.time, max_lends_per_tick: int = 10,
+                 max_evictions_per_tick: int = 50, conflict_retries: int = 5, conflict_backoff_s: float = 0.05,
+                 rng: random.Random | None = None) -> None:
+        self.api_client = api_client
+        self.policy = policy
+        self.dry_run = dry_run
+        self.clock = clock
+        self.max_lends_per_tick = max_lends_per_tick
+        self.max_evictions_per_tick = max_evictions_per_tick
+        self.conflict_retries = conflict_retries
+        self.conflict_backoff_s = conflict_backoff_s
+        self._rng = rng or random.Random()
+        self._core = CoreV1Api(api_client)
+        self._custom = CustomObjectsApi(api_client)
+        self.reclaims: dict[str, Reclaim] = {}  # node -> reclaim in flight
+        self._eviction_version: str | None = None  # "policy/v1" or "policy/v1beta1", from discovery
+        # Test seam, as KubeActuator's: awaited after a read and before the write depending on it, with (what, key),
+        # what in {"lend", "unlabel", "release", "lending-limit"}.
+        self.before_write: Callable[[str, str], Awaitable[None]] | None = None
+
+    # -- the tick -------------------------------------------------------------------------------------------------
+
+    async def apply(self, actions: Sequence[Any], view: ClusterView) -> LendingReport:
+        """Apply this tick's lending actions (``plan.actions`` may be passed whole: other actions are ignored) and
+        advance every reclaim in flight. Call it every tick (with no actions too) while lending is on or any
+        reclaim is in flight (``self.reclaims``): a reclaim finishes over several ticks. ``view`` is the tick's
+        view (its ``snapshot.now`` is taken as the decision time of new reclaims)."""
+        tick = _Tick(view=view, now=self.clock())
+        r = tick.report
+        lends = [a for a in actions if isinstance(a, LendGpus)]
+        reclaims = [a for a in actions if isinstance(a, ReclaimGpus)]
+        if self.dry_run:
+            r.skipped.extend((describe(a), "dry-run") for a in (*reclaims, *lends))
+            return r
+        kueue = self.policy.mode == "kueue"
+        if not kueue:
+            await self._guarded(tick, "recover", self._recover(tick))
+        new = [a for a in reclaims if self._submit(tick, a)]
+        if kueue and (lends or new):
+            await self._guarded(tick, "lending-limit", self._limit(tick, lends))
+        # reclaims first: inference is waiting for them, lends can wait a tick
+        for node in sorted(self.reclaims):
+            job = self.reclaims[node]
+            await self._guarded(tick, f"reclaim {node}", self._advance(tick, job))
+        if not kueue:
+            for a in lends:
+                await self._guarded(tick, describe(a), self._lend(tick, a))
+        level = logging.WARNING if r.errors else logging.INFO
+        log.log(level, "lending: %d applied, %d skipped, %d pending, %d refused, %d error(s)%s", len(r.applied),
+                len(r.skipped), len(r.pending), len(r.refused), len(r.errors),
+                (": " + "; ".join(r.errors)) if r.errors else "")
+        return r
+
+    async def _guarded(self, tick: _Tick, line: str, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Gone:
+            tick.report.skipped.append((line, "gone"))
+        except Exception as e:
+            log.warning("%s: %s", line, api_error(e))
+            tick.report.errors.append(f"{line}: {api_error(e)}")
+
+    async def _retrying(self, tick: _Tick, attempt: Callable[[], Awaitable[Any]]) -> Any:
+        for n in range(self.conflict_retries + 1):
+            try:
+                return await attempt()
+            except ApiException as e:
+                if e.status != 409 or n == self.conflict_retries:
+                    raise
+                tick.report.conflicts_retried += 1
+                await asyncio.sleep(self._rng.uniform(0.0, self.conflict_backoff_s * 2**n))
+        raise AssertionError("unreachable")
+
+    async def _hook(self, what: str, key: str) -> None:
+        if self.before_write is not None:
+            await self.before_write(what, key)
+
+    # -- reads ----------------------------------------------------------------------------------------------------
+
+    async def _read_node(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api_client.sanitize_for_serialization(await self._core.read_node(name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def _pods_on(self, node: str) -> list[dict[str, Any]]:
+        """The live pod list of a node, from the server (the informer cache may lag an eviction or a bind)."""
+        got = await self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        pods = self.api_client.sanitize_for_serialization(got).get("items") or []
+        return [p for p in pods if _live(p)]
+
+    # -- pods mode: lend ------------------------------------------------------------------------------------------
+
+    async def _lend(self, tick: _Tick, a: LendGpus) -> None:
+        r, line = tick.report, describe(a)
+        if a.node in self.reclaims:
+            r.skipped.append((line, "reclaim-in-flight"))  # finish taking it back before lending it again
+            return
+        spec = tick.view.snapshot.inventory.nodes.get(a.node)
+        if spec is None:
+            r.skipped.append((line, "not-in-inventory"))
+            return
+        if sorted(set(a.devices)) != list(range(spec.gpu_count)):
+            # a label and a taint hold for the whole node: lending part of one would hand training the rest too
+            r.skipped.append((line, "not-whole-node"))
+            return
+        info = tick.view.nodes.get(a.node)
+        cached = [p.key for p in (info.pods if info else ()) if p.gpus and not p.preemptible]
+        if cached:
+            r.skipped.append((line, "inference-on-node"))
+            return
+        if tick.lends >= self.max_lends_per_tick:
+            r.skipped.append((line, "rate-limit"))
+            return
+        live = inference_pods(await self._pods_on(a.node))  # a pod bound since the cache was read
+        if live:
+            r.skipped.append((line, "inference-on-node"))
+            return
+
+        async def attempt() -> bool | str:
+            node = await self._read_node(a.node)
+            if node is None:
+                raise Gone(a.node)
+            meta = node.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LENT_LABEL) != "true" and has_lent_taint(
+                    (node.get("spec") or {}).get("taints")):
+                return "reclaim-in-flight"  # another process is reclaiming it
+            patch = lent_node_patch(node, tick.now)
+            if patch is None:
+                return False
+            await self._hook("lend", a.node)
+            await self._core.patch_node(a.node, patch, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+            return True
+
+        tick.lends += 1
+        outcome = await self._retrying(tick, attempt)
+        if outcome is True:
+            r.applied.append(line)
+            r.lends += 1
+        else:
+            r.skipped.append((line, outcome or "unchanged"))
+
+    # -- reclaims -------------------------------------------------------------------------------------------------
+
+    def _submit(self, tick: _Tick, a: ReclaimGpus) -> bool:
+        """Start a reclaim, or fold the action into the one in flight on that node; True when new."""
+        job = self.reclaims.get(a.node)
+        if job is not None:
+            job.devices = tuple(sorted(set(job.devices) | set(a.devices)))
+            more = tuple(w for w in a.workloads if w not in job.workloads)
+            job.workloads = (*job.workloads, *more)
+            if more and job.phase is Phase.EVICT and self.policy.mode == "kueue":
+                job.phase = Phase.DEACTIVATE  # deactivate the newly named ones too (idempotent for the rest)
+            tick.report.skipped.append((describe(a), "in-flight"))
+            return False
+        phase = Phase.DEACTIVATE if self.policy.mode == "kueue" else Phase.UNLABEL
+        self.reclaims[a.node] = Reclaim(a.node, tuple(sorted(set(a.devices))), tuple(a.workloads), a.reason,
+                                        decided_at=tick.view.snapshot.now, deadline_s=a.deadline_s, phase=phase)
+        tick.report.reclaims_started.append((a.node, a.reason))
+        log.info("reclaim %s GPUs %s (%s): started", a.node, list(a.devices), a.reason)
+        return True
+
+    async def _recover(self, tick: _Tick) -> None:
+        """Pods mode: adopt reclaims in flight that this process does not know (a restart): nodes with the taint
+        but not the label. The live node is read first: a cache that still shows a reclaim just finished must not
+        start it again."""
+        for name, info in sorted(tick.view.nodes.items()):
+            if name in self.reclaims or not info.reclaiming:
+                continue
+            node = await self._read_node(name)
+            if node is None or not _reclaiming(node):
+                continue
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+            since = parse_rfc3339(annotations.get(RECLAIM_SINCE_ANNOTATION))
+            spec = tick.view.snapshot.inventory.nodes.get(name)
+            self.reclaims[name] = Reclaim(
+                name, tuple(range(spec.gpu_count)) if spec else (), (),
+                str(annotations.get(RECLAIM_REASON_ANNOTATION) or "recovered"),
+                decided_at=since if since is not None else tick.now, deadline_s=self.policy.max_reclaim_s,
+                phase=Phase.EVICT, recovered=True, timed=since is not None)
+            log.info("reclaim %s: adopted (in flight since %s)", name, annotations.get(RECLAIM_SINCE_ANNOTATION))
+
+    async def _advance(self, tick: _Tick, job: Reclaim) -> None:
+        if job.phase is Phase.UNLABEL and not await self._unlabel(tick, job):
+            return
+        if job.phase is Phase.DEACTIVATE:
+            await self._deactivate(tick, job)
+        if job.phase is Phase.EVICT:
+            await self._evict(tick, job)
+        if job.phase is Phase.RELEASE:
+            await self._release(tick, job)
+
+    def _finish(self, tick: _Tick, job: Reclaim, *, record: bool = True) -> None:
+        self.reclaims.pop(job.node, None)
+        if not (record and job.timed):
+            return
+        seconds = max(0.0, tick.now - job.decided_at)
+        done = ReclaimDone(job.node, job.devices, job.reason, seconds, job.deadline_s)
+        tick.report.reclaims_done.append(done)
+        tick.report.applied.append(f"reclaim {job.node}: free after {seconds:.1f}s ({job.reason})"
+                                   + (f", LATE (deadline {job.deadline_s:.0f}s)" if done.late else ""))
+        log.log(logging.WARNING if done.late else logging.INFO, "reclaim %s (%s) done in %.1fs (deadline %.0fs)",
+                job.node, job.reason, seconds, job.deadline_s)
+
+    async def _unlabel(self, tick: _Tick, job: Reclaim) -> bool:
+        """Pods mode, first step: no new training may land. False when there was nothing to reclaim."""
+
+        async def attempt() -> str:
+            node = await self._read_node(job.node)
+            if node is None:
+                raise Gone(job.node)
+            meta = node.get("metadata") or {}
+            labelled = (meta.get("labels") or {}).get(LENT_LABEL) == "true"
+            if not labelled and not has_lent_taint((node.get("spec") or {}).get("taints")):
+                return "not-lent"
+            annotations = meta.get("annotations") or {}
+            if not labelled and RECLAIM_SINCE_ANNOTATION in annotations:
+                return "unchanged"
+            await self._hook("unlabel", job.node)
+            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "labels": {LENT_LABEL: None},
+                                  "annotations": {RECLAIM_SINCE_ANNOTATION: rfc3339_precise(job.decided_at),
+                                                  RECLAIM_REASON_ANNOTATION: job.reason}}}
+            await self._core.patch_node(job.node, patch, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+            return "unlabelled"
+
+        try:
+            outcome = await self._retrying(tick, attempt)
+        except Gone:
+            self.reclaims.pop(job.node, None)
+            raise
+        if outcome == "not-lent":
+            self.reclaims.pop(job.node, None)
+            tick.report.skipped.append((f"reclaim {job.node}", "not-lent"))
+            return False
+        if outcome == "unlabelled":
+            tick.report.applied.append(f"reclaim {job.node}: label {LENT_LABEL} removed ({job.reason})")
+        job.phase = Phase.EVICT
+        return True
+
+    def _targets(self, tick: _Tick, job: Reclaim, pods: Sequence[Mapping[str, Any]]
+                 ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]], list[str]]:
+        """(pods the reclaim waits for, those of them to evict, pods refused). Pods mode: every preemptible pod on
+        the node, all evicted. Kueue mode: the named workloads' pods (Kueue removes those of deactivated Workloads);
+        only those of workloads without a Workload are evicted here."""
+        if self.policy.mode == "pods":
+            order, refused = eviction_order(pods, job.workloads, tick.view.training)
+            return order, order, refused
+        bare = [w for w in job.workloads if w in job.bare]
+        evict, refused = eviction_order([p for p in pods if any(belongs_to(p, w, tick.view.training.get(w))
+                                                                for w in bare)], bare, tick.view.training)
+        wait = [p for p in pods if any(belongs_to(p, w, tick.view.training.get(w)) for w in job.workloads)
+                and _pod_key(p) not in refused]
+        return sorted(wait, key=_pod_key), evict, refused
+
+    async def _evict(self, tick: _Tick, job: Reclaim) -> None:
+        wait, evict, refused = self._targets(tick, job, await self._pods_on(job.node))
+        self._refuse(tick, job, refused)
+        evicted_any = False
+        for pod in evict:
+            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue  # on its way out (the kubelet runs its grace period)
+            if tick.evictions >= self.max_evictions_per_tick:
+                break
+            tick.evictions += 1
+            evicted_any |= await self._evict_pod(tick, job, pod)
+        if evicted_any:  # a grace of 0 deletes at once: look again before waiting a tick
+            wait, _, _ = self._targets(tick, job, await self._pods_on(job.node))
+        if not wait:
+            if self.policy.mode == "pods":
+                job.phase = Phase.RELEASE
+            else:
+                self._finish(tick, job)
+            return
+        waited = tick.now - job.decided_at
+        tick.report.pending.append(
+            f"reclaim {job.node}: {len(wait)} training pod(s) still on the node after {waited:.0f}s "
+            f"({', '.join(_pod_key(p) for p in wait[:5])}{' ...' if len(wait) > 5 else ''})")
+
+    def _refuse(self, tick: _Tick, job: Reclaim, keys: Iterable[str]) -> None:
+        for key in keys:
+            if key in job.refused:
+                continue
+            job.refused.add(key)
+            line = f"evict {key} from {job.node}"
+            tick.report.refused.append(key)
+            tick.report.skipped.append((line, "not-preemptible"))
+            log.warning("reclaim %s: the plan named %s, which is not labelled %s=true: never evicted", job.node,
+                        key, PREEMPTIBLE_LABEL)
+
+    async def _policy_version(self) -> str:
+        """``policy/v1`` when the server serves it (1.22+), else ``policy/v1beta1`` (1.20): asked once."""
+        if self._eviction_version is None:
+            versions: set[str] = set()
+            try:
+                groups = await ApisApi(self.api_client).get_api_versions()
+                for g in groups.groups or ():
+                    if g.name == "policy":
+                        versions = {v.version for v in g.versions or ()}
+            except ApiException as e:
+                log.warning("discovery of the policy group failed (%s): assuming policy/v1", api_error(e))
+                versions = {"v1"}
+            self._eviction_version = "policy/v1" if "v1" in versions or not versions else "policy/v1beta1"
+        return self._eviction_version
+
+    async def _evict_pod(self, tick: _Tick, job: Reclaim, pod: Mapping[str, Any]) -> bool:
+        """One Eviction, for exactly the pod read (uid + resourceVersion preconditions); a conflict re-reads it."""
+        r = tick.report
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        key = f"{ns}/{name}"
+        api_version = await self._policy_version()
+        current: Mapping[str, Any] = pod
+
+        async def attempt() -> str:
+            nonlocal current
+            cm = current.get("metadata") or {}
+            if not is_preemptible(cm.get("labels")):  # re-checked on every (re-)read: the label is the licence
+                return "not-preemptible"
+            if cm.get("deletionTimestamp"):
+                return "deleting"
+            grace = eviction_grace((current.get("spec") or {}).get("terminationGracePeriodSeconds"),
+                                   self.policy.max_reclaim_s)
+            body = {"apiVersion": api_version, "kind": "Eviction", "metadata": {"name": name, "namespace": ns},
+                    "deleteOptions": {"gracePeriodSeconds": grace,
+                                      "preconditions": {"uid": cm.get("uid"),
+                                                        "resourceVersion": cm.get("resourceVersion")}}}
+            try:
+                await self._core.create_namespaced_pod_eviction(name, ns, body)
+            except ApiException as e:
+                if e.status == 409:  # the pod changed since it was read: read it again before retrying
+                    try:
+                        current = self.api_client.sanitize_for_serialization(
+                            await self._core.read_namespaced_pod(name, ns))
+                    except ApiException as e2:
+                        if e2.status == 404:
+                            return "gone"
+                        raise
+                raise
+            return f"evicted (grace {grace}s)"
+
+        try:
+            outcome = await self._retrying(tick, attempt)
+        except ApiException as e:
+            if e.status == 404:
+                return True  # gone already
+            if e.status == 429:  # a PodDisruptionBudget says not now: the next tick asks again
+                if key not in job.blocked:
+                    job.blocked.add(key)
+                    r.skipped.append((f"evict {key} from {job.node}", "disruption-budget"))
+                return False
+            raise
+        if outcome == "not-preemptible":
+            self._refuse(tick, job, [key])
+            return False
+        if outcome in ("gone", "deleting"):
+            return outcome == "gone"
+        r.applied.append(f"evict {key} from {job.node} {outcome}")
+        r.evicted.append(key)
+        return True
+
+    async def _release(self, tick: _Tick, job: Reclaim) -> None:
+        """Pods mode, last step: the taint and our annotations off; the GPUs are inference's again."""
+        recorded = True
+
+        async def attempt() -> bool:
+            nonlocal recorded
+            node = await self._read_node(job.node)
+            if node is None:
+                raise Gone(job.node)
+            meta = node.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LENT_LABEL) == "true":
+                # lent again meanwhile (an admin, another process): their lend stands, this reclaim ends unrecorded
+                recorded = False
+                return False
+            patch = released_node_patch(node)
+            if patch is None:
+                recorded = not job.recovered  # an adopted reclaim someone else finished: not ours to record
+                return False
+            await self._hook("release", job.node)
+            await self._core.patch_node(job.node, patch, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+            return True
+
+        try:
+            await self._retrying(tick, attempt)
+        except Gone:
+            self.reclaims.pop(job.node, None)
+            raise
+        self._finish(tick, job, record=recorded)
+
+    # -- kueue mode -----------------------------------------------------------------------------------------------
+
+    async def _limit(self, tick: _Tick, lends: Sequence[LendGpus]) -> None:
+        r = tick.report
+        p = self.policy
+        lent_now = set(tick.view.snapshot.lent)
+        reclaiming = {(j.node, d) for j in self.reclaims.values() for d in j.devices}
+        newly = {(a.node, d) for a in lends for d in a.devices}
+        target = lending_limit(lent_now, reclaiming, newly)
+        line = f"lending-limit ClusterQueue {p.kueue_cluster_queue} {p.kueue_flavor}/{p.kueue_resource} -> {target}"
+
+        async def attempt() -> tuple[int, bool]:
+            try:
+                cq = await self._custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues",
+                                                                  p.kueue_cluster_queue)
+            except ApiException as e:
+                if e.status == 404:
+                    raise Gone(f"ClusterQueue {p.kueue_cluster_queue}") from None
+                raise
+            got = set_lending_limit(cq, p.kueue_flavor, p.kueue_resource, target)
+            if isinstance(got, str):
+                raise ValueError(got)
+            groups, written, changed = got
+            if not changed:
+                return written, False
+            await self._hook("lending-limit", p.kueue_cluster_queue)
+            patch = {"metadata": {"resourceVersion": cq["metadata"]["resourceVersion"]},
+                     "spec": {"resourceGroups": groups}}
+            await self._custom.patch_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues",
+                                                           p.kueue_cluster_queue, patch, _content_type=MERGE_PATCH,
+                                                           field_manager=FIELD_MANAGER)
+            return written, True
+
+        try:
+            written, changed = await self._retrying(tick, attempt)
+        except Exception as e:
+            why = f"{e} not found" if isinstance(e, Gone) else api_error(e)
+            log.warning("%s: %s", line, why)
+            r.errors.append(f"{line}: {why}")
+            r.skipped.extend((describe(a), "error") for a in lends)
+            return
+        if changed:
+            r.applied.append(line if written == target else f"{line} (capped at nominalQuota {written})")
+        else:
+            r.skipped.append((line, "unchanged"))
+        raised = changed and newly - lent_now - reclaiming
+        for a in lends:
+            if raised and set((a.node, d) for d in a.devices) - lent_now - reclaiming:
+                r.applied.append(describe(a))
+                r.lends += 1
+            else:
+                r.skipped.append((describe(a), "unchanged"))
+
+    async def _workloads_of(self, name: str, ref: TrainingRef) -> list[tuple[str, str]]:
+        """The Kueue Workloads ((namespace, name)) admitting the training workload ``name``: what the caches
+        know, else the Workloads in its namespace it owns (Kueue names them after their owner, not predictably)."""
+        if ref.kind == "Workload":
+            ns, _, wl = name.partition("/")
+            return [(ns, wl)]
+        if ref.workloads:
+            return [tuple(w.split("/", 1)) for w in ref.workloads]  # type: ignore[misc]
+        _, _, obj = name.partition("/")
+        try:
+            listed = await self._custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ref.namespace,
+                                                                      "workloads")
+        except ApiException as e:
+            if e.status == 404:  # no Kueue CRDs: no Workloads
+                return []
+            raise
+        out = []
+        for w in listed.get("items") or ():
+            meta = w.get("metadata") or {}
+            if any(o.get("kind") == ref.kind and (o.get("name") == obj or (ref.uid and o.get("uid") == ref.uid))
+                   for o in meta.get("ownerReferences") or ()):
+                out.append((ref.namespace, str(meta.get("name"))))
+        return sorted(out)
+
+    async def _deactivate(self, tick: _Tick, job: Reclaim) -> None:
+        """Kueue mode: ``spec.active: false`` on the named workloads' Workloads, in the plan's order. A named
+        workload the view does not know as training is refused; one without a Workload is evicted pod by pod."""
+        r = tick.report
+        for name in job.workloads:
+            ref = tick.view.training.get(name)
+            if ref is None:
+                self._refuse(tick, job, [name])
+                continue
+            found = await self._workloads_of(name, ref)
+            if not found:
+                job.bare.add(name)  # a preemptible pod (or Job) Kueue does not manage: evicted instead
+            for ns, wl in found:
+                try:
+                    obj = await self._custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns,
+                                                                          "workloads", wl)
+                except ApiException as e:
+                    if e.status == 404:
+                        continue
+                    raise
+                if (obj.get("spec") or {}).get("active") is False:
+                    continue
+                await self._custom.patch_namespaced_custom_object(
+                    KUEUE_GROUP, KUEUE_VERSION, ns, "workloads", wl, {"spec": {"active": False}},
+                    _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+                r.applied.append(f"deactivate Workload {ns}/{wl} ({name}) for reclaim {job.node} ({job.reason})")
+                r.deactivated.append(f"{ns}/{wl}")
+        job.phase = Phase.EVICT
+
+
+def _reclaiming(node: Mapping[str, Any]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return labels.get(LENT_LABEL) != "true" and has_lent_taint((node.get("spec") or {}).get("taints"))

@@ -1,0 +1,492 @@
+"""The live Metrics port: the decision core's :class:`~autoscaler.api.snapshot.MetricsWindow` from Prometheus.
+
+An async client of Prometheus' HTTP API (``/api/v1/query_range``, ``/api/v1/query``) over aiohttp. Each
+tick runs a handful of queries for ALL models at once (``sum by (<key labels>) (...)``, never one query per
+model), concurrently, and turns them into one :class:`~autoscaler.api.snapshot.ModelMetrics` per model, on the
+grid ``end - (n-1)*step, ..., end`` with ``end = floor(now / step) * step`` (aligned, so that successive
+ticks read the same values for the same steps), oldest first -- the shape the simulator's
+:class:`~autoscaler.sim.metrics.SimMetrics` hands the core:
+
+- ``rate``: finished requests per step / ``step_s``, from the request counter (see "Counting" below);
+- ``in_flight``: mean of ``running + waiting`` over each step (``avg_over_time`` of the gauges); a server
+  without a running gauge (Triton) gets it by Little's law from its cumulative request-duration counter
+  (summed request time per step / step = mean number of requests in the system);
+- ``queue_depth``: the waiting gauge's last step;
+- ``within_rate``: requests/s that finished within the model's SLO latency, from the increments of the
+  latency histogram's buckets per step, interpolated linearly at the SLO inside its bucket (the same
+  assumption ``histogram_quantile`` makes); None for a server without a histogram;
+- ``latency_s``: the latency at the model's SLO percentile over the last step, from the same bucket
+  increments, interpolated like ``histogram_quantile`` (identical numbers, see the tests). Which histogram
+  is read follows the model's ``slo_metric`` (``e2e`` or ``ttft``); without a histogram (Triton's default
+  exporter has none) it is the MEAN latency of the last step (duration-sum increase / request increase) --
+  a mean, not a percentile, so it understates a p95; configure a histogram where the server has one;
+- ``stale``: no sample of the model's request counter at all (unknown model, wrong names or labels), or
+  its newest sample older than ``stale_after_s``; and for every model when Prometheus cannot be asked
+  (unreachable, HTTP error, PromQL error, an answer we cannot read). :meth:`PrometheusMetrics.window` never
+  raises: it records ``last_error`` and counts ``errors``, and the policies hold replicas on stale data.
+
+Counting. The per-step request counts are computed inside Prometheus, per raw series, as the reset-aware
+difference of the counter between consecutive grid points, and only then summed per model::
+
+    sum by (namespace, model_name) (C - (C offset 15s) * ((C offset 15s) <= bool C))
+
+For a series whose value did not drop this is ``C(t) - C(t - step)``; where it dropped (the process
+restarted) it is ``C(t)``, the count since the restart -- what Prometheus' own ``increase`` does on a
+reset. Why this and not ``increase(C[step])``: ``increase`` extrapolates from the samples inside each window
+to the window's edges, so per-step counts are estimates, and a window holding fewer than two samples (step
+<= scrape interval, e.g. 15 s steps on a 15 s scrape) has no value at all. Differences of the counter at the
+grid points telescope: the counts over the window add up EXACTLY to the counter's growth, no request is
+counted twice or dropped, whatever the scrape interval (a step without a fresh scrape reads 0, the next
+one the catch-up). Why not the raw series to difference locally: that ships every (pod, label, bucket)
+series of every model each tick; the difference per series has to happen before the sum (a sum of counters
+across pods is not reset-safe), and PromQL does exactly that server-side, returning one series per model.
+What is lost: the requests a series had counted before its first sample inside the lookback (a new pod's
+first scrape interval, as with ``increase``), and on a restart those between the last grid point and the
+crash. Histogram buckets are counted the same way (``sum by (..., le)``).
+
+Model keys are ``"<namespace>/<model label>"`` (``MetricNames.key_labels``): the served model name must be
+the Deployment's name (vLLM ``--served-model-name``), or be relabeled so in the scrape config. Only models
+in the ``models`` mapping are returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
+from autoscaler.api.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+_EMPTY = np.zeros(0)
+_EMPTY.setflags(write=False)
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Which series a model server exports, and which labels name the model.
+
+    ``requests``: counter of finished requests. ``e2e_histogram`` / ``ttft_histogram``: latency histograms
+    (base names, without ``_bucket``), bucket bounds in units of ``histogram_unit_s`` seconds.
+    ``waiting`` / ``running``: gauges of queued / executing requests. ``duration_sum``: a counter of summed
+    request latency in units of ``duration_unit_s`` (Triton's ``nv_inference_request_duration_us``): the
+    mean-latency fallback without a histogram, and in-flight by Little's law without a running gauge.
+    ``key_labels``: (namespace label, model label) -> model key ``"<ns>/<model>"`` (one label: its value is
+    the key). ``matchers``: extra PromQL label matchers put on every selector, e.g. ``job="vllm"``.
+    """
+
+    requests: str
+    e2e_histogram: str | None = None
+    ttft_histogram: str | None = None
+    waiting: str | None = None
+    running: str | None = None
+    duration_sum: str | None = None
+    histogram_unit_s: float = 1.0
+    duration_unit_s: float = 1.0
+    key_labels: tuple[str, ...] = ("namespace", "model_name")
+    matchers: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_labels", tuple(self.key_labels))
+        if not self.requests:
+            raise ValueError("MetricNames.requests (the finished-request counter) is required")
+        if not 1 <= len(self.key_labels) <= 2 or not all(self.key_labels):
+            raise ValueError(f"key_labels must be one or two label names, got {self.key_labels!r}")
+        for unit in (self.histogram_unit_s, self.duration_unit_s):
+            if not (math.isfinite(unit) and unit > 0):
+                raise ValueError(f"units must be positive seconds, got {unit!r}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> MetricNames:
+        """The names a known server exports: ``vllm`` or ``triton``; ``overrides`` replace fields."""
+        try:
+            base = _PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown metrics preset {name!r}; known: {sorted(_PRESETS)}") from None
+        return dataclasses.replace(base, **overrides) if overrides else base
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MetricNames:
+        """From a config mapping: ``{"preset": "vllm", "key_labels": ["namespace", "model"], ...}``; fields
+        not given come from the preset (default ``vllm``). Unknown keys are an error (a typo must not pass)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields - {"preset"})
+        if unknown:
+            raise ValueError(f"unknown metric-name setting(s) {unknown}; known: {sorted(fields | {'preset'})}")
+        overrides = {k: v for k, v in data.items() if k != "preset"}
+        if "key_labels" in overrides:
+            overrides["key_labels"] = tuple(overrides["key_labels"])
+        return cls.preset(str(data.get("preset", "vllm")), **overrides)
+
+
+_PRESETS = {
+    # vLLM (v0 and v1 engines): every series carries model_name; request_success also finished_reason.
+    "vllm": MetricNames(
+        requests="vllm:request_success_total",
+        e2e_histogram="vllm:e2e_request_latency_seconds",
+        ttft_histogram="vllm:time_to_first_token_seconds",
+        waiting="vllm:num_requests_waiting",
+        running="vllm:num_requests_running",
+        key_labels=("namespace", "model_name"),
+    ),
+    # Triton's default exporter: per (model, version) counters of successes and cumulative microseconds,
+    # and a pending-request gauge (queued, not yet executing). No latency histogram by default (hence the
+    # mean-latency fallback); with --metrics-config histogram_latencies=true set e.g.
+    # ttft_histogram="nv_inference_first_response_histogram_ms", histogram_unit_s=0.001.
+    "triton": MetricNames(
+        requests="nv_inference_request_success",
+        waiting="nv_inference_pending_request_count",
+        duration_sum="nv_inference_request_duration_us",
+        duration_unit_s=1e-6,
+        key_labels=("namespace", "model"),
+    ),
+}
+
+
+# -- pure histogram arithmetic (the interpolation histogram_quantile does) ----------------------------------
+
+
+def _monotone(counts: np.ndarray) -> np.ndarray:
+    """Cumulative bucket counts made non-decreasing along the bounds (as Prometheus' ensureMonotonic: sums
+    of per-series increments can dip by a count or two where a series started or reset mid-window)."""
+    return np.maximum.accumulate(np.nan_to_num(counts, nan=0.0), axis=0)
+
+
+def bucket_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+    """The ``q`` quantile (0..1) of a histogram given its ``le`` bounds (ascending, the last ``+Inf``) and
+    cumulative counts, interpolated linearly inside the bucket holding it, exactly as PromQL's
+    ``histogram_quantile``: the first bucket starts at 0 (if its bound is positive), a quantile in the
+    ``+Inf`` bucket is the largest finite bound. NaN without observations or without a ``+Inf`` bucket."""
+    if len(bounds) != len(counts) or len(bounds) < 2 or not math.isinf(bounds[-1]):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    c = _monotone(np.asarray(counts, dtype=float)).tolist()
+    total = c[-1]
+    if not total > 0:
+        return math.nan
+    rank = q * total
+    b = bisect.bisect_left(c, rank)  # the first bucket whose cumulative count reaches the rank
+    if b >= len(bounds) - 1:
+        return float(bounds[-2])
+    if b == 0 and bounds[0] <= 0:
+        return float(bounds[0])
+    lo = 0.0 if b == 0 else float(bounds[b - 1])
+    below = 0.0 if b == 0 else c[b - 1]
+    inside = c[b] - below
+    return lo + (float(bounds[b]) - lo) * ((rank - below) / inside)
+
+
+def bucket_count_below(x: float, bounds: Sequence[float], counts: np.ndarray) -> np.ndarray | float:
+    """How many observations were at most ``x``, interpolating linearly inside the bucket holding ``x`` (the
+    counterpart of :func:`bucket_quantile`). ``counts``: cumulative counts per bound (axis 0), optionally
+    with a second axis (one column per step): the answer has the shape of one row. Observations in the
+    ``+Inf`` bucket never count (their latency is unknown), so beyond the largest finite bound the answer
+    is that bound's count."""
+    c = _monotone(np.asarray(counts, dtype=float))
+    if x <= 0 or len(bounds) == 0:
+        return np.zeros_like(c[0]) if c.ndim > 1 else 0.0
+    finite = [float(b) for b in bounds if math.isfinite(b)]
+    if not finite:
+        return np.zeros_like(c[0]) if c.ndim > 1 else 0.0
+    if x >= finite[-1]:
+        out = c[len(finite) - 1]
+        return out.copy() if c.ndim > 1 else float(out)
+    b = bisect.bisect_left(finite, x)  # bounds[b] >= x > bounds[b-1]
+    lo = 0.0 if b == 0 else finite[b - 1]
+    below = np.zeros_like(c[0]) if b == 0 else c[b - 1]
+    frac = (x - lo) / (finite[b] - lo)
+    out = below + (c[b] - below) * frac
+    return out if c.ndim > 1 else float(out)
+
+
+# -- the client ----------------------------------------------------------------------------------------------
+
+
+class PrometheusQueryError(RuntimeError):
+    """A query failed (connection, HTTP, PromQL or an unreadable answer); the message says which and why."""
+
+
+def _duration(seconds: float) -> str:
+    """A PromQL duration: whole milliseconds (``1500ms``) so sub-second and fractional steps work."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+@dataclass
+class _Series:
+    """Range-query answers of one model: value arrays on the grid (NaN where Prometheus had none)."""
+
+    requests: np.ndarray | None = None
+    waiting: np.ndarray | None = None
+    running: np.ndarray | None = None
+    duration: np.ndarray | None = None
+    hist: dict[str, dict[float, np.ndarray]] = dataclasses.field(default_factory=dict)  # name -> le -> counts
+    newest: float | None = None  # timestamp of the newest request-counter sample
+
+
+class PrometheusMetrics:
+    """The Metrics port over Prometheus' HTTP API (see the module docstring for what is computed how).
+
+    ``step_s``: the grid; ``window_s``: how far back (``round(window_s / step_s)`` points, at least 1);
+    ``stale_after_s``: a model whose newest request-counter sample is older is stale (Prometheus' lookback,
+    5 min by default, caps it: older series are gone from instant queries anyway). ``session``: an aiohttp
+    session to use (not closed here); without one a session is created on first use and closed by
+    :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        names: MetricNames,
+        *,
+        step_s: float = 15.0,
+        window_s: float = 900.0,
+        stale_after_s: float = 90.0,
+        timeout_s: float = 10.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        if not (math.isfinite(step_s) and step_s >= 0.001):
+            raise ValueError(f"step_s must be at least 1 ms, got {step_s!r}")
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s must be positive, got {window_s!r}")
+        self.url = url.rstrip("/")
+        self.names = names
+        self.step_s = float(step_s)
+        self.points = max(1, round(window_s / step_s))
+        self.stale_after_s = float(stale_after_s)
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session = session
+        self._own_session = session is None
+        self.errors = 0
+        self.last_error: str | None = None
+        self.last_success: float | None = None  # ``now`` of the last window built from answers
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def close(self) -> None:
+        if self._own_session and self._session is not None and not self._session.closed:
+            await self._session.close()
+        if self._own_session:
+            self._session = None
+
+    async def __aenter__(self) -> PrometheusMetrics:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            if not self._own_session:
+                raise PrometheusQueryError("the aiohttp session given to PrometheusMetrics is closed")
+            self._session = aiohttp.ClientSession(timeout=self.timeout)
+        return self._session
+
+    # -- raw API ---------------------------------------------------------------------------------------
+    async def _api(self, path: str, form: dict[str, str]) -> list[dict]:
+        # POST (form-encoded), as Prometheus accepts since 2.1: long expressions never hit URL limits.
+        endpoint = f"{self.url}{path}"
+        try:
+            async with self._http().post(endpoint, data=form, timeout=self.timeout) as resp:
+                text = await resp.text()
+                try:
+                    body = await resp.json(content_type=None)
+                except ValueError:
+                    body = None
+                status = resp.status
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise PrometheusQueryError(
+                f"cannot reach Prometheus at {self.url}: {type(exc).__name__}: {exc}".rstrip(": ")
+            ) from exc
+        if not isinstance(body, dict):
+            raise PrometheusQueryError(f"HTTP {status} from {endpoint}, not a Prometheus answer: {text[:200]!r}")
+        if body.get("status") != "success" or status != 200:
+            raise PrometheusQueryError(
+                f"HTTP {status} from {endpoint}: {body.get('errorType', 'error')}: {body.get('error', text[:200])}"
+                f" (query {form.get('query')!r})"
+            )
+        data = body.get("data") or {}
+        result = data.get("result")
+        if not isinstance(result, list):
+            raise PrometheusQueryError(f"no result list in the answer to {form.get('query')!r}")
+        return result
+
+    async def query(self, promql: str, time: float) -> list[dict]:
+        """``/api/v1/query`` at ``time``: the ``result`` list (raises :class:`PrometheusQueryError`)."""
+        return await self._api("/api/v1/query", {"query": promql, "time": repr(float(time))})
+
+    async def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
+        """``/api/v1/query_range``: the ``result`` list (raises :class:`PrometheusQueryError`)."""
+        form = {"query": promql, "start": repr(float(start)), "end": repr(float(end)), "step": repr(float(step))}
+        return await self._api("/api/v1/query_range", form)
+
+    # -- PromQL ---------------------------------------------------------------------------------------
+    def _selector(self, metric: str) -> str:
+        # {__name__="..."}: any metric name works, colons and all, whatever the PromQL version's name rules
+        extra = f", {self.names.matchers}" if self.names.matchers.strip() else ""
+        return '{__name__="' + metric.replace("\\", "\\\\").replace('"', '\\"') + '"' + extra + "}"
+
+    def _increments(self, metric: str, extra_by: str = "") -> str:
+        """Reset-aware per-series difference between consecutive grid points, summed per model."""
+        c = self._selector(metric)
+        prev = f"({c} offset {_duration(self.step_s)})"
+        by = ", ".join((*self.names.key_labels, *([extra_by] if extra_by else [])))
+        return f"sum by ({by}) ({c} - {prev} * ({prev} <= bool {c}))"
+
+    def _gauge_mean(self, metric: str) -> str:
+        by = ", ".join(self.names.key_labels)
+        return f"sum by ({by}) (avg_over_time({self._selector(metric)}[{_duration(self.step_s)}]))"
+
+    def queries(self, metrics: Sequence[str] = ("e2e", "ttft")) -> dict[str, str]:
+        """The range queries one tick runs, by name (``metrics``: the models' SLO metrics, which decide the
+        latency histograms read). Their number does not grow with the number of models."""
+        n = self.names
+        out = {"requests": self._increments(n.requests)}
+        if n.waiting:
+            out["waiting"] = self._gauge_mean(n.waiting)
+        if n.running:
+            out["running"] = self._gauge_mean(n.running)
+        if n.duration_sum:
+            out["duration"] = self._increments(n.duration_sum)
+        for which in dict.fromkeys(metrics):
+            hist = self._histogram_for(which)
+            if hist is not None:
+                out[f"hist:{hist}"] = self._increments(hist + "_bucket", "le")
+        return out
+
+    def freshness_query(self) -> str:
+        by = ", ".join(self.names.key_labels)
+        return f"max by ({by}) (timestamp({self._selector(self.names.requests)}))"
+
+    def _histogram_for(self, slo_metric: str) -> str | None:
+        """The histogram a model's SLO reads: TTFT's when asked and exported, else end-to-end's."""
+        if slo_metric == "ttft" and self.names.ttft_histogram:
+            return self.names.ttft_histogram
+        return self.names.e2e_histogram
+
+    def _key(self, labels: Mapping[str, str]) -> str:
+        return "/".join(labels.get(k, "") for k in self.names.key_labels)
+
+    # -- the port ----------------------------------------------------------------------------------------
+    def grid(self, now: float) -> np.ndarray:
+        """The grid times of a window at ``now`` (oldest first)."""
+        end = math.floor(now / self.step_s + 1e-9) * self.step_s
+        return end - self.step_s * np.arange(self.points - 1, -1, -1, dtype=float)
+
+    async def window(self, now: float, models: Mapping[str, ModelSpec]) -> MetricsWindow:
+        """The metrics window at ``now`` for ``models`` (model key -> spec). Never raises: on any failure
+        every model is stale, ``last_error`` says why and ``errors`` counts it."""
+        try:
+            return await self._window(now, models)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never out of the port: the loop must go on, holding replicas
+            self.errors += 1
+            self.last_error = str(exc) if isinstance(exc, PrometheusQueryError) else f"{type(exc).__name__}: {exc}"
+            log.warning("metrics window failed, every model stale: %s", self.last_error)
+            stale = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
+            return MetricsWindow(now=now, step_s=self.step_s, models=dict.fromkeys(models, stale))
+
+    async def _window(self, now: float, models: Mapping[str, ModelSpec]) -> MetricsWindow:
+        t = self.grid(now)
+        start, end = float(t[0]), float(t[-1])
+        wanted = [spec.slo_metric for spec in models.values()] or ["e2e"]
+        queries = self.queries(wanted)
+        names = list(queries)
+        answers = await asyncio.gather(
+            self.query(self.freshness_query(), now),
+            *(self.query_range(queries[k], start, end, self.step_s) for k in names),
+        )
+        series: dict[str, _Series] = {}
+
+        def of(key: str) -> _Series:
+            return series.setdefault(key, _Series())
+
+        for r in answers[0]:
+            try:
+                of(self._key(r["metric"])).newest = float(r["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise PrometheusQueryError(f"unreadable freshness answer {r!r}: {exc}") from exc
+        for name, result in zip(names, answers[1:], strict=True):
+            for r in result:
+                labels = r.get("metric") or {}
+                values = self._on_grid(r.get("values") or [], start, len(t))
+                s = of(self._key(labels))
+                if name.startswith("hist:"):
+                    try:
+                        le = float(labels["le"])
+                    except (KeyError, ValueError) as exc:
+                        raise PrometheusQueryError(f"a bucket series without a usable le label: {labels}") from exc
+                    s.hist.setdefault(name.removeprefix("hist:"), {})[le] = values
+                else:
+                    setattr(s, name, values)
+        out = {key: self._model(now, spec, series.get(key)) for key, spec in models.items()}
+        self.last_error = None
+        self.last_success = now
+        return MetricsWindow(now=now, step_s=self.step_s, models=out)
+
+    def _on_grid(self, values: list, start: float, n: int) -> np.ndarray:
+        out = np.full(n, np.nan)
+        for ts, v in values:
+            i = round((float(ts) - start) / self.step_s)
+            if 0 <= i < n:
+                out[i] = float(v)  # "NaN"/"+Inf" parse; non-finite stays as is (read as missing downstream)
+        return out
+
+    def _model(self, now: float, spec: ModelSpec, s: _Series | None) -> ModelMetrics:
+        if s is None or s.newest is None:
+            return ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
+        n, step = self.points, self.step_s
+        nan = np.full(n, np.nan)
+        # a step with no counter value but a fresh series: the series did not exist at both grid points
+        rate = (s.requests if s.requests is not None else nan) / step
+        waiting = s.waiting
+        if self.names.running is None and s.duration is not None:
+            in_flight = s.duration * self.names.duration_unit_s / step  # Little's law (includes the queue)
+        else:
+            parts = [a for a in (s.running, waiting) if a is not None]
+            in_flight = nan.copy() if not parts else np.where(
+                np.all([np.isnan(a) for a in parts], axis=0), np.nan, np.nansum(parts, axis=0)
+            )
+        queue_depth = 0.0
+        if waiting is not None and np.isfinite(waiting).any():
+            queue_depth = float(waiting[np.isfinite(waiting)][-1])
+        hist_name = self._histogram_for(spec.slo_metric)
+        buckets = s.hist.get(hist_name) if hist_name is not None else None
+        within_rate: np.ndarray | None = None
+        latency = math.nan
+        if hist_name is not None:
+            within_rate = nan.copy()
+            if buckets:
+                bounds = sorted(buckets)
+                counts = np.vstack([buckets[b] for b in bounds])
+                missing = np.isnan(counts).all(axis=0)
+                scaled = [b * self.names.histogram_unit_s for b in bounds]
+                within = np.asarray(bucket_count_below(spec.slo_latency_s, scaled, counts), dtype=float)
+                within_rate = np.where(missing, np.nan, within / step)
+                if not missing[-1]:
+                    latency = bucket_quantile(spec.slo_percentile / 100.0, scaled, counts[:, -1].tolist())
+        elif s.duration is not None and s.requests is not None:
+            done = float(s.requests[-1])
+            if done > 0 and math.isfinite(float(s.duration[-1])):
+                latency = float(s.duration[-1]) * self.names.duration_unit_s / done  # a mean (documented)
+        stale = now - s.newest > self.stale_after_s
+        return ModelMetrics(
+            rate=rate,
+            in_flight=in_flight,
+            latency_s=latency,
+            queue_depth=queue_depth,
+            stale=bool(stale),
+            within_rate=within_rate,
+        )

@@ -1,0 +1,233 @@
+"""Cost attribution: who holds which GPUs, for how long, at what price.
+
+The unit is the **GPU-equivalent**: a replica on ``n`` whole GPUs holds ``n``, one on a MIG instance holds the
+instance's compute fraction of its GPU (a 3g on a 7-slice GPU: 3/7), one on a time-slice share holds the share's
+compute fraction (:func:`slot_fraction`, the same number as ``Slot.gpu_fraction`` and as the simulator's
+``gpu_hours``). GPU-equivalent seconds times the GPU kind's USD per GPU-hour / 3600 is the cost.
+
+Why compute and not memory for MIG: the contract (and ``slotwise_gpu_slots``) count GPU-equivalents by compute,
+so attributed cost plus idle cost adds up to the price of the GPUs. A MIG layout whose memory slices run out
+before its compute (two 3g on an H100 leave 1/7 of compute no slice can reach) shows that remainder as idle,
+which is the honest place for it: no team asked for it, the layout stranded it.
+
+**Idle reserved** is what lending will target: free GPU-equivalents on nodes that hold at least one inference
+replica (per device ``1 - min(1, compute used)``, 0 under a whole-GPU slot). Nodes without inference replicas
+are not inference's reservation and do not count.
+
+The pure core (:func:`slot_fraction`, :func:`price_table`, :func:`usage`, :func:`idle`) is what the
+simulator's accounting is tested against; :class:`CostMetrics` exports it as Prometheus counters:
+
+=====================================================  =====================================================
+``slotwise_gpu_slot_seconds_total{team,namespace,       GPU-equivalent seconds the model's replicas held
+model,gpu_model}``                                      (starting, serving or draining)
+``slotwise_gpu_cost_dollars_total{team,namespace,       those seconds x price / 3600
+model}``
+``slotwise_gpu_idle_seconds_total{gpu_model}``          idle reserved GPU-equivalent seconds (see above)
+``slotwise_gpu_price_dollars_per_hour{gpu_model}``      the price table (kinds in the cluster)
+=====================================================  =====================================================
+
+Cardinality stays bounded: label sets are the managed models (x the GPU kinds they ran on) and the GPU kinds of
+the cluster. A model that leaves the snapshot has its series REMOVED (as the exporter does for its gauges), and
+so does a model's old ``team``/``namespace`` identity when its annotation changes: Prometheus keeps the history,
+``increase()`` over a range that spans the removal still counts it, and a key that comes back starts from zero,
+which ``increase()`` reads as a counter reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation
+from sharing.catalog import Catalog
+from sharing.slots import Inventory, Slot, SlotKind
+
+DEFAULT_TEAM = "default"  # the model's spec sets no team (the spec's own default)
+UNKNOWN_TEAM = "unknown"  # the model's annotations are invalid, so its team annotation cannot be read
+
+
+def slot_fraction(slot: Slot) -> float:
+    """GPU-equivalents one slot costs: ``n`` for ``n`` whole GPUs, else its compute fraction of one GPU."""
+    if slot.kind is SlotKind.WHOLE:
+        return float(len(slot.devices))
+    return float(slot.compute_fraction)
+
+
+def price_table(catalog: Catalog, overrides: Mapping[str, float] | None = None) -> dict[str, float]:
+    """USD per GPU-hour by canonical GPU kind: the catalog's prices, ``overrides`` keyed by any accepted name
+    (canonical, alias, GFD product label). An unknown kind or a negative price is a ``ValueError``."""
+    if overrides:
+        try:
+            catalog = catalog.with_prices(overrides)
+        except KeyError as e:  # unknown GPU kind: a configuration error, said in one line
+            raise ValueError(f"price table: {e.args[0]}") from None
+    return {name: float(catalog.get(name).price_per_hour) for name in catalog.names()}
+
+
+def identity(key: str, obs: ModelObservation) -> tuple[str, str]:
+    """``(team, namespace)`` of a model: the team from its spec (``slotwise.io/team``; :data:`UNKNOWN_TEAM`
+    when the annotations are invalid), the namespace from the key ``"<ns>/<name>"``, else from the spec."""
+    spec = obs.spec
+    team = spec.team if spec is not None else UNKNOWN_TEAM
+    if "/" in key:
+        namespace = key.split("/", 1)[0]
+    else:  # the simulator's models are plain names: the spec knows the namespace
+        namespace = spec.namespace if spec is not None else "default"
+    return team or DEFAULT_TEAM, namespace
+
+
+@dataclass(frozen=True)
+class Usage:
+    """GPU-equivalents one model holds on one GPU kind right now."""
+
+    team: str
+    namespace: str
+    model: str  # the snapshot's model key ("<ns>/<name>" live, the plain name in the simulator)
+    gpu_model: str
+    gpus: float
+
+
+def usage(snapshot: ClusterSnapshot) -> list[Usage]:
+    """Per (team, namespace, model, gpu_model): GPU-equivalents the model's placed replicas hold now.
+
+    Every replica with a slot counts, ready or starting or draining: the GPU is taken from the moment the
+    replica is placed until its slot is released. Replicas without a slot (Pending, or on a node outside the
+    inventory) hold nothing known. Rows come in snapshot order, kinds sorted.
+    """
+    out: list[Usage] = []
+    for key, obs in snapshot.models.items():
+        held: dict[str, float] = {}
+        for r in obs.replicas:
+            if r.slot is not None:
+                held[r.slot.gpu_model] = held.get(r.slot.gpu_model, 0.0) + slot_fraction(r.slot)
+        if not held:
+            continue
+        team, ns = identity(key, obs)
+        out.extend(Usage(team, ns, key, kind, gpus) for kind, gpus in sorted(held.items()))
+    return out
+
+
+def inference_nodes(snapshot: ClusterSnapshot) -> set[str]:
+    """Nodes holding at least one managed model's replica."""
+    return {r.slot.node for obs in snapshot.models.values() for r in obs.replicas if r.slot is not None}
+
+
+def idle(inventory: Inventory, nodes: Iterable[str]) -> dict[str, float]:
+    """GPU kind -> free GPU-equivalents on ``nodes`` (per device ``1 - min(1, compute used)``, 0 under a whole
+    slot; everything allocated counts as used, a training pod too: capacity already lent is not idle).
+    Every kind of the given nodes appears, 0 when full."""
+    wanted = set(nodes)
+    out: dict[str, float] = {}
+    for (node, _), d in inventory.devices.items():
+        if node not in wanted:
+            continue
+        if d.whole_owner is not None:
+            used = 1.0
+        else:  # time-slicing may oversubscribe compute: a device is at most fully used
+            used = min(1.0, sum(s.compute_fraction for _, s in d.entries))
+        out[d.gpu_model] = out.get(d.gpu_model, 0.0) + (1.0 - used)
+    return out
+
+
+def idle_reserved(snapshot: ClusterSnapshot) -> dict[str, float]:
+    """GPU kind -> idle reserved GPU-equivalents now: free capacity on nodes that hold inference replicas."""
+    return idle(snapshot.inventory, inference_nodes(snapshot))
+
+
+class CostMetrics:
+    """The cost counters on a given registry (the controller's: ``ControllerMetrics.registry``).
+
+    ``record(snapshot, seconds)`` charges what the snapshot shows held for ``seconds`` (the time since the
+    previous record: the controller's tick interval, not the tick's duration). ``prices``: overrides of the
+    catalog's USD per GPU-hour by any accepted GPU name (the settings file's ``prices``).
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry, catalog: Catalog, prices: Mapping[str, float] | None = None
+    ) -> None:
+        self.prices = price_table(catalog, prices)
+        r = registry
+        self.slot_seconds = Counter(
+            "slotwise_gpu_slot_seconds",
+            "GPU-equivalent seconds held by a model's replicas (whole GPU 1, MIG slice or share its compute "
+            "fraction).",
+            ["team", "namespace", "model", "gpu_model"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "slotwise_gpu_cost_dollars",
+            "USD of GPU time held by a model's replicas (GPU-equivalent seconds x price per hour / 3600).",
+            ["team", "namespace", "model"],
+            registry=r,
+        )
+        self.idle_seconds = Counter(
+            "slotwise_gpu_idle_seconds",
+            "GPU-equivalent seconds free on nodes that hold inference replicas (reserved, not used).",
+            ["gpu_model"],
+            registry=r,
+        )
+        self.price = Gauge(
+            "slotwise_gpu_price_dollars_per_hour", "USD per GPU-hour of a GPU kind.", ["gpu_model"], registry=r
+        )
+        # model key -> label tuples created for it, so a model that leaves (or changes team) is forgotten
+        self._series: dict[str, set[tuple[str, ...]]] = {}
+        self._cost_series: dict[str, tuple[str, str, str]] = {}
+        self._kinds: set[str] = set()
+
+    def _price(self, kind: str) -> float:
+        p = self.prices.get(kind)
+        return p if p is not None else 0.0  # a kind the catalog does not know: free, rather than a crash
+
+    def record(self, snapshot: ClusterSnapshot, seconds: float) -> None:
+        """Charge ``seconds`` of the snapshot's holdings (``seconds`` <= 0 or not finite: only refresh the
+        series set and the prices)."""
+        dt = seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+        rows = usage(snapshot)
+        present = set(snapshot.models)
+
+        for gone in set(self._cost_series) - present:
+            self._forget(gone)
+        cost: dict[str, float] = {}
+        for u in rows:
+            labels = (u.team, u.namespace, u.model, u.gpu_model)
+            self.slot_seconds.labels(*labels).inc(u.gpus * dt)
+            self._series.setdefault(u.model, set()).add(labels)
+            cost[u.model] = cost.get(u.model, 0.0) + u.gpus * dt * self._price(u.gpu_model) / 3600.0
+        for key, obs in snapshot.models.items():
+            team, ns = identity(key, obs)
+            labels3 = (team, ns, key)
+            old = self._cost_series.get(key)
+            if old is not None and old != labels3:  # the team (or namespace) changed: drop the old identity
+                self._remove(self.cost, *old)
+                for stale in [s for s in self._series.get(key, ()) if s[:2] != labels3[:2]]:
+                    self._remove(self.slot_seconds, *stale)
+                    self._series[key].discard(stale)
+            # every managed model has a cost series, 0 while it holds nothing: dashboards list all teams
+            self.cost.labels(*labels3).inc(cost.get(key, 0.0))
+            self._cost_series[key] = labels3
+
+        free = idle_reserved(snapshot)
+        kinds = {n.gpu_model for n in snapshot.inventory.nodes.values() if n.gpu_count} | {u.gpu_model for u in rows}
+        for kind in kinds:
+            self.idle_seconds.labels(kind).inc(free.get(kind, 0.0) * dt)
+            self.price.labels(kind).set(self._price(kind))
+        for kind in self._kinds - kinds:  # a kind whose nodes all left: its price is no longer the cluster's
+            self._remove(self.price, kind)
+            self._remove(self.idle_seconds, kind)
+        self._kinds = kinds
+
+    def _forget(self, model: str) -> None:
+        old = self._cost_series.pop(model, None)
+        if old is not None:
+            self._remove(self.cost, *old)
+        for labels in self._series.pop(model, set()):
+            self._remove(self.slot_seconds, *labels)
+
+    @staticmethod
+    def _remove(metric: Counter | Gauge, *labels: str) -> None:
+        with contextlib.suppress(KeyError):  # never created: nothing to remove
+            metric.remove(*labels)

@@ -1,0 +1,131 @@
+"""Simulation runs as the CLI and the benchmarks set them up: the default cluster for a workload, a cluster spec
+from a file or a string, every policy on the same workload side by side (the oracle always runs: it is the GPU-hour
+reference), and the shipped scenarios. ``slotwise simulate`` and ``bench/*.py`` both call these, so a benchmark runs
+what the command runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from typing import Any
+
+from autoscaler.api.spec import ModelSpec
+from autoscaler.policies import make_policy
+from autoscaler.sim.run import SimConfig, SimResult, simulate
+from autoscaler.sim.scorecard import scorecard
+from autoscaler.sim.workload import SimWorkload, peak_replicas
+from sharing.cluster import nodes_from_spec
+from sharing.slots import NodeSpec
+
+DEFAULT_TRACE = "azure-llm-2023"  # the demo's bundled trace
+POLICY_ORDER = ("slotwise", "predictive", "hpa", "kpa", "static", "oracle")  # the scorecard's columns
+
+
+def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 3.0) -> list[NodeSpec]:
+    """A cluster of MIG-enabled H100-80GB nodes with room for every model at its peak plus headroom.
+
+    The headroom is generous on purpose: reactive baselines overshoot the peak (HPA doubles, KPA panics),
+    and a comparison where the cluster, not the policy, limits them would say little about the policies.
+    GPU-hours count only what replicas hold, so unused nodes cost nothing in the scorecard.
+
+    Each model's replica is placed once by the packer on an empty node to learn what one replica costs
+    (a MIG slice, a share or whole GPUs), so the estimate follows the packer's real choices.
+    """
+    from autoscaler.decision.core import slot_request
+    from sharing.packer import CostAwarePacker
+    from sharing.slots import Inventory
+
+    probe = nodes_from_spec("8xH100-80GB:mig")
+    packer = CostAwarePacker()
+    gpus = 0.0
+    for name, n in peak_replicas(workload, tick_s).items():
+        spec = workload.specs[name]
+        if not isinstance(spec, ModelSpec) or n == 0:
+            continue
+        slot = packer.place(Inventory.from_nodes(probe), slot_request(spec))
+        gpus += n * (slot.gpu_fraction if slot is not None else spec.gpus_per_replica)
+    nodes = max(2, math.ceil(headroom * gpus / 8.0))
+    return nodes_from_spec(f"{nodes * 8}xH100-80GB:mig")
+
+
+def load_cluster(arg: str) -> list[NodeSpec]:
+    """A cluster spec given inline or as a YAML file (see sharing/cluster.py for both grammars)."""
+    if os.path.exists(arg):
+        import yaml
+
+        with open(arg) as f:
+            try:
+                doc = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ValueError(f"{arg}: not valid YAML: {e}") from None
+        return nodes_from_spec(doc)
+    return nodes_from_spec(arg)
+
+
+def progress_bar(label: str):  # type: ignore[no-untyped-def]
+    if not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                   TimeElapsedColumn(), transient=True)
+    task = bar.add_task(label, total=1.0)
+    bar.start()
+    return bar, (lambda f: bar.update(task, completed=f))
+
+
+def run_policies(
+    workload: SimWorkload, nodes: list[NodeSpec], names: list[str], cfg: SimConfig, quiet: bool = False
+) -> tuple[list[SimResult], list[dict[str, Any]]]:
+    """Run each policy on the same workload and cluster; the oracle always runs (for gpu_hours_vs_oracle)."""
+    return run_variants(workload, nodes, [(n, n, cfg) for n in names], cfg, quiet)
+
+
+def run_variants(
+    workload: SimWorkload,
+    nodes: list[NodeSpec],
+    variants: list[tuple[str, str, SimConfig]],
+    cfg: SimConfig,
+    quiet: bool = False,
+) -> tuple[list[SimResult], list[dict[str, Any]]]:
+    """Run each ``(label, policy, config)`` on the same workload and cluster; each result and scorecard is named
+    by its label. The oracle runs once with ``cfg`` (for gpu_hours_vs_oracle), reused when a variant is the oracle
+    with that same config."""
+    peaks = peak_replicas(workload, cfg.tick_s)
+
+    def one(label: str, name: str, run_cfg: SimConfig) -> SimResult:
+        knobs: dict[str, Any] = {"replicas_by_model": peaks} if name == "static" else {}
+        policy = make_policy(name, **knobs)
+        run_cfg = dataclasses.replace(run_cfg, tick_s=min(run_cfg.tick_s, policy.tick_s))
+        if name == "oracle":  # the GPU-hour reference: all of the cluster, no training
+            run_cfg = dataclasses.replace(run_cfg, lending=None, static_training_gpus=0)
+        bar, cb = (None, None) if quiet else progress_bar(f"simulating {label}")
+        try:
+            return simulate(workload, nodes, policy, run_cfg, cb)
+        finally:
+            if bar is not None:
+                bar.stop()
+
+    oracle = one("oracle", "oracle", cfg)
+    results = []
+    for label, name, run_cfg in variants:
+        r = dataclasses.replace(oracle) if name == "oracle" and run_cfg == cfg else one(label, name, run_cfg)
+        r.policy = label
+        results.append(r)
+    return results, [scorecard(r, oracle.gpu_hours) for r in results]
+
+
+def shipped_scenarios() -> dict[str, str]:
+    """The scenarios shipped in autoscaler/data/scenarios, by name (file name without .yaml)."""
+    import autoscaler
+
+    out: dict[str, str] = {}
+    for root in autoscaler.__path__:
+        folder = os.path.join(root, "data", "scenarios")
+        if os.path.isdir(folder):
+            for f in sorted(os.listdir(folder)):
+                if f.endswith(".yaml"):
+                    out.setdefault(f[: -len(".yaml")], os.path.join(folder, f))
+    return out

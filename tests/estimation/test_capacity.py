@@ -1,0 +1,100 @@
+"""Queueing prior: Erlang C, steady-state attainment, minimal replica search, profiles."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from autoscaler.api.spec import ModelSpec
+from autoscaler.estimation.capacity import (
+    ServiceProfile,
+    attainment,
+    erlang_c,
+    min_replicas_for_slo,
+    profile_from_samples,
+    profile_from_spec,
+)
+
+
+def test_erlang_c_known_values() -> None:
+    assert erlang_c(1, 0.7) == pytest.approx(0.7)  # M/M/1: P(wait) = rho
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(10, 8.0) == pytest.approx(0.4092, abs=1e-4)  # textbook M/M/10 at 8 Erlangs
+    assert erlang_c(4, 4.0) == 1.0 and erlang_c(4, 5.0) == 1.0  # unstable: everybody waits
+    assert erlang_c(3, 0.0) == 0.0
+
+
+def test_erlang_c_stable_for_large_c() -> None:
+    c = np.array([200, 400, 800])
+    v = erlang_c(c, 0.95 * c)
+    assert np.all(np.isfinite(v)) and np.all((v > 0) & (v < 1))
+    # More servers at the same utilisation: less waiting (pooling).
+    assert v[0] > v[1] > v[2]
+
+
+def _profile(conc: int = 4, slo: float = 2.0) -> ServiceProfile:
+    spec = ModelSpec("m", service_time_ms=1000.0, concurrency=conc, slo_latency_ms=slo * 1e3)
+    return profile_from_spec(spec)
+
+
+def test_attainment_monotone() -> None:
+    p = _profile()
+    by_replicas = [attainment(10.0, r, p) for r in range(1, 12)]
+    assert all(b >= a for a, b in itertools.pairwise(by_replicas))
+    assert by_replicas[0] == 0.0  # 10 req/s on 4 slots of 1 s: unstable
+    by_load = [attainment(rate, 5, p) for rate in np.linspace(1, 19, 10)]
+    assert all(b <= a for a, b in itertools.pairwise(by_load))
+    assert attainment(0.0, 0, p) == 1.0
+    assert attainment(1.0, 0, p) == 0.0
+
+
+def test_min_replicas_minimal() -> None:
+    p = _profile()
+    target = p.percentile / 100
+    for rate in (0.5, 3.0, 17.0, 250.0):
+        r = min_replicas_for_slo(rate, p)
+        assert attainment(rate, r, p) >= target
+        assert r == 1 or attainment(rate, r - 1, p) < target
+    assert min_replicas_for_slo(0.0, p) == 0
+    # SLO below the service time itself: no replica count is enough.
+    hopeless = _profile(slo=0.001)
+    assert min_replicas_for_slo(5.0, hopeless, max_replicas=50) == 50
+
+
+def test_profile_from_spec() -> None:
+    p = profile_from_spec(ModelSpec("m", service_time_ms=250.0, concurrency=3, slo_latency_ms=900.0))
+    assert p.mean_s == pytest.approx(0.25)
+    assert 0.9 < p.scv < 1.0  # exponential, minus the within-bin spread
+    assert p.concurrency == 3 and p.slo_s == pytest.approx(0.9)
+    np.testing.assert_allclose(p.latency_part_s, p.occupancy_s)
+    ttft = profile_from_spec(
+        ModelSpec("m", service_time_ms=1000.0, slo_metric="ttft", prefill_ms_per_1k_tokens=200.0)
+    )
+    np.testing.assert_allclose(ttft.latency_part_s, 0.2 * ttft.occupancy_s)
+
+
+def test_profile_from_samples_keeps_mean() -> None:
+    rng = np.random.default_rng(0)
+    occ = rng.lognormal(0.0, 1.0, 5000)
+    p = profile_from_samples(occ, occ * 0.1, concurrency=8, slo_s=1.0, percentile=99.0, k=32)
+    assert len(p.occupancy_s) == 32
+    assert p.mean_s == pytest.approx(occ.mean(), rel=1e-3)  # bins differ by one sample at most
+    true_scv = occ.var() / occ.mean() ** 2
+    assert 0.7 * true_scv < p.scv <= true_scv
+
+
+def test_predicted_latency_meets_slo_exactly_at_the_sized_replicas() -> None:
+    from autoscaler.estimation.capacity import min_replicas_for_slo, predicted_latency_s
+
+    spec = ModelSpec(name="m", slo_latency_ms=300, service_time_ms=100, concurrency=4)
+    prof = profile_from_spec(spec)
+    n = min_replicas_for_slo(50.0, prof)
+    # sized replicas meet the SLO, one fewer does not: the predicted latency brackets the SLO the same way
+    assert predicted_latency_s(50.0, n, prof) <= prof.slo_s + 1e-6
+    assert predicted_latency_s(50.0, n - 1, prof) > prof.slo_s
+    # more replicas never predict a higher latency; no load is the service time's percentile
+    assert predicted_latency_s(50.0, n + 3, prof) <= predicted_latency_s(50.0, n, prof)
+    assert predicted_latency_s(0.0, 1, prof) <= prof.slo_s
+    assert predicted_latency_s(1000.0, 1, prof) == float("inf")
