@@ -17,8 +17,10 @@ import time
 import numpy as np
 
 from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
-from autoscaler.decision.core import CoreConfig, decide, fresh_state
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
 from autoscaler.decision.node_actions import mig_layout_actions
+from autoscaler.decision.state import fresh_state
 from autoscaler.live.kube.templates import template_actions
 from autoscaler.live.kube.translate import build_view
 from autoscaler.policies import make_policy

@@ -60,8 +60,10 @@ import numpy as np
 
 from autoscaler.api.plan import PlaceReplica, RemoveReplica, ScaleModel, Shortfall
 from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
-from autoscaler.api.spec import ModelSpec, parse_mapping
-from autoscaler.decision.core import CoreConfig, decide, fresh_state, slot_request
+from autoscaler.api.spec import ModelSpec, parse_mapping, slot_request
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
+from autoscaler.decision.state import fresh_state
 from autoscaler.estimation.capacity import min_replicas_for_slo, profile_from_spec
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies import POLICIES, make_policy

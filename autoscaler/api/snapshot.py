@@ -94,6 +94,11 @@ class ModelMetrics:
     within_rate: np.ndarray | None = None
 
 
+# "No data" for a model the window does not cover: a flag, never zero load.
+_EMPTY = np.zeros(0)
+STALE_METRICS = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
+
+
 @dataclass(frozen=True)
 class MetricsWindow:
     now: float

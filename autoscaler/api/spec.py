@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sharing.slots import SlotRequest
+
 PREFIX = "slotwise.io/"
 
 SLO_METRICS = ("e2e", "ttft")
@@ -285,3 +287,14 @@ def parse_annotations(
 def is_managed(annotations: Mapping[str, str]) -> bool:
     """A Deployment is managed by slotwise when it declares a latency SLO."""
     return PREFIX + "slo-latency-ms" in annotations
+
+
+def slot_request(spec: ModelSpec) -> SlotRequest:
+    """The slot shape one replica of ``spec`` needs: what the packer places."""
+    return SlotRequest(
+        model=spec.name,
+        memory_gib=spec.gpu_memory_gib,
+        compute_fraction=spec.gpu_compute_share,
+        gpus=spec.gpus_per_replica,
+        kinds=spec.slot_kinds,
+    )

@@ -16,12 +16,8 @@ with a cause, never a silent Pending pod. When the asks do not all fit, arbitrat
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from autoscaler.api.plan import (
     GRANTS,
@@ -33,85 +29,25 @@ from autoscaler.api.plan import (
     Shortfall,
     UpdateStatus,
 )
-from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
-from autoscaler.api.spec import ModelSpec
+from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindow, ModelObservation
+from autoscaler.api.spec import slot_request
 from autoscaler.decision.arbitration import (
-    ArbitrationPolicy,
     ArbitrationResult,
-    ArbitrationState,
     Ask,
     Candidate,
     LazyMapping,
     ModelLoad,
     arbitrate,
 )
-from autoscaler.estimation.capacity import ServiceProfile, predicted_latency_s, profile_from_spec
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.lend import lend_stage
+from autoscaler.decision.state import ControllerState, ModelState, SizedLoad
+from autoscaler.estimation.capacity import predicted_latency_s, profile_from_spec
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.model_learning import ModelLearning
-from autoscaler.policies.base import Forecast, Policy, PolicyContext, apply_rails, window_mean
-from sharing.lending import LENT_MODEL, LendingPolicy
-from sharing.packer import CostAwarePacker, Packer
-from sharing.slots import Inventory, Slot, SlotRequest
-
-if TYPE_CHECKING:
-    from autoscaler.decision.lend import LendState
-
-_EMPTY = np.zeros(0)
-STALE_METRICS = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
-
-
-@dataclass
-class CoreConfig:
-    """Settings of the decision core. ``forecaster_factory`` builds the fleet forecaster when the state
-    has none (a warm-started one can be put in the state instead); ``upper_quantile`` is the forecast
-    quantile reported in the status."""
-
-    policy: Policy
-    packer: Packer = field(default_factory=CostAwarePacker)
-    forecaster_factory: Callable[[], FleetForecaster] = FleetForecaster
-    upper_quantile: float = 0.9
-    drain_timeout_s: float = 30.0
-    metric_lag_s: float = 0.0
-    # The live controller reports every decision (status, metrics: forecast and predicted latency); the
-    # simulator only asks for a status when the decision changes, without the predicted latency (a search).
-    report_every_decision: bool = False
-    # Lending idle reserved GPUs to training (autoscaler/decision/lend.py); None or disabled: no lend stage. Whole nodes
-    # only for the Kubernetes "pods" mode (a node label cannot split a node).
-    lending: LendingPolicy | None = None
-    lending_whole_nodes_only: bool = False
-    # Opt-in (issue 8, pods-mode lending): a scale-down removes replicas on the nodes with the fewest replicas
-    # first (then as usual), so emptied nodes become whole and lendable.
-    consolidate_removals: bool = False
-    # Who gets GPUs when they run out: team quotas, priorities, SLO damage, preemption
-    # (autoscaler/decision/arbitration.py).
-    arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
-
-
-@dataclass
-class ModelState:
-    """What the controller remembers about one model between ticks."""
-
-    policy_state: Any
-    capacity: ServiceProfile
-    next_decision_at: float = -math.inf
-    learning: ModelLearning | None = None
-    last_reason: Reason | None = None
-    last_desired: int = -1
-    sized: SizedLoad | None = None  # the loads it was last sized on (arbitration's SLO-damage inputs)
-
-
-@dataclass
-class ControllerState:
-    models: dict[str, ModelState] = field(default_factory=dict)
-    replica_seq: int = 0
-    # Measured service profiles to use instead of the spec prior (a warm start: offline profiling in
-    # the simulator, learned online by the sizing issue).
-    profiles: dict[str, ServiceProfile] = field(default_factory=dict)
-    invalid: dict[str, str] = field(default_factory=dict)  # model -> spec problem last reported
-    forecaster: FleetForecaster | None = None
-    forecast_models: frozenset[str] = frozenset()  # the models the forecaster was last synced to
-    lending: LendState | None = None  # the lend stage's memory (need-soon per model, reclaims in flight)
-    arbitration: ArbitrationState = field(default_factory=ArbitrationState)  # teams' recent borrowing
+from autoscaler.policies.base import Forecast, PolicyContext, apply_rails
+from sharing.lending import LENT_MODEL
+from sharing.slots import Inventory, Slot
 
 
 @dataclass
@@ -121,16 +57,6 @@ class Decision:
     # The inventory after this tick's placements (None: nothing placed). The live controller diffs it
     # against the snapshot's to plan MIG re-layouts and the time-slicing config.
     inventory: Inventory | None = None
-
-
-def slot_request(spec: ModelSpec) -> SlotRequest:
-    return SlotRequest(
-        model=spec.name,
-        memory_gib=spec.gpu_memory_gib,
-        compute_fraction=spec.gpu_compute_share,
-        gpus=spec.gpus_per_replica,
-        kinds=spec.slot_kinds,
-    )
 
 
 def _forecast(
@@ -203,34 +129,6 @@ class _Sized:
     target: int
     reason: Reason
     detail: str
-
-
-@dataclass(frozen=True)
-class SizedLoad:
-    """What a model was last sized on, for arbitration: its load at the forecast's sizing quantile (its *tail*)
-    and at the median (what it *expects*), each at least the load observed over the last minute. Computed only
-    when arbitration asks (most ticks it does not)."""
-
-    forecast: Forecast | None
-    quantile: float
-    rate: np.ndarray
-    step_s: float
-
-    @cached_property
-    def observed_rps(self) -> float:
-        return window_mean(self.rate, self.step_s, 60.0) or 0.0
-
-    def _at(self, q: float) -> float:
-        f = self.forecast.at(q) if self.forecast is not None else math.nan
-        return max(f, self.observed_rps) if math.isfinite(f) else self.observed_rps
-
-    @cached_property
-    def tail_rps(self) -> float:
-        return self._at(self.quantile)
-
-    @cached_property
-    def expected_rps(self) -> float:
-        return self._at(0.5)
 
 
 def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
@@ -323,9 +221,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
             _finish_victim(snapshot.models[name], state.models[name], victims, plan)
     lending = config.lending
     if lending is not None and (lending.enabled or snapshot.lent):
-        # Imported here: the stage imports this module. (Disabled with GPUs still lent: they are reclaimed.)
-        from autoscaler.decision.lend import lend_stage
-
+        # (disabled with GPUs still lent: they are reclaimed)
         after = inventory if inventory is not None else snapshot.inventory
         plan.actions.extend(lend_stage(snapshot, metrics, plan, after, state, config, forecaster))
     return Decision(plan=plan, state=state, inventory=inventory)
@@ -465,12 +361,5 @@ def _finish_victim(obs: ModelObservation, ms: ModelState, victims: list[RemoveRe
     plan.actions.append(UpdateStatus(obs.name, desired=target, current=obs.ready_replicas, reason=Reason.PREEMPTED,
                                      message=detail, slo_latency_ms=spec.slo_latency_ms))
     ms.last_desired, ms.last_reason = target, Reason.PREEMPTED
-
-
-def fresh_state(
-    profiles: dict[str, ServiceProfile] | None = None, forecaster: FleetForecaster | None = None
-) -> ControllerState:
-    """A controller's state at start: optionally measured profiles and a warm-started forecaster."""
-    return ControllerState(profiles=dict(profiles or {}), forecaster=forecaster)
 
 

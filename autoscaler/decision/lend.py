@@ -31,12 +31,12 @@ inventory); this stage turns the decision core's view into its inputs and its re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from autoscaler.api.plan import LendGpus, Plan, ReclaimGpus, ScaleModel, Shortfall, ShortfallCause
-from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelObservation, TrainingWorkload
-from autoscaler.api.spec import ModelSpec
-from autoscaler.decision.core import STALE_METRICS, ControllerState, CoreConfig, slot_request
+from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindow, ModelObservation, TrainingWorkload
+from autoscaler.api.spec import slot_request
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.state import ControllerState, LendState, NeedSoon
 from autoscaler.estimation.capacity import min_replicas_for_slo
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Forecast
@@ -45,7 +45,6 @@ from sharing.lending import (
     FORECAST,
     SHORTFALL,
     Borrower,
-    LendingPlan,
     LendingPolicy,
     NeedRequest,
     could_lend,
@@ -56,27 +55,6 @@ from sharing.slots import Inventory, SlotRequest
 
 # Shortfalls that lent GPUs can fix: not a team at its limit, headroom, or replicas waiting for a drain.
 _RECLAIM_FOR = frozenset({ShortfallCause.UNPLACEABLE, ShortfallCause.RECLAIMING})
-
-
-@dataclass
-class NeedSoon:
-    """One model's need over the reclaim horizon, as of its last decision."""
-
-    replicas: int  # what sizing asks for at the upper quantile over the reclaim horizon
-    request: SlotRequest  # the model's slot shape
-    guess: bool  # stale metrics or no forecast: ``replicas`` is only a floor, lending is held
-    next_at: float  # when to recompute (the model's next decision)
-    spec: ModelSpec | None = None  # what ``request`` and ``replicas`` were computed from, to reuse them while
-    sized_for: tuple | None = None  # ... the spec, the forecast, the quantile and the profile stay the same
-
-
-@dataclass
-class LendState:
-    """What the lend stage remembers between ticks (``ControllerState.lending``)."""
-
-    need: dict[str, NeedSoon] = field(default_factory=dict)
-    reclaiming: dict[tuple[str, int], float] = field(default_factory=dict)  # lent GPU -> when its reclaim was asked
-    last: LendingPlan | None = None  # the last tick's plan (what the controller reports: buffer, surplus)
 
 
 def borrowers(training: tuple[TrainingWorkload, ...]) -> list[Borrower]:

@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 
 from autoscaler.api.plan import Plan
 from autoscaler.api.ports import AsyncMetricsPort
-from autoscaler.api.snapshot import MetricsWindow
+from autoscaler.api.snapshot import STALE_METRICS, MetricsWindow
 from autoscaler.decision.arbitration import ArbitrationPolicy
-from autoscaler.decision.core import STALE_METRICS, ControllerState, CoreConfig, decide, fresh_state
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
 from autoscaler.decision.node_actions import mig_layout_actions, time_slicing_action
+from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.live.exporter import ControllerMetrics, Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator

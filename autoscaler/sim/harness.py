@@ -33,7 +33,7 @@ def default_cluster(workload: SimWorkload, tick_s: float, headroom: float = 3.0)
     Each model's replica is placed once by the packer on an empty node to learn what one replica costs
     (a MIG slice, a share or whole GPUs), so the estimate follows the packer's real choices.
     """
-    from autoscaler.decision.core import slot_request
+    from autoscaler.api.spec import slot_request
     from sharing.packer import CostAwarePacker
     from sharing.slots import Inventory
 

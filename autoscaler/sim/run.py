@@ -29,7 +29,9 @@ import numpy as np
 
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationPolicy
-from autoscaler.decision.core import CoreConfig, decide, fresh_state
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
+from autoscaler.decision.state import fresh_state
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from autoscaler.report.cost import UNKNOWN_TEAM, price_table
@@ -188,7 +190,7 @@ def _warm_start(
 ) -> None:
     """Begin as a running cluster would be: each model with the replicas its first minutes of load need
     (the same for every policy), so the run measures steady control, not a cold boot."""
-    from autoscaler.decision.core import slot_request
+    from autoscaler.api.spec import slot_request
     from autoscaler.estimation.capacity import min_replicas_for_slo
 
     window = max(dt, 300.0)

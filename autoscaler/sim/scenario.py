@@ -62,9 +62,8 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.api.spec import ModelSpec, SpecError, parse_mapping
+from autoscaler.api.spec import ModelSpec, SpecError, parse_mapping, slot_request
 from autoscaler.decision.arbitration import ARBITRATION_MODES, ArbitrationPolicy, TeamQuota
-from autoscaler.decision.core import slot_request
 from autoscaler.estimation.capacity import min_replicas_for_slo
 from autoscaler.sim.defaults import default_model_values
 from autoscaler.sim.run import ClusterEvent, SimConfig

@@ -23,8 +23,10 @@ from autoscaler.api.plan import (
     UpdateStatus,
 )
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
-from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem
-from autoscaler.decision.core import CoreConfig, decide, fresh_state, slot_request
+from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem, slot_request
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
+from autoscaler.decision.state import fresh_state
 from autoscaler.policies import make_policy
 from autoscaler.policies.base import PolicyContext, PolicyResult
 from sharing.cluster import nodes_from_spec

@@ -183,7 +183,9 @@ def test_a_model_joining_with_a_metrics_window_starts_from_that_past() -> None:
 
     from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
     from autoscaler.api.spec import ModelSpec
-    from autoscaler.decision.core import CoreConfig, decide, fresh_state
+    from autoscaler.decision.config import CoreConfig
+    from autoscaler.decision.core import decide
+    from autoscaler.decision.state import fresh_state
     from autoscaler.policies import make_policy
     from sharing.slots import Inventory, NodeSpec
 

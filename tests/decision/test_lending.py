@@ -26,9 +26,10 @@ from autoscaler.api.snapshot import (
     Replica,
     TrainingWorkload,
 )
-from autoscaler.api.spec import ModelSpec
-from autoscaler.decision.core import CoreConfig, decide, fresh_state, slot_request
-from autoscaler.decision.lend import LendState
+from autoscaler.api.spec import ModelSpec, slot_request
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
+from autoscaler.decision.state import LendState, fresh_state
 from autoscaler.estimation.capacity import min_replicas_for_slo, profile_from_spec
 from autoscaler.policies.base import PolicyContext, PolicyResult
 from autoscaler.policies.slo import quantize_up

@@ -11,7 +11,9 @@ import pytest
 from autoscaler.api.plan import Reason
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
 from autoscaler.api.spec import PREFIX, ModelSpec, SpecError, parse_annotations
-from autoscaler.decision.core import ControllerState, CoreConfig, decide, fresh_state
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
+from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.estimation.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
 from autoscaler.estimation.learning import CapacityLearner
 from autoscaler.estimation.model_learning import slot_kind, slot_speed

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from autoscaler.api.plan import Reason
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
-from autoscaler.api.spec import ModelSpec
-from autoscaler.decision.core import CoreConfig, decide, fresh_state, slot_request
+from autoscaler.api.spec import ModelSpec, slot_request
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import decide
+from autoscaler.decision.state import fresh_state
 from autoscaler.estimation import capacity
 from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.estimation.learning import SloQuantile

@@ -12,8 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from autoscaler.api.plan import PlaceReplica, Plan, RemoveReplica
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica
-from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem
-from autoscaler.decision.core import slot_request
+from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem, slot_request
 from autoscaler.policies import make_policy
 from autoscaler.report.cost import (
     UNKNOWN_TEAM,

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from autoscaler.api.plan import PlaceReplica, Plan, Reason, RemoveReplica, ScaleModel
-from autoscaler.api.spec import ModelSpec, SpecError
-from autoscaler.decision.core import slot_request
+from autoscaler.api.spec import ModelSpec, SpecError, slot_request
 from autoscaler.policies import make_policy
 from autoscaler.sim.cluster import SimCluster
 from autoscaler.sim.defaults import model_specs

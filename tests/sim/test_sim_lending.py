@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoscaler.api.plan import LendGpus, PlaceReplica, Plan, ReclaimGpus, RemoveReplica
-from autoscaler.api.spec import ModelSpec
+from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.cli.main import main
-from autoscaler.decision.core import CoreConfig, slot_request
+from autoscaler.decision.config import CoreConfig
 from autoscaler.policies import make_policy
 from autoscaler.sim.cluster import (
     STATIC_TRAINING_MODEL,

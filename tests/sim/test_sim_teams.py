@@ -25,7 +25,8 @@ from autoscaler.api.plan import (
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationPolicy, TeamQuota
-from autoscaler.decision.core import CoreConfig, Decision
+from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.core import Decision
 from autoscaler.policies import make_policy
 from autoscaler.sim.cluster import SHORTFALL_CAUSES, SimCluster
 from autoscaler.sim.run import SimConfig, SimResult, simulate

@@ -11,7 +11,8 @@
 Baselines naive and snaive follow the protocol's empirical-residual definitions (vectorised over
 series: all series of a set share the clock); ets / mstl need statsforecast (benchmark-only extra,
 :mod:`autoscaler.benchmarks.backtest.sfbaselines`); hgb is :func:`_run_hgb` (the global GBM of
-:mod:`forecasting.gbm`); slotwise is :class:`forecasting.slotwise.SlotwiseBatch`, warm-started on y[0:ceil(n/2)] and updated online.
+:mod:`forecasting.gbm`); slotwise is :class:`forecasting.slotwise.SlotwiseBatch`, warm-started on y[0:ceil(n/2)]
+and updated online.
 """
 
 from __future__ import annotations
