@@ -1,0 +1,184 @@
+"""The arbitrate loop: every ask served in order when all fit; else one replica at a time to the ask ranked first
+(placed now, granted on capacity being freed, preempted for, or refused), re-ranked as teams fill their quotas;
+and the fairness memory updated before each tick."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping
+
+from autoscaler.api.plan import Shortfall, ShortfallCause
+from autoscaler.decision.arbitration.damage import EPS
+from autoscaler.decision.arbitration.ordering import Progress
+from autoscaler.decision.arbitration.policy import ArbitrationPolicy
+from autoscaler.decision.arbitration.preemption import preempt_for
+from autoscaler.decision.arbitration.tick import Tick
+from autoscaler.decision.arbitration.types import ArbitrationResult, ArbitrationState, Ask, Views, request_fraction
+from sharing.lending import LENT_MODEL
+from sharing.packer import Packer
+from sharing.slots import Inventory, Slot
+
+
+def arbitrate(
+    asks: list[Ask],
+    inventory: Inventory,
+    packer: Packer,
+    policy: ArbitrationPolicy,
+    now: float,
+    *,
+    team_of: Mapping[str, str],
+    held: Mapping[str, float],
+    views: Views,
+    freeing: list[tuple[str, Slot]],
+    state: ArbitrationState,
+    name_replica: Callable[[str], str],
+) -> ArbitrationResult:
+    """Serve ``asks`` on ``inventory`` (changed: each placed replica is allocated there under the id
+    ``name_replica(model)`` gives) by the rules of the package docstring.
+
+    ``team_of``: every valid model's team; ``held``: GPU-equivalents per team held by replicas not being freed
+    (:func:`held_by_team` of the candidates); ``views()``: every valid model's damage inputs (``ModelLoad``) and
+    the running replicas that may be preempted (not draining, not being removed this tick), asked for only when
+    the asks do not all fit; ``freeing``: (owner, slot) of replicas being removed or drained (their capacity is
+    coming free); ``state``: the fairness memory (updated)."""
+    _remember_borrowing(state, held, policy, now)
+    t = Tick(inventory, packer, policy, now, team_of, held, views, freeing, state, name_replica)
+    if not _serve_in_order(t, asks):
+        _ranked(t, asks)
+    for team in t.caps:
+        t.result.team_gpus[team] = t.usage.get(team, 0.0)
+    return t.result
+
+
+def _serve_in_order(t: Tick, asks: list[Ask]) -> bool:
+    """Every ask in full, in the order given, or nothing (False, the inventory as it was): when all fit, the
+    order does not matter and no ranking is paid for (most ticks of a cluster that is not full)."""
+    log: list[tuple[Ask, str, Slot]] = []
+    ok = True
+    for a in asks:
+        p = Progress(a, request_fraction(a.request))
+        while ok and p.remaining() > 0:
+            slot = t.packer.place(t.inv, a.request)
+            if slot is None or t.over_limit(a.team, slot.gpu_fraction):
+                ok = False
+                break
+            owner = t.name_replica(a.model)
+            t.inv.allocate(slot, owner, model=a.model)
+            t.usage[a.team] = t.usage.get(a.team, 0.0) + slot.gpu_fraction
+            log.append((a, owner, slot))
+            p.placed += 1
+            p.units += 1.0 if a.speed is None else a.speed(slot)
+        if ok and math.ceil(a.wanted - p.units - EPS) > 0:
+            ok = False  # slower slots and max replicas reached: say so on the ranked path
+        if not ok:
+            break
+    if not ok:
+        for a, owner, slot in reversed(log):
+            t.inv.release(slot, owner)
+            t.usage[a.team] -= slot.gpu_fraction
+        t.usage = dict(t.held)
+        return False
+    for a, owner, slot in log:
+        t.result.placed.setdefault(a.model, []).append((owner, slot))
+    return True
+
+
+def _ranked(t: Tick, asks: list[Ask]) -> None:
+    """One replica at a time to the ask ranked first, until every ask is served or refused."""
+    heap: list[tuple[tuple, int, Progress]] = []
+    progress = [Progress(a, request_fraction(a.request)) for a in asks]
+    for i, p in enumerate(progress):
+        if p.remaining() > 0:
+            heapq.heappush(heap, (t.key(p), i, p))
+    while heap:
+        key, i, p = heapq.heappop(heap)
+        fresh = t.key(p)
+        if heap and fresh > key and fresh > heap[0][0]:
+            heapq.heappush(heap, (fresh, i, p))  # its rank fell (its team passed its guarantee...)
+            continue
+        _step(t, p)
+        if not p.done and p.remaining() > 0:
+            heapq.heappush(heap, (t.key(p), i, p))
+    for p in progress:
+        a = p.ask
+        short = math.ceil(a.wanted - p.units - p.waiting - EPS)
+        if not p.done and short > 0:  # slower slots than it was sized for, and max replicas reached
+            t.result.shortfalls.append(Shortfall(
+                a.model, short, f"the slots it got are slower than those it was sized for, and its "
+                                f"{a.current + a.max_new} max replicas are reached", ShortfallCause.MAX_REPLICAS,
+                a.team, t.within_guarantee(a.team, 0.0)))
+
+
+def _step(t: Tick, p: Progress) -> None:
+    """The ask's next replica: placed on free capacity, else granted on capacity being freed, else preempted
+    for (or refused)."""
+    a = p.ask
+    team = a.team
+    if t.over_limit(team, p.frac):
+        limit = t.caps[team][1]
+        what = "partition" if t.policy.mode == "partition" else "guarantee + borrowing limit"
+        t.refuse(p, ShortfallCause.BORROWING_LIMIT,
+                 f"team {team} holds {t.usage.get(team, 0.0):.2f} GPUs of its {what} {limit:.2f}")
+        return
+    req = a.request
+    shape = (req.memory_gib, req.compute_fraction, req.gpus, req.kinds, req.gpu_models)
+    slot = None if shape in t.unplaceable else t.packer.place(t.inv, req)
+    if slot is not None and t.claimed.intersection((slot.node, i) for i in slot.devices):
+        t.refuse(p, ShortfallCause.OUTRANKED, "the free GPU slot it fits is being freed for a model ranked ahead")
+        return
+    if slot is not None:
+        _place(t, p, slot)
+        return
+    t.unplaceable.add(shape)
+    slot = t.packer.place(t.future_view(), req)
+    if slot is not None:
+        lent = any(t.inv.model_of(o) == LENT_MODEL for i in slot.devices
+                   for o, _ in t.inv.device(slot.node, i).entries)
+        if lent:
+            t.grant_waiting(p, slot, ShortfallCause.RECLAIMING, "lent training GPUs are being reclaimed for it")
+        else:
+            t.grant_waiting(p, slot, ShortfallCause.PREEMPTING, "waiting for replicas that are draining")
+        return
+    preempt_for(t, p)
+
+
+def _place(t: Tick, p: Progress, slot: Slot) -> None:
+    """Start the ask's next replica on the free ``slot`` (unless it would pass the team's limit)."""
+    a = p.ask
+    team = a.team
+    if t.over_limit(team, slot.gpu_fraction):
+        t.refuse(p, ShortfallCause.BORROWING_LIMIT,
+                 f"team {team} holds {t.usage.get(team, 0.0):.2f} GPUs; the slot found "
+                 f"({slot.gpu_fraction:.2f}) would pass its limit {t.caps[team][1]:.2f}")
+        return
+    owner = t.name_replica(a.model)
+    t.inv.allocate(slot, owner, model=a.model)
+    # The future view keeps this tick's waiting grants; a placement now on a GPU one of them counts on
+    # (a draining slice's neighbour) is left out of it: the grant is looked at again next tick anyway.
+    if t.future is not None and t.future.fits(slot):
+        t.future.allocate(slot, owner, model=a.model)
+    t.result.placed.setdefault(a.model, []).append((owner, slot))
+    t.usage[team] = t.usage.get(team, 0.0) + slot.gpu_fraction
+    t.delta[a.model] = t.delta.get(a.model, 0) + 1
+    p.placed += 1
+    p.frac = slot.gpu_fraction
+    p.units += 1.0 if a.speed is None else a.speed(slot)
+
+
+def _remember_borrowing(state: ArbitrationState, held: Mapping[str, float], policy: ArbitrationPolicy,
+                        now: float) -> None:
+    """Decay each team's borrowed GPU-seconds and add what it borrows now (held above its guarantee)."""
+    dt = 0.0 if state.at is None else max(0.0, now - state.at)
+    state.at = now
+    if dt <= 0:
+        return
+    half = policy.fairness_half_life_s
+    decay = 0.5 ** (dt / half) if half > 0 else 0.0
+    for team in set(state.borrowed) | set(held):
+        over = max(0.0, held.get(team, 0.0) - policy.quota(team).guaranteed_gpus)
+        value = state.borrowed.get(team, 0.0) * decay + over * dt
+        if value > EPS:
+            state.borrowed[team] = value
+        else:
+            state.borrowed.pop(team, None)
