@@ -16,18 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.live.kube.translate import (
-    UNMANAGED_MODEL_PREFIX,
-    Selector,
-    SelectorError,
-    build_view,
-    fit_layout,
-    mig_layout,
-    node_spec,
-    parse_time,
-    pod_gpu_requests,
-    selector_matches,
-)
+from autoscaler.live.kube.fields import parse_time
+from autoscaler.live.kube.gpu_nodes import mig_layout, node_spec, pod_gpu_requests
+from autoscaler.live.kube.selector import Selector, SelectorError, selector_matches
+from autoscaler.live.kube.translate import UNMANAGED_MODEL_PREFIX, build_view
 from sharing.catalog import load_catalog
 from sharing.render import check_layout
 from sharing.slots import Inventory, NodeSpec, SlotKind
@@ -606,15 +598,6 @@ def test_mig_counts_from_gfd_labels_when_the_device_plugin_has_no_capacity_yet()
     v = view(pods=[pod("x", node="h100", gpus={"nvidia.com/mig-3g.40gb": "1"})], nodes=[node])
     (slot,) = v.snapshot.inventory.slots_of("ml/x")
     assert slot.kind is SlotKind.SHARE and slot.profile == "3g"
-
-
-def test_fit_layout_finds_a_legal_layout_where_first_free_start_fails() -> None:
-    lay = fit_layout(H100, ("3g", "2g", "1g", "1g"))
-    assert lay is not None and check_layout(H100, lay) == list(lay)
-    assert fit_layout(H100, ("7g", "1g")) is None
-    assert fit_layout(H100, ("3g",) * 3) is None
-    a30 = CAT.get("A30-24GB")
-    assert check_layout(a30, fit_layout(a30, ("2g", "1g", "1g"))) is not None
 
 
 # -- training -----------------------------------------------------------------------------------------------------

@@ -63,13 +63,13 @@ from autoscaler.api.plan import (
     ShortfallCause,
     UpdateStatus,
 )
+from autoscaler.live.kube.gpu_nodes import is_gpu_resource
 from autoscaler.live.kube.mig_gate import (
     OWNER_LABEL,
     STATE_PENDING,
     STATE_SUCCESS,
     MigGate,
     NodeRead,
-    is_gpu_resource,
 )
 from autoscaler.live.kube.objects import (
     FIELD_MANAGER,

@@ -48,11 +48,10 @@ from enum import StrEnum
 from typing import Protocol
 
 from autoscaler.api.plan import Plan, SetMigLayout
+from autoscaler.live.kube.gpu_nodes import is_gpu_resource
 from autoscaler.live.kube.objects import (
-    GPU_RESOURCE,
     MIG_CONFIG,
     MIG_CONFIG_STATE,
-    MIG_RESOURCE_PREFIX,
     PREFIX,
     ClusterView,
 )
@@ -127,10 +126,6 @@ class Relayout:
 class Step:
     op: Op
     why: str = ""
-
-
-def is_gpu_resource(resource: str) -> bool:
-    return resource == GPU_RESOURCE or resource.startswith(MIG_RESOURCE_PREFIX)
 
 
 def blocking_pods(gpu_pods: Mapping[str, int], busy: Mapping[str, int]) -> dict[str, tuple[int, int]]:

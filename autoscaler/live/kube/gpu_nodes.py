@@ -1,0 +1,273 @@
+"""GPU nodes as the Kubernetes API shows them -> what the inventory holds, and which of it a pod takes: pure.
+
+- :func:`read_gpu_node` reads a node's GPUs from GPU Feature Discovery's labels and the device plugin's capacity:
+  kind (``nvidia.com/gpu.product``), count, time-slicing replicas, MIG strategy and per-profile instance counts
+  (:class:`GpuNode`); :func:`node_spec` gives just the :class:`~sharing.slots.NodeSpec`.
+- MIG layouts are not visible in the API, only counts per profile: :func:`lay_out` rebuilds them as a mig-parted
+  ``devices: all`` config lays them out (:func:`sharing.mig_layout.lay_out_mig_node`); :func:`mig_layout` shows
+  the result for one node.
+- :func:`pod_gpu_requests` reads what GPU resources a pod asks for, as the scheduler counts them, and
+  :func:`find_slot` which free device or instance of a laid-out node such a request takes (the first that fits:
+  the device plugin does not say which it picked).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoscaler.live.kube.fields import metadata, parse_count
+from autoscaler.live.kube.objects import (
+    GPU_COUNT,
+    GPU_PRODUCT,
+    GPU_REPLICAS,
+    GPU_RESOURCE,
+    MIG_CONFIG,
+    MIG_RESOURCE_PREFIX,
+    MIG_STRATEGY,
+)
+from sharing.catalog import Catalog, GpuModel, load_catalog
+from sharing.mig_layout import gpus_needed, instances_per_gpu, lay_out_mig_node
+from sharing.slots import Inventory, NodeSpec, Slot
+
+NVIDIA_LABEL_PREFIX = "nvidia.com/"
+_MIG_OFF_CONFIGS = frozenset({"", "all-disabled"})
+_SINGLE_MIG = re.compile(r"-MIG-(?P<profile>[^-]+)$", re.IGNORECASE)
+
+
+# -- what a pod asks for -------------------------------------------------------------------------------------
+def is_gpu_resource(name: str) -> bool:
+    """``nvidia.com/gpu`` (a whole GPU, a time-sliced replica, or the single strategy's MIG device) or a
+    mixed-strategy MIG profile ``nvidia.com/mig-<profile>``."""
+    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def pod_gpu_requests(pod_spec: Mapping[str, Any]) -> dict[str, int]:
+    """GPU resource -> how many the pod asks for, as the scheduler counts it.
+
+    Per container, ``limits`` (where extended resources must be given) else ``requests``; the pod's effective
+    request is the larger of the containers' sum and any one init container's (init containers run one by one).
+    """
+    total: dict[str, int] = {}
+    for c in pod_spec.get("containers") or ():
+        for name, n in _container_gpus(c).items():
+            total[name] = total.get(name, 0) + n
+    for c in pod_spec.get("initContainers") or ():
+        for name, n in _container_gpus(c).items():
+            total[name] = max(total.get(name, 0), n)
+    return {k: v for k, v in total.items() if v > 0}
+
+
+def _container_gpus(container: Mapping[str, Any]) -> dict[str, int]:
+    res = container.get("resources") or {}
+    limits = res.get("limits") or {}
+    requests = res.get("requests") or {}
+    out: dict[str, int] = {}
+    for name in (*limits, *requests):
+        if name in out or not is_gpu_resource(name):
+            continue
+        n = parse_count(limits[name] if name in limits else requests[name])
+        if n:
+            out[name] = n
+    return out
+
+
+# -- what a node offers --------------------------------------------------------------------------------------
+@dataclass
+class GpuNode:
+    """What one GPU node offers, read from its labels and capacity (before any pod is placed)."""
+
+    spec: NodeSpec
+    gpu: GpuModel
+    replicas: int = 1  # time-slicing replicas per plain GPU (1: not shared)
+    mig_gpus: int = 0  # GPUs 0 .. mig_gpus-1 are in MIG mode; the rest are plain
+    mig_counts: dict[str, int] = field(default_factory=dict)  # profile key -> instances on the node
+    mig_replicas: dict[str, int] = field(default_factory=dict)  # profile key -> time-slicing replicas (absent: 1)
+    single: str | None = None  # the MIG single strategy's one profile key: nvidia.com/gpu is an instance of it
+    problems: list[str] = field(default_factory=list)
+
+
+def _capacity(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    status = node.get("status") or {}
+    return status.get("capacity") or status.get("allocatable") or {}
+
+
+def is_gpu_node(node: Mapping[str, Any]) -> bool:
+    """GFD labelled it, or the device plugin advertises GPUs on it."""
+    if GPU_PRODUCT in (metadata(node).get("labels") or {}):
+        return True
+    return any(is_gpu_resource(k) and (parse_count(v) or 0) > 0 for k, v in _capacity(node).items())
+
+
+def read_gpu_node(node: Mapping[str, Any], catalog: Catalog) -> GpuNode | str:
+    """The node's GPUs (kind, count, MIG and time-slicing), or a problem line when they cannot be known."""
+    meta = metadata(node)
+    name = str(meta.get("name"))
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    capacity = _capacity(node)
+    product = labels.get(GPU_PRODUCT)
+    if not product:
+        return f"node {name}: GPUs without a {GPU_PRODUCT} label (is GPU Feature Discovery running?)"
+    try:
+        gpu = catalog.get(catalog.resolve(product))
+    except KeyError:
+        return f"node {name}: unknown GPU product {product!r}; left out"
+    problems: list[str] = []
+    nv_labels = {k: v for k, v in labels.items() if k.startswith(NVIDIA_LABEL_PREFIX)}
+    replicas = max(1, parse_count(labels.get(GPU_REPLICAS)) or 1)
+    label_count = parse_count(labels.get(GPU_COUNT))
+    gpu_cap = parse_count(capacity.get(GPU_RESOURCE)) or 0
+    strategy = labels.get(MIG_STRATEGY, "")
+
+    single = _SINGLE_MIG.search(product) if strategy == "single" else None
+    if single is not None:
+        # Single strategy: nvidia.com/gpu is overloaded to mean one MIG device, gpu.count counts MIG devices,
+        # and every GPU of the node has the same layout (GFD README, "MIG 'single' strategy").
+        try:
+            p = gpu.profile(single["profile"])
+        except KeyError:
+            return f"node {name}: {gpu.name} has no MIG profile {single['profile']!r} (product {product!r}); left out"
+        if not gpu.mig_capable:
+            return f"node {name}: {gpu.name} does not support MIG; left out"
+        instances = label_count if label_count is not None else gpu_cap // replicas
+        per_gpu = instances_per_gpu(gpu, p, catalog)
+        count = math.ceil(instances / per_gpu)
+        spec = NodeSpec(name, gpu.name, count, mig_enabled=count > 0, labels=nv_labels)
+        return GpuNode(spec, gpu, 1, count, {p.key: instances}, {p.key: replicas} if replicas > 1 else {},
+                       p.key, problems)
+
+    mig_counts: dict[str, int] = {}
+    mig_replicas: dict[str, int] = {}
+    raw_counts = {k[len(MIG_RESOURCE_PREFIX):]: v for k, v in capacity.items() if k.startswith(MIG_RESOURCE_PREFIX)}
+    from_capacity = bool(raw_counts)  # capacity counts time-sliced replicas; GFD's count labels count instances
+    if not raw_counts:  # no device plugin capacity (yet): GFD's per-profile count labels say the same
+        raw_counts = {
+            k[len(MIG_RESOURCE_PREFIX):-len(".count")]: v
+            for k, v in labels.items()
+            if k.startswith(MIG_RESOURCE_PREFIX) and k.endswith(".count")
+        }
+    for pname, raw in sorted(raw_counts.items()):
+        n = parse_count(raw)
+        if not n:
+            continue
+        try:
+            p = gpu.profile(pname)
+        except KeyError:
+            problems.append(f"node {name}: {gpu.name} has no MIG profile {pname!r}; its {n} instance(s) ignored")
+            continue
+        r = max(1, parse_count(labels.get(f"{MIG_RESOURCE_PREFIX}{pname}.replicas")) or 1)
+        mig_counts[p.key] = mig_counts.get(p.key, 0) + (n // r if from_capacity else n)
+        if r > 1:
+            mig_replicas[p.key] = r
+    config = labels.get(MIG_CONFIG, "")
+    mig_on = bool(mig_counts) or config not in _MIG_OFF_CONFIGS
+    if mig_on and not gpu.mig_capable:
+        problems.append(f"node {name}: MIG reported on {gpu.name}, which does not support MIG; read as plain GPUs")
+        mig_on, mig_counts, mig_replicas = False, {}, {}
+    plain_cap = gpu_cap // replicas
+    if label_count is not None:
+        count = label_count
+    elif mig_counts:
+        count = plain_cap + gpus_needed(gpu, mig_counts, catalog)
+    else:
+        count = plain_cap
+    mig_gpus = max(0, count - min(plain_cap, count)) if mig_on else 0
+    spec = NodeSpec(name, gpu.name, count, mig_enabled=mig_on and count > 0, labels=nv_labels)
+    return GpuNode(spec, gpu, replicas, mig_gpus, mig_counts, mig_replicas, None, problems)
+
+
+def node_spec(node: Mapping[str, Any], catalog: Catalog) -> NodeSpec | str:
+    """The node's :class:`NodeSpec` (labels: its ``nvidia.com/*`` labels), or a problem string.
+
+    A node without GPUs is a problem string too; the translation only asks about GPU nodes. Cordoning is not
+    judged here (the node's GPUs are what they are); the translation leaves cordoned nodes out of the inventory.
+    """
+    if not is_gpu_node(node):
+        return f"node {metadata(node).get('name')}: not a GPU node"
+    got = read_gpu_node(node, catalog)
+    return got if isinstance(got, str) else got.spec
+
+
+def mig_layout(node: Mapping[str, Any], catalog: Catalog | None = None) -> dict[int, list[tuple[str, int]] | None]:
+    """The node's reconstructed MIG layout per GPU (None: MIG off), as the translation assumes it."""
+    cat = catalog if catalog is not None else load_catalog()
+    got = read_gpu_node(node, cat)
+    if isinstance(got, str):
+        return {}
+    inv = Inventory.from_nodes([got.spec], cat)
+    lay_out(inv, got, [])
+    return {i: list(inv.mig_layout(got.spec.name, i)) if inv.device(got.spec.name, i).mig_enabled else None
+            for i in range(got.spec.gpu_count)}
+
+
+def lay_out(inv: Inventory, gn: GpuNode, problems: list[str]) -> None:
+    """Rebuild the node's MIG layout in ``inv`` (MIG GPUs first, the plain ones after); what fits nowhere is a
+    problem line."""
+    name = gn.spec.name
+    if not gn.spec.mig_enabled:
+        return
+    dropped = lay_out_mig_node(inv, name, gn.mig_gpus, gn.mig_counts)
+    if dropped:
+        what = ", ".join(f"{n} x {gn.gpu.profiles[k].name}" for k, n in sorted(dropped.items()))
+        problems.append(
+            f"node {name}: MIG capacity does not fit its {gn.mig_gpus} MIG GPU(s) ({gn.gpu.name}); "
+            f"left out: {what}"
+        )
+
+
+# -- which slot a pod holds ----------------------------------------------------------------------------------
+def find_slot(inv: Inventory, gn: GpuNode, resource: str, n: int, spec_mem: float | None) -> Slot | str:
+    """The slot a pod asking for ``n`` x ``resource`` holds on this node: the first free one that fits."""
+    node, gpu = gn.spec.name, gn.gpu
+    reserve = inv.share_reserve_gib
+    if resource == GPU_RESOURCE and gn.single is None:
+        plain = range(gn.mig_gpus, gn.spec.gpu_count)
+        if gn.replicas > 1:
+            if n != 1:
+                return f"asks for {n} time-sliced {resource} (one replica of a shared GPU is the most)"
+            mem = spec_mem if spec_mem is not None else (gpu.memory_gib - reserve) / gn.replicas
+            for i in plain:
+                try:
+                    slot = Slot.share(node, i, gpu, mem, 1.0 / gn.replicas)
+                except ValueError as e:
+                    return str(e)
+                if inv.fits(slot):
+                    return slot
+            return f"no shared GPU on the node has {mem:g} GiB left"
+        free = [i for i in plain if inv.device(node, i).idle]
+        if len(free) < n:
+            return f"asks for {n} whole GPU(s), {len(free)} free on the node"
+        return Slot.whole(node, free[:n], gpu)
+    if not gn.spec.mig_enabled:
+        return f"asks for {resource} on a node without MIG"
+    if gn.single is not None:
+        key = gn.single
+    else:
+        try:
+            key = gpu.profile(resource).key
+        except KeyError:
+            return f"asks for {resource}, which {gpu.name} does not offer"
+    if n != 1:
+        return f"asks for {n} x {resource} (a replica holds one MIG instance)"
+    p = gpu.profiles[key]
+    r = gn.mig_replicas.get(key, 1)
+    mem = spec_mem if spec_mem is not None else (p.memory_gib - reserve) / r
+    for i in range(gn.mig_gpus):
+        d = inv.device(node, i)
+        for inst in d.instances():
+            if inst[0] != key:
+                continue
+            if r == 1:
+                if inst not in d.usage:
+                    return Slot.mig(node, i, gpu, key, inst[1])
+                continue
+            try:
+                slot = Slot.share(node, i, gpu, mem, gpu.compute_fraction(p) / r, profile=key, start=inst[1])
+            except ValueError as e:
+                return str(e)
+            if inv.fits(slot):
+                return slot
+    return f"no free {p.name} instance on the node"
