@@ -36,6 +36,7 @@ from autoscaler.decision.core import decide
 from autoscaler.decision.node_actions import mig_layout_actions, time_slicing_action
 from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.estimation.forecast import FleetForecaster
+from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.live.exporter import ControllerMetrics, Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.live.kube.informer import Informer
@@ -46,7 +47,6 @@ from autoscaler.live.kube.templates import template_actions
 from autoscaler.live.kube.translate import build_view
 from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
 from autoscaler.policies import make_policy
-from autoscaler.report.cost import CostMetrics
 from sharing.catalog import load_catalog
 from sharing.lending import LendingPolicy
 from sharing.packer import CostAwarePacker

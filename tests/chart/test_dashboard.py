@@ -8,9 +8,9 @@ Three kinds of check:
   unique in the panel, and no hard-coded datasource UID (everything reads ``${datasource}``).
 - **Every metric a query names is exported**: a small PromQL tokenizer (:func:`metric_names`) takes the metric
   names out of every expression and of every variable query; each must be a sample name the real
-  :class:`~autoscaler.live.exporter.ControllerMetrics` or :class:`~autoscaler.report.cost.CostMetrics` registers, or a
-  recording rule of ``charts/slotwise/rules/``. A deliberately broken expression shows the check can fail.
-  Every selector of a metric that carries a ``model`` / ``team`` / ``namespace`` label filters by the
+  :class:`~autoscaler.live.exporter.ControllerMetrics` or :class:`~autoscaler.live.cost_metrics.CostMetrics`
+  registers, or a recording rule of ``charts/slotwise/rules/``. A deliberately broken expression shows the check
+  can fail. Every selector of a metric that carries a ``model`` / ``team`` / ``namespace`` label filters by the
   matching dashboard variable, and every variable is used.
 - **Every query runs and shows the right numbers** in a real Prometheus: two hours of history recorded by the
   real exporter and cost counters (a tick every 30 s over a small fleet: two namespaces, two teams, a whole
@@ -61,29 +61,14 @@ from autoscaler.api.snapshot import (
 )
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import TeamQuota
+from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.live.exporter import ControllerMetrics
 from sharing.catalog import load_catalog
 from sharing.slots import Inventory, NodeSpec, Slot
 
-try:  # H7c's cost counters; without them only the cost panels' checks are skipped (with the reason)
-    from autoscaler.report.cost import CostMetrics
-except ImportError as _exc:  # pragma: no cover - only while autoscaler/report/cost.py is missing
-    CostMetrics = None
-    COST_IMPORT_ERROR = str(_exc)
-else:
-    COST_IMPORT_ERROR = ""
-
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "slotwise" / "dashboards" / "slotwise.json"
 RULES_DIR = ROOT / "charts" / "slotwise" / "rules"
-# The contract's cost metric names: used only to tell "cost metrics missing" apart from a typo when
-# autoscaler.report.cost cannot be imported.
-COST_NAMES = frozenset({
-    "slotwise_gpu_slot_seconds_total",
-    "slotwise_gpu_cost_dollars_total",
-    "slotwise_gpu_idle_seconds_total",
-    "slotwise_gpu_price_dollars_per_hour",
-})
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
 FILTER_VARS = ("model", "team", "namespace")  # a metric's label -> the variable every selector must filter by
 PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "table", "state-timeline"}
@@ -329,11 +314,6 @@ def _known_names() -> tuple[set[str], dict[str, set[str]]]:
 def test_every_query_names_a_metric_the_exporter_exposes(dashboard) -> None:
     known, _ = _known_names()
     bad = unknown_metrics(dashboard, known)
-    if CostMetrics is None:  # pragma: no cover - only while autoscaler/report/cost.py is missing
-        # TODO(lead): drop this branch once autoscaler.report.cost.CostMetrics exists for good
-        only_cost = {k: v for k, v in bad.items() if not v <= COST_NAMES}
-        assert not only_cost, f"queries name metrics nothing exports: {only_cost}"
-        pytest.skip(f"cost panels not checked: autoscaler.report.cost.CostMetrics not importable ({COST_IMPORT_ERROR})")
     assert not bad, f"queries name metrics nothing exports: {bad}"
     # the check reads every query: the dashboard uses the exporter's, the SLO counters and the cost counters
     used = {n for _, t in targets(dashboard) for n in metric_names(t["expr"])}
@@ -408,7 +388,7 @@ class Fleet:
     def __init__(self, start: float = 1_700_000_010.0) -> None:
         self.start = start
         self.metrics = ControllerMetrics(teams=QUOTAS)
-        self.cost = None if CostMetrics is None else CostMetrics(self.metrics.registry, load_catalog(), PRICES)
+        self.cost = CostMetrics(self.metrics.registry, load_catalog(), PRICES)
         self.metrics.set_leader(True)
         inv = Inventory.from_nodes([NodeSpec("n1", "A100-80GB", 2, mig_enabled=True), NodeSpec("n2", "L4-24GB", 1)])
         self.slots = {
@@ -447,8 +427,7 @@ class Fleet:
         snapshot = ClusterSnapshot(now=now, models=self.snapshot.models, inventory=self.snapshot.inventory,
                                    training=self.snapshot.training)
         self.metrics.record_tick(plan, snapshot, window, seconds=0.02 + 0.01 * (self.ticks % 5))
-        if self.cost is not None:
-            self.cost.record(snapshot, 0.0 if self.ticks == 0 else TICK_S)  # charged: the time since the last
+        self.cost.record(snapshot, 0.0 if self.ticks == 0 else TICK_S)  # charged: the time since the last
         if self.ticks % 10 == 0:
             self.metrics.record_actuation(SimpleNamespace(applied=["scale prod/chat: 1 -> 2"], skipped=[
                 ("template prod/embed: resources {}", "unchanged")], errors=[]))
@@ -556,8 +535,6 @@ ALL: dict[str, list[str] | None] = {}
 
 
 def test_every_query_runs_in_prometheus_and_every_panel_shows_data(dashboard, prom) -> None:
-    if prom.fleet.cost is None:  # pragma: no cover
-        pytest.skip(f"cost counters missing: {COST_IMPORT_ERROR}")
     empty = []
     for panel in query_panels(dashboard):
         results = [prom.query(expand(t["expr"], ALL)) for t in panel["targets"]]  # raises on a query error
@@ -584,9 +561,8 @@ def test_variable_queries_list_the_fleets_namespaces_teams_and_models(dashboard,
     assert listed("namespace", ALL) == {"prod", "research"}
     assert listed("model", ALL) == {"prod/chat", "prod/embed", "research/llm"}
     assert listed("model", {"namespace": ["prod"]}) == {"prod/chat", "prod/embed"}
-    if prom.fleet.cost is not None:
-        assert listed("team", ALL) == {"search", "ml"}
-        assert listed("team", {"namespace": ["research"]}) == {"ml"}
+    assert listed("team", ALL) == {"search", "ml"}
+    assert listed("team", {"namespace": ["research"]}) == {"ml"}
 
 
 def test_selecting_a_model_leaves_only_its_series(dashboard, prom) -> None:
@@ -640,8 +616,6 @@ def test_slo_panels_show_attainment_budget_and_burn(dashboard, prom) -> None:
 
 def test_cost_panels_show_gpu_hours_cost_idle_and_prices(dashboard, prom) -> None:
     """Over the 1 h range: search holds a whole L4 (1) and a 3g slice (3/7 of an A100), ml one 3g slice."""
-    if prom.fleet.cost is None:  # pragma: no cover
-        pytest.skip(f"cost counters missing: {COST_IMPORT_ERROR}")
     fraction = {k: (len(s.devices) if s.kind.name == "WHOLE" else s.compute_fraction) for k, s in
                 prom.fleet.slots.items()}
     hours = RANGE_S / 3600.0

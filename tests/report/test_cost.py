@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 from autoscaler.api.plan import PlaceReplica, Plan, RemoveReplica
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica
 from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem, slot_request
+from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.policies import make_policy
 from autoscaler.report.cost import (
     UNKNOWN_TEAM,
-    CostMetrics,
     Usage,
     idle,
     idle_reserved,
