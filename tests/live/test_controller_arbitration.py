@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
@@ -30,20 +29,11 @@ from autoscaler.decision.arbitration import ArbitrationPolicy, TeamQuota
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.objects import POD_DELETION_COST
 
-if TYPE_CHECKING:
-    from realparts.kube import KubeApiserver
-
 pytest_plugins = ("realparts.kube",)
 pytestmark = pytest.mark.asyncio
 
 BASE = {"slotwise.io/slo-latency-ms": "500", "slotwise.io/service-time-ms": "100",
         "slotwise.io/cold-start-seconds": "10", "slotwise.io/slot-kinds": "whole"}
-
-
-@pytest_asyncio.fixture
-async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[client.ApiClient]:
-    async with kube_apiserver.api_client() as api_client:
-        yield api_client
 
 
 @pytest_asyncio.fixture

@@ -15,13 +15,10 @@ import math
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import pytest_asyncio
 from kubernetes_asyncio import client
 from realparts.clusterplay import ClusterPlay
 
@@ -30,9 +27,6 @@ from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.objects import STATUS_ANNOTATION
 from forecasting.traces import resolve_trace
 from forecasting.traces.convert import to_rate_series
-
-if TYPE_CHECKING:
-    from realparts.kube import KubeApiserver
 
 pytest_plugins = ("realparts.kube", "realparts.prometheus")
 pytestmark = pytest.mark.asyncio
@@ -48,12 +42,6 @@ def trace_slice() -> np.ndarray:
     """The first 30 ten-second bins of the bundled Azure LLM 'conv' model (a ramp with noise), scaled."""
     series = to_rate_series(resolve_trace("azure-llm-2023"), 10.0)
     return np.nan_to_num(series.rates[series.models.index("conv"), :30]) * SCALE
-
-
-@pytest_asyncio.fixture
-async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[client.ApiClient]:
-    async with kube_apiserver.api_client() as api_client:
-        yield api_client
 
 
 async def test_controller_scales_from_real_prometheus(

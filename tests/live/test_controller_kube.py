@@ -13,7 +13,6 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -27,9 +26,6 @@ from autoscaler.api.spec import ModelSpec
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.actuator import ActuatorConfig
 from autoscaler.live.kube.objects import STATUS_ANNOTATION
-
-if TYPE_CHECKING:
-    from realparts.kube import KubeApiserver
 
 pytest_plugins = ("realparts.kube",)
 pytestmark = pytest.mark.asyncio
@@ -67,12 +63,6 @@ def _deployment(name: str, annotations: dict[str, str], resources: dict | None =
         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
     }
-
-
-@pytest_asyncio.fixture
-async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[client.ApiClient]:
-    async with kube_apiserver.api_client() as api_client:
-        yield api_client
 
 
 @pytest_asyncio.fixture

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -77,9 +77,6 @@ from autoscaler.live.kube.objects import (
 from sharing.catalog import load_catalog
 from sharing.render import mig_parted_config, time_slicing_config, to_yaml
 from sharing.slots import Inventory, Slot, SlotKind
-
-if TYPE_CHECKING:
-    from realparts.kube import KubeApiserver
 
 pytest_plugins = ("realparts.kube",)
 
@@ -215,12 +212,6 @@ def test_shortfall_events_say_the_cause() -> None:
 
 
 # -- against the real apiserver ------------------------------------------------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[client.ApiClient]:
-    async with kube_apiserver.api_client() as api_client:
-        yield api_client
 
 
 @pytest_asyncio.fixture

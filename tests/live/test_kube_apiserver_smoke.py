@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -37,12 +36,6 @@ ANNOTATIONS = {
 def micro_time(when: datetime | None = None) -> str:
     """A Kubernetes MicroTime (RFC 3339, always 6 fractional digits: the server rejects e.g. ``...05+00:00``)."""
     return (when or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@pytest_asyncio.fixture
-async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[client.ApiClient]:
-    async with kube_apiserver.api_client() as api_client:
-        yield api_client
 
 
 @pytest_asyncio.fixture

@@ -54,12 +54,6 @@ async def running(informer: Informer) -> AsyncIterator[asyncio.Task[None]]:
 
 
 @pytest_asyncio.fixture
-async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[client.ApiClient]:
-    async with kube_apiserver.api_client() as api_client:
-        yield api_client
-
-
-@pytest_asyncio.fixture
 async def proxy(kube_apiserver: KubeApiserver) -> AsyncIterator[FaultProxy]:
     async with FaultProxy(kube_apiserver.url, ca_file=kube_apiserver.ca_file) as fault_proxy:
         yield fault_proxy

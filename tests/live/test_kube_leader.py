@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,12 +143,6 @@ def test_timings_are_validated() -> None:
 
 
 # --- fixtures ----------------------------------------------------------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[client.ApiClient]:
-    async with kube_apiserver.api_client() as api_client:
-        yield api_client
 
 
 @pytest_asyncio.fixture

@@ -1,7 +1,8 @@
 """A real kube-apiserver (v1.20.2) + etcd for tests, both on 127.0.0.1 with temp data, torn down afterwards.
 
 Use it from a test module with ``pytest_plugins = ("realparts.kube",)`` and the session-scoped
-``kube_apiserver`` fixture (a :class:`KubeApiserver`), or call :func:`running_kube_apiserver` directly.
+``kube_apiserver`` fixture (a :class:`KubeApiserver`) or the per-test ``api`` fixture (an admin ApiClient on it),
+or call :func:`running_kube_apiserver` directly.
 
 Where the binary comes from: no registry ships kube-apiserver, so ``scripts/build-kube-apiserver.sh`` builds it
 from Debian 12's ``kubernetes`` SOURCE package (Kubernetes 1.20.2, ~6.5 min on 2 cores) and caches ONLY the
@@ -36,13 +37,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 KUBE_VERSION = "1.20.2"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -397,3 +399,10 @@ def kube_apiserver() -> Iterator[KubeApiserver]:
     """One real kube-apiserver 1.20.2 + etcd for the whole session (built and cached on first use)."""
     with running_kube_apiserver() as server:
         yield server
+
+
+@pytest_asyncio.fixture
+async def api(kube_apiserver: KubeApiserver) -> AsyncIterator[Any]:
+    """An admin ``kubernetes_asyncio`` ApiClient on the session's server, closed after the test."""
+    async with kube_apiserver.api_client() as api_client:
+        yield api_client
