@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from autoscaler.benchmarks.backtest.empirical import naive_quantiles, snaive_quantiles
-from autoscaler.benchmarks.backtest.protocol import Score, backtest, load_counts, protocol_setup
+from autoscaler.benchmarks.backtest.protocol import Score, backtest, load_counts
+from autoscaler.benchmarks.backtest.setup import protocol_setup
 from forecasting.gbm import GlobalQuantileGBM
 from forecasting.traces import RateSeries, write_rates
 

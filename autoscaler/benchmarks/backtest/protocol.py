@@ -17,7 +17,6 @@ and updated online.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,51 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from autoscaler.benchmarks.backtest.empirical import naive_quantiles, snaive_quantiles
+from autoscaler.benchmarks.backtest.setup import Setup, protocol_setup
+from autoscaler.benchmarks.backtest.sfbaselines import run_ets, run_mstl
 from forecasting.calibration import pinball
 from forecasting.gbm import GlobalQuantileGBM
 from forecasting.slotwise import SlotwiseBatch
 
 QUANTILES = (0.5, 0.9, 0.99)
 BASELINES = ("naive", "snaive", "ets")
-MAX_ORIGINS = 2000
 GLOBAL_MEMBER = True  # slotwise with the global GBM as a quantile candidate (trained at warm start)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Protocol constants for one set of series."""
-
-    n: int
-    step_s: float
-    h: int
-    season: int | None
-    window: int  # W: residual / fitting window
-    refit: int  # R: ets refit block
-    lags: int  # L: hgb lags
-    origins: np.ndarray
-    start_tod_s: float = 0.0  # time of day of y[0], seconds
-
-    @property
-    def first(self) -> int:
-        return int(self.origins[0])
-
-
-def protocol_setup(n: int, step_s: float, start_tod_s: float = 0.0) -> Setup:
-    """The protocol's constants. Steps other than 60 s / 600 s follow the same rules in time units:
-    minute-or-finer series forecast 10 minutes ahead, coarser ones 3 steps."""
-    minute_like = step_s <= 60.0 + 1e-9
-    h = max(1, round(600.0 / step_s)) if minute_like else 3
-    per_day = 86400.0 / step_s
-    season = round(per_day) if n * step_s >= 3 * 86400.0 and abs(per_day - round(per_day)) < 1e-6 else None
-    window = round(86400.0 / step_s) if minute_like else round(7 * 86400.0 / step_s)
-    refit = max(1, round(3600.0 / step_s)) if minute_like else max(1, round(per_day))
-    lags = max(1, round(3600.0 / step_s)) if minute_like else 36
-    half = math.ceil(n / 2)
-    if n - h < half:
-        raise ValueError(f"series of {n} steps is too short for h = {h}")
-    s = math.ceil((n - h - half + 1) / MAX_ORIGINS)
-    origins = np.arange(half, n - h + 1, s)
-    return Setup(n, float(step_s), h, season, window, refit, lags, origins, start_tod_s)
 
 
 # ---------------------------------------------------------------- scoring
@@ -159,18 +122,6 @@ def run_slotwise(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarra
     return np.stack(out), info
 
 
-def _run_ets(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:
-    from autoscaler.benchmarks.backtest.sfbaselines import run_ets
-
-    return run_ets(y, setup, qs)
-
-
-def _run_mstl(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:
-    from autoscaler.benchmarks.backtest.sfbaselines import run_mstl
-
-    return run_mstl(y, setup, qs)
-
-
 def _run_hgb(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:
     """Protocol hgb: trained on the first half of every series, then predicts every origin."""
     day = setup.season or round(86400.0 / setup.step_s)
@@ -186,8 +137,8 @@ def _run_hgb(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, d
 RUNNERS: dict[str, Runner] = {
     "naive": run_naive,
     "snaive": run_snaive,
-    "ets": _run_ets,
-    "mstl": _run_mstl,
+    "ets": run_ets,
+    "mstl": run_mstl,
     "hgb": _run_hgb,
     "slotwise": run_slotwise,
 }

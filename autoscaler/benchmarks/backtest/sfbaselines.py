@@ -13,12 +13,10 @@ mstl seasonal sets: ``statsforecast.mstl.mstl`` (period m, defaults) of the last
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from autoscaler.benchmarks.backtest.protocol import Setup
+from autoscaler.benchmarks.backtest.setup import Setup
 
 LEVELS = [80, 98]
 
