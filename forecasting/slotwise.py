@@ -1,6 +1,9 @@
 """The slotwise forecaster: an online, per-series selection of cheap members by recent pinball loss,
 with conformal (quantile-tracking) calibration of every quantile.
 
+One module: :class:`SlotwiseBatch` is one online algorithm whose members, selection and calibration update the
+same arrays in lock step every step, and :class:`SlotwiseForecaster` is its one-series face.
+
 Why this shape. Request-rate series of inference models are a zoo: smooth high-volume services,
 bursty ones, timers that fire every 5 or 15 minutes, intermittent functions that are mostly zero,
 daily seasonal chat traffic, level shifts when a client moves traffic. No single model wins on all of

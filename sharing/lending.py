@@ -1,5 +1,8 @@
 """Lending reserved-but-idle inference GPUs to preemptible training, and taking them back ahead of need.
 
+One module: the lending plan is one decision (what is idle, what to lend, what to reclaim and in which order)
+over one view of the inventory and the borrowers, and its steps are the functions below.
+
 Pure: a function of the inventory, what inference will need over the reclaim horizon, what is lent now and the
 training workloads on it (no I/O, no clock: ``now`` is an argument). The decision core calls it after packing
 (``autoscaler/decision/lend.py`` turns models into requests and the result into ``LendGpus`` / ``ReclaimGpus`` of

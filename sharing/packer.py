@@ -1,5 +1,9 @@
 """Packers: choose a slot for a request: plain first-fit, and cost-aware with anti-affinity.
 
+One module: the fast ``CostAwarePacker.place`` must choose exactly what its reference (``_reference_place``,
+built on the candidate generators first-fit uses too) chooses, so the ranking, its fast path and its reference
+stay side by side and a change to one is made to all.
+
 The seam: a packer is anything with a ``name`` and a *pure* ``place(inv, req)`` that returns a
 legal slot (``inv.fits(slot)``) or None and never changes ``inv``; callers allocate. So packers can
 be compared on copies of one inventory, and a smarter one (fragmentation-aware, re-layout with few
@@ -375,43 +379,7 @@ class CostAwarePacker:
         # the reference generates them.
         cands: list[tuple[tuple, int, Slot | None, str, bool, int]] = []
         if not req.whole_only:
-            memo = self._group_memo(inv, req)
-            for kind in kinds:
-                for sig, members in inv.device_groups(kind).items():
-                    hit = memo.get(sig, _MISSING)
-                    if hit is _MISSING:
-                        hit = memo[sig] = self._group_best(inv, req, inv.device_at(members[0]))
-                    if hit is None:
-                        continue
-                    head, start, tmpl = hit
-                    reps: list[int] = []
-                    if not used:
-                        reps.append(members[0])
-                    else:
-                        for p in members:
-                            if p not in used:
-                                reps.append(p)
-                                break
-                        if off_node:
-                            for p in members:
-                                if not lo <= p < hi:
-                                    if p not in reps:
-                                        reps.append(p)
-                                    break
-                        reps.extend(used_by_sig.get(sig, ()))
-                    if open_nodes and sig.idle:
-                        for p in members:
-                            if inv.node_ordinal(p) in open_nodes and p not in used and not lo <= p < hi:
-                                if p not in reps:
-                                    reps.append(p)
-                                break
-                        for p in members:
-                            if inv.node_ordinal(p) in open_nodes and p not in used:
-                                if p not in reps:
-                                    reps.append(p)
-                                break
-                    for p in reps:
-                        cands.append(((*head, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+            self._group_candidates(inv, req, kinds, used, used_by_sig, (lo, hi), open_nodes, cands)
         if "whole" in req.kinds:
             for kind in kinds:
                 self._whole_candidates(inv, req, kind, lo, hi, cands, open_nodes)
@@ -436,6 +404,55 @@ class CostAwarePacker:
         return Slot(d.node, (d.index,), t.kind, t.gpu_model, t.profile, t.start, t.memory_gib, t.compute_fraction)
 
     # -- the fast path's pieces -------------------------------------------------------------------
+    def _group_candidates(self, inv: Inventory, req: SlotRequest, kinds: list[str], used: dict[int, int],
+                          used_by_sig: dict[DeviceSignature, list[int]], leave: tuple[int, int],
+                          open_nodes: set[int] | None,
+                          cands: list[tuple[tuple, int, Slot | None, str, bool, int]]) -> None:
+        """Add the partial-slot candidates of :meth:`place`: per group of devices in the same state, its best
+        slot (cached per request shape) on the devices that may rank first -- the group's first device, or
+        with replicas of the model its first device without one, its first off the node to leave
+        (``leave``: positions [lo, hi), or (-1, -1)), the model's own devices, and with ``open_nodes`` the
+        first devices on nodes that hold something."""
+        lo, hi = leave
+        off_node = lo >= 0
+        memo = self._group_memo(inv, req)
+        for kind in kinds:
+            for sig, members in inv.device_groups(kind).items():
+                hit = memo.get(sig, _MISSING)
+                if hit is _MISSING:
+                    hit = memo[sig] = self._group_best(inv, req, inv.device_at(members[0]))
+                if hit is None:
+                    continue
+                head, start, tmpl = hit
+                reps: list[int] = []
+                if not used:
+                    reps.append(members[0])
+                else:
+                    for p in members:
+                        if p not in used:
+                            reps.append(p)
+                            break
+                    if off_node:
+                        for p in members:
+                            if not lo <= p < hi:
+                                if p not in reps:
+                                    reps.append(p)
+                                break
+                    reps.extend(used_by_sig.get(sig, ()))
+                if open_nodes and sig.idle:
+                    for p in members:
+                        if inv.node_ordinal(p) in open_nodes and p not in used and not lo <= p < hi:
+                            if p not in reps:
+                                reps.append(p)
+                            break
+                    for p in members:
+                        if inv.node_ordinal(p) in open_nodes and p not in used:
+                            if p not in reps:
+                                reps.append(p)
+                            break
+                for p in reps:
+                    cands.append(((*head, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+
     def _group_memo(self, inv: Inventory, req: SlotRequest) -> dict:
         """Per request shape and inventory rules: DeviceSignature -> the group's best partial slot."""
         ck = (req.memory_gib, req.compute_fraction, req.kinds, inv.share_reserve_gib,

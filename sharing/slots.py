@@ -1,5 +1,9 @@
 """Slots (what one replica gets on a GPU) and the Inventory that accounts for them, hard.
 
+One module: a Slot is legal only as the Inventory accounts for it (memory hard, MIG placements, compute caps),
+and every mutation changes the per-device states, their signatures and the packer's indexes together, so the
+slot types and their accounting stay side by side.
+
 Three kinds of slot:
 
 - **whole**: one or more entire GPUs of one node.
