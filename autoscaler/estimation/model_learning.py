@@ -1,8 +1,8 @@
 """Per-model online learning as the decision core runs it, and the slot kinds it learns per.
 
-:class:`ModelLearning` composes the pure pieces of :mod:`autoscaler.estimation.learning` for one model: measured
-cold starts (the forecast's lead time), the service-time scale per slot kind, and the quantile to size
-for. :func:`slot_kind` names the kind of slot a replica runs on; :func:`slot_speed` resolves the
+:class:`ModelLearning` composes the pure pieces of :mod:`~autoscaler.estimation.cold_start` and
+:mod:`~autoscaler.estimation.learning` for one model: measured cold starts (the forecast's lead time), the
+service-time scale per slot kind, and the quantile to size for. :func:`slot_kind` names the kind of slot a replica runs on; :func:`slot_speed` resolves the
 ``slotwise.io/slot-speeds`` annotation against it.
 """
 
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from autoscaler.api.snapshot import ModelMetrics, ModelObservation
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.capacity import ServiceProfile
-from autoscaler.estimation.learning import CapacityLearner, ColdStartEstimator, ReadyTracker, SloQuantile
+from autoscaler.estimation.cold_start import ColdStartEstimator, ReadyTracker
+from autoscaler.estimation.learning import CapacityLearner, SloQuantile
 from autoscaler.policies.base import window_mean
 from sharing.catalog import load_catalog
 from sharing.slots import Slot, SlotKind

@@ -13,10 +13,9 @@ from hypothesis import strategies as st
 from autoscaler.api.snapshot import ModelObservation, Replica
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.capacity import ServiceProfile, profile_from_spec, wait_params, within_prob
+from autoscaler.estimation.cold_start import ColdStartEstimator, ReadyTracker
 from autoscaler.estimation.learning import (
     CapacityLearner,
-    ColdStartEstimator,
-    ReadyTracker,
     SloQuantile,
     _in_flight_table,
     _latency_table,
