@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import autoscaler.sim.run as sim_run
 from autoscaler.sim.des import DesEngine
-from autoscaler.sim.queueing import FluidEngine, QueueEngine, TickStats, Workload
+from autoscaler.sim.fluid import FluidEngine
+from autoscaler.sim.queueing import QueueEngine, TickStats, Workload
 
 # ../shared/data next to the checkout, as in CI and the dev machines.
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure_llm_2023"

@@ -16,7 +16,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.estimation.capacity import ServiceProfile
-from autoscaler.sim.queueing import FluidEngine, Workload
+from autoscaler.sim.fluid import FluidEngine
+from autoscaler.sim.queueing import Workload
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,9 @@ harness and the what-if tool).
   serve the tick's traffic -> record);
 - :mod:`~autoscaler.sim.cluster`, :mod:`~autoscaler.sim.metrics`: the simulated adapters (cluster + actuator, metrics
   source) behind the same ports as the live ones;
-- :mod:`~autoscaler.sim.queueing`, :mod:`~autoscaler.sim.des`, :mod:`~autoscaler.sim.engines`: the serving engines
-  (fluid M/G/c per replica, request-level discrete events);
+- :mod:`~autoscaler.sim.queueing`, :mod:`~autoscaler.sim.fluid`, :mod:`~autoscaler.sim.des`,
+  :mod:`~autoscaler.sim.engines`: the serving engines (their interface and workload, fluid M/G/c per replica,
+  request-level discrete events);
 - :mod:`~autoscaler.sim.workload`, :mod:`~autoscaler.sim.defaults`, :mod:`~autoscaler.sim.training`,
   :mod:`~autoscaler.sim.scenario`: what is simulated (traces + model specs, the training backlog, scenario files);
 - :mod:`~autoscaler.sim.scorecard`, :mod:`~autoscaler.sim.plot`: a run's numbers and its picture;

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from autoscaler.sim.des import DesEngine
-from autoscaler.sim.queueing import FluidEngine, QueueEngine
+from autoscaler.sim.fluid import FluidEngine
+from autoscaler.sim.queueing import QueueEngine
 from autoscaler.sim.workload import SimWorkload
 
 MODES = ("fluid", "des")

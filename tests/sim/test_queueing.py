@@ -8,7 +8,8 @@ import pytest
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.capacity import attainment, profile_from_spec
 from autoscaler.sim.des import DesEngine
-from autoscaler.sim.queueing import FluidEngine, QueueEngine, TickStats, Workload
+from autoscaler.sim.fluid import FluidEngine
+from autoscaler.sim.queueing import QueueEngine, TickStats, Workload
 
 
 def _poisson_workload(
