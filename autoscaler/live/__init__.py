@@ -4,7 +4,9 @@
 - :mod:`~autoscaler.live.kube`: Kubernetes -- informers, translation into the snapshot, the actuators, the Lease,
   the MIG re-layout gate;
 - :mod:`~autoscaler.live.prometheus`: the one Prometheus client (aiohttp) and all PromQL;
-- :mod:`~autoscaler.live.exporter`: ``/metrics``, ``/healthz``, ``/readyz`` and the controller's own metrics.
+- :mod:`~autoscaler.live.exporter`, :mod:`~autoscaler.live.cost_metrics`: the controller's own metrics and the
+  cost counters;
+- :mod:`~autoscaler.live.health`: liveness, readiness and the HTTP server of ``/metrics``, ``/healthz``, ``/readyz``.
 
 The only layer that imports kubernetes_asyncio and aiohttp. May import: everything below it (``api``,
 ``estimation``, ``policies``, ``decision``, ``report.cost``), ``sharing``, ``forecasting``.

@@ -37,7 +37,8 @@ from autoscaler.decision.node_actions import mig_layout_actions, time_slicing_ac
 from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.live.cost_metrics import CostMetrics
-from autoscaler.live.exporter import ControllerMetrics, Health, start_http
+from autoscaler.live.exporter import ControllerMetrics
+from autoscaler.live.health import Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.live.kube.informer import Informer
 from autoscaler.live.kube.leader import LeaderElector

@@ -34,14 +34,12 @@ from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import TeamQuota
 from autoscaler.live.exporter import (
     ControllerMetrics,
-    Health,
-    bound_port,
     gpu_slots,
     lent_by_kind,
     lent_gpus,
     reclaim_buckets,
-    start_http,
 )
+from autoscaler.live.health import Health, bound_port, start_http
 from sharing.catalog import load_catalog
 from sharing.lending import LENT_MODEL, lent_owner
 from sharing.slots import Inventory, NodeSpec, Slot

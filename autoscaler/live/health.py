@@ -1,0 +1,107 @@
+"""The control loop's liveness and readiness, and the HTTP server of the controller's observability.
+
+:class:`Health` is the loop's heartbeat and readiness bookkeeping. :func:`start_http` serves ``/metrics`` (the
+text exposition format of :class:`~autoscaler.live.exporter.ControllerMetrics`), ``/healthz`` and ``/readyz``
+(200, or 503 with the reason as the body) from an aiohttp app.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from autoscaler.live.exporter import ControllerMetrics
+
+
+class Health:
+    """Liveness and readiness of the control loop.
+
+    Alive while the loop beat within ``max_missed_ticks`` ticks of ``tick_s`` (counted from construction
+    before the first beat, so a slow start is not a death). Ready once :meth:`set_ready` said so (caches
+    synced) AND the loop has run a tick. ``clock`` gives ``now`` when a caller passes none; beat and ask on
+    the same clock.
+    """
+
+    def __init__(self, tick_s: float, *, max_missed_ticks: int = 3, clock: Callable[[], float] = time.time) -> None:
+        if not (tick_s > 0 and math.isfinite(tick_s)):
+            raise ValueError(f"tick_s must be positive, got {tick_s!r}")
+        self.tick_s = tick_s
+        self.max_missed_ticks = max(1, max_missed_ticks)
+        self.clock = clock
+        self.started_at = clock()
+        self.last_beat: float | None = None
+        self.beats = 0
+        self._ready = False
+        self._why_not_ready = "caches not synced yet"
+
+    def beat(self, now: float | None = None) -> None:
+        self.last_beat = self.clock() if now is None else now
+        self.beats += 1
+
+    def set_ready(self, ready: bool, why: str = "") -> None:
+        """``ready``: the caches are synced; else ``why`` not (e.g. "informer pods not synced")."""
+        self._ready = ready
+        self._why_not_ready = why or "caches not synced"
+
+    def healthz(self, now: float | None = None) -> tuple[bool, str]:
+        now = self.clock() if now is None else now
+        limit = self.max_missed_ticks * self.tick_s
+        since = self.last_beat if self.last_beat is not None else self.started_at
+        age = now - since
+        if age > limit:
+            what = "last tick" if self.last_beat is not None else "start, and no tick yet"
+            return False, f"control loop stalled: {age:.1f}s since {what} (limit {limit:.1f}s)"
+        if self.last_beat is None:
+            return True, f"starting ({age:.1f}s, no tick yet)"
+        return True, f"ok: last tick {age:.1f}s ago"
+
+    def readyz(self) -> tuple[bool, str]:
+        if not self._ready:
+            return False, f"not ready: {self._why_not_ready}"
+        if self.beats == 0:
+            return False, "not ready: the control loop has not run a tick yet"
+        return True, "ok"
+
+
+def _answer(result: tuple[bool, str]) -> web.Response:
+    ok, why = result
+    return web.Response(status=200 if ok else 503, text=why + "\n")
+
+
+def build_app(metrics: ControllerMetrics, health: Health) -> web.Application:
+    async def serve_metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return _answer(health.healthz())
+
+    async def readyz(_request: web.Request) -> web.Response:
+        return _answer(health.readyz())
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def start_http(metrics: ControllerMetrics, health: Health, host: str, port: int) -> web.AppRunner:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; read it
+    from the runner's ``addresses``). Stop with ``await runner.cleanup()``."""
+    runner = web.AppRunner(build_app(metrics, health), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The TCP port a runner from :func:`start_http` listens on."""
+    return int(runner.addresses[0][1])
