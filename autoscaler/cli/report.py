@@ -11,11 +11,14 @@ Bad input (a missing file, a JSON that is not a simulation's, an unreachable Pro
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import time
 from datetime import datetime
 
-from autoscaler.report.data import Section, load_simulation, sections_from_simulation
+from autoscaler.live.prometheus.report import read_report
+from autoscaler.report.data import Section, load_simulation, override_prices, sections_from_simulation
+from autoscaler.report.prometheus import section_from_prometheus
 from autoscaler.report.render import print_report, write_all
 
 
@@ -68,11 +71,14 @@ def build(args: argparse.Namespace) -> tuple[list[Section], dict[str, object]]:
         doc = load_simulation(args.sim)
         meta = {"source": "simulation", "input": args.sim, "trace": doc.get("trace")}
         return sections_from_simulation(doc, prices, source=args.sim), meta
-    from autoscaler.report.prometheus import section_from_prometheus
-
     end = parse_end(args.end)
     end = time.time() if end is None else end
-    section = section_from_prometheus(args.prometheus, args.hours, end=end, prices=prices)
+    if not (math.isfinite(args.hours) and args.hours > 0):
+        raise ValueError(f"--hours must be positive, got {args.hours}")
+    override_prices(prices)  # a bad --price fails before Prometheus is asked
+    # the one Prometheus client is async; a PrometheusError is an OSError: one line, exit 2
+    readings = asyncio.run(read_report(args.prometheus, args.hours, end))
+    section = section_from_prometheus(readings, prices)
     meta = {"source": "prometheus", "input": args.prometheus, "hours": args.hours, "end": end}
     return [section], meta
 

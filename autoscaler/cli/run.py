@@ -21,6 +21,8 @@ import yaml
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.actuator import ActuatorConfig
+from autoscaler.live.prometheus.client import PrometheusClient, PrometheusError
+from autoscaler.live.prometheus.history import warm_start_from_prometheus
 from autoscaler.live.prometheus.metrics import MetricNames
 from sharing.lending import LendingPolicy
 
@@ -32,6 +34,12 @@ NO_CLUSTER = (
     "no KUBECONFIG and no ~/.kube/config. To try slotwise without a cluster, run `slotwise simulate` "
     "(the same control loop on a simulated cluster driven by a real trace)."
 )
+
+
+# The warm start's history: one step per minute (the forecaster's step), one range query for all models
+# (chunked past 11,000 points), each request given this long (24 h of a big fleet is a heavy query).
+WARM_START_STEP_S = 60.0
+WARM_START_TIMEOUT_S = 60.0
 
 
 class NoCluster(RuntimeError):
@@ -162,28 +170,19 @@ async def client_configuration(kubeconfig: str | None) -> Any:
 
 
 async def warm_start(controller: Controller) -> None:
-    """Fold Prometheus history into the forecaster before the first decision (in a thread: the history client
-    is blocking). A failure is logged and the controller starts cold."""
+    """Fold Prometheus history into the forecaster before the first decision: the request rate of each
+    60 s step, read the way the live metrics window reads it (``autoscaler.live.prometheus.history``). A
+    failure is logged and the controller starts cold."""
     s = controller.settings
     if not (s.prometheus_url and s.history_hours > 0):
         return
-    from prometheus_api_client import PrometheusConnect
-
-    from autoscaler.live.prometheus.history import PrometheusHistoryError, warm_start_from_prometheus
-
-    names = s.metric_names
-    labels = ", ".join(names.key_labels)
-    joined = ", ".join(f'"{label}"' for label in names.key_labels)
-    matchers = f"{{{names.matchers}}}" if names.matchers else ""
-    query = (f'label_join(sum by ({labels}) (rate({names.requests}{matchers}[1m])), '
-             f'"slotwise_model", "/", {joined})')
     forecaster = controller.core.forecaster_factory()
     try:
-        history = await asyncio.to_thread(
-            warm_start_from_prometheus, forecaster, PrometheusConnect(s.prometheus_url, disable_ssl=True), query,
-            "slotwise_model", controller.clock(), s.history_hours, 60.0,
-        )
-    except PrometheusHistoryError as e:
+        async with PrometheusClient(s.prometheus_url, timeout_s=WARM_START_TIMEOUT_S) as client:
+            history = await warm_start_from_prometheus(
+                forecaster, client, s.metric_names, controller.clock(), s.history_hours, WARM_START_STEP_S
+            )
+    except PrometheusError as e:
         log.warning("forecaster starts cold: %s", e)
         return
     controller.state.forecaster = forecaster

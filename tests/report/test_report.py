@@ -5,6 +5,7 @@ bad inputs are one line and exit 2."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import html
 import json
@@ -18,6 +19,8 @@ import pytest
 
 from autoscaler.cli import main as cli
 from autoscaler.cli import report as report_cmd
+from autoscaler.live.prometheus.report import read_report
+from autoscaler.report.prometheus import section_from_prometheus
 
 # the real-Prometheus fixture (helpers imported inside functions, after pytest has loaded the plugin)
 pytest_plugins = ("realparts.prometheus",)
@@ -259,10 +262,8 @@ def test_prometheus_report_reprices_with_overrides(prom, tmp_path: Path,  # type
 
 
 def test_without_leader_series_gauges_come_from_all_replicas(prometheus_factory) -> None:  # type: ignore[no-untyped-def]
-    from autoscaler.report.prometheus import section_from_prometheus
-
     server = prometheus_factory(openmetrics(leader_series=False))
-    s = section_from_prometheus(server.url, HOURS, end=END)
+    s = section_from_prometheus(asyncio.run(read_report(server.url, HOURS, END)))
     assert s.fragmentation == pytest.approx(0.9)  # max over replicas: the best it can do without a leader
     assert s.cost_usd == pytest.approx((2.0 + 3 / 7) * HOURS * 3.5 + HOURS * 2.0, rel=1e-6)
 

@@ -1,7 +1,6 @@
 """The live Metrics port: the decision core's :class:`~autoscaler.api.snapshot.MetricsWindow` from Prometheus.
 
-An async client of Prometheus' HTTP API (``/api/v1/query_range``, ``/api/v1/query``) over aiohttp. Each
-tick runs a handful of queries for ALL models at once (``sum by (<key labels>) (...)``, never one query per
+Each tick runs a handful of queries for ALL models at once (``sum by (<key labels>) (...)``, never one query per
 model), concurrently, and turns them into one :class:`~autoscaler.api.snapshot.ModelMetrics` per model, on the
 grid ``end - (n-1)*step, ..., end`` with ``end = floor(now / step) * step`` (aligned, so that successive
 ticks read the same values for the same steps), oldest first -- the shape the simulator's
@@ -25,24 +24,13 @@ ticks read the same values for the same steps), oldest first -- the shape the si
   (unreachable, HTTP error, PromQL error, an answer we cannot read). :meth:`PrometheusMetrics.window` never
   raises: it records ``last_error`` and counts ``errors``, and the policies hold replicas on stale data.
 
-Counting. The per-step request counts are computed inside Prometheus, per raw series, as the reset-aware
-difference of the counter between consecutive grid points, and only then summed per model::
-
-    sum by (namespace, model_name) (C - (C offset 15s) * ((C offset 15s) <= bool C))
-
-For a series whose value did not drop this is ``C(t) - C(t - step)``; where it dropped (the process
-restarted) it is ``C(t)``, the count since the restart -- what Prometheus' own ``increase`` does on a
-reset. Why this and not ``increase(C[step])``: ``increase`` extrapolates from the samples inside each window
-to the window's edges, so per-step counts are estimates, and a window holding fewer than two samples (step
-<= scrape interval, e.g. 15 s steps on a 15 s scrape) has no value at all. Differences of the counter at the
-grid points telescope: the counts over the window add up EXACTLY to the counter's growth, no request is
-counted twice or dropped, whatever the scrape interval (a step without a fresh scrape reads 0, the next
-one the catch-up). Why not the raw series to difference locally: that ships every (pod, label, bucket)
-series of every model each tick; the difference per series has to happen before the sum (a sum of counters
-across pods is not reset-safe), and PromQL does exactly that server-side, returning one series per model.
-What is lost: the requests a series had counted before its first sample inside the lookback (a new pod's
-first scrape interval, as with ``increase``), and on a restart those between the last grid point and the
-crash. Histogram buckets are counted the same way (``sum by (..., le)``).
+Counting. ``rate`` and the histogram buckets are per-step counts: the reset-aware difference of each raw
+counter series between consecutive grid points, summed per model
+(:func:`~autoscaler.live.prometheus.promql.step_increments`, whose docstring says why) -- exact,
+telescoping, and the same definition the forecaster's warm start reads
+(:mod:`~autoscaler.live.prometheus.history`). Queries go through the one client,
+:class:`~autoscaler.live.prometheus.client.PrometheusClient`; their PromQL is built in
+:mod:`~autoscaler.live.prometheus.promql`.
 
 Model keys are ``"<namespace>/<model label>"`` (``MetricNames.key_labels``): the served model name must be
 the Deployment's name (vLLM ``--served-model-name``), or be relabeled so in the scrape config. Only models
@@ -65,6 +53,8 @@ import numpy as np
 
 from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
 from autoscaler.api.spec import ModelSpec
+from autoscaler.live.prometheus import promql
+from autoscaler.live.prometheus.client import PrometheusClient, PrometheusError, on_grid
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +117,10 @@ class MetricNames:
         if "key_labels" in overrides:
             overrides["key_labels"] = tuple(overrides["key_labels"])
         return cls.preset(str(data.get("preset", "vllm")), **overrides)
+
+    def key(self, labels: Mapping[str, str]) -> str:
+        """The model key of a series: its ``key_labels`` values joined by ``/`` (``"<namespace>/<model>"``)."""
+        return "/".join(labels.get(k, "") for k in self.key_labels)
 
 
 _PRESETS = {
@@ -212,16 +206,7 @@ def bucket_count_below(x: float, bounds: Sequence[float], counts: np.ndarray) ->
     return out if c.ndim > 1 else float(out)
 
 
-# -- the client ----------------------------------------------------------------------------------------------
-
-
-class PrometheusQueryError(RuntimeError):
-    """A query failed (connection, HTTP, PromQL or an unreadable answer); the message says which and why."""
-
-
-def _duration(seconds: float) -> str:
-    """A PromQL duration: whole milliseconds (``1500ms``) so sub-second and fractional steps work."""
-    return f"{max(1, round(seconds * 1000))}ms"
+# -- the window ----------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -241,9 +226,9 @@ class PrometheusMetrics:
 
     ``step_s``: the grid; ``window_s``: how far back (``round(window_s / step_s)`` points, at least 1);
     ``stale_after_s``: a model whose newest request-counter sample is older is stale (Prometheus' lookback,
-    5 min by default, caps it: older series are gone from instant queries anyway). ``session``: an aiohttp
-    session to use (not closed here); without one a session is created on first use and closed by
-    :meth:`close`.
+    5 min by default, caps it: older series are gone from instant queries anyway). ``timeout_s`` and
+    ``session``: the :class:`~autoscaler.live.prometheus.client.PrometheusClient`'s (a session given is used
+    and not closed here; without one the client's own is closed by :meth:`close`).
     """
 
     def __init__(
@@ -261,24 +246,19 @@ class PrometheusMetrics:
             raise ValueError(f"step_s must be at least 1 ms, got {step_s!r}")
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"window_s must be positive, got {window_s!r}")
-        self.url = url.rstrip("/")
+        self.client = PrometheusClient(url, timeout_s=timeout_s, session=session)
+        self.url = self.client.url
         self.names = names
         self.step_s = float(step_s)
         self.points = max(1, round(window_s / step_s))
         self.stale_after_s = float(stale_after_s)
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session = session
-        self._own_session = session is None
         self.errors = 0
         self.last_error: str | None = None
         self.last_success: float | None = None  # ``now`` of the last window built from answers
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def close(self) -> None:
-        if self._own_session and self._session is not None and not self._session.closed:
-            await self._session.close()
-        if self._own_session:
-            self._session = None
+        await self.client.close()
 
     async def __aenter__(self) -> PrometheusMetrics:
         return self
@@ -286,97 +266,33 @@ class PrometheusMetrics:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            if not self._own_session:
-                raise PrometheusQueryError("the aiohttp session given to PrometheusMetrics is closed")
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
-        return self._session
-
-    # -- raw API ---------------------------------------------------------------------------------------
-    async def _api(self, path: str, form: dict[str, str]) -> list[dict]:
-        # POST (form-encoded), as Prometheus accepts since 2.1: long expressions never hit URL limits.
-        endpoint = f"{self.url}{path}"
-        try:
-            async with self._http().post(endpoint, data=form, timeout=self.timeout) as resp:
-                text = await resp.text()
-                try:
-                    body = await resp.json(content_type=None)
-                except ValueError:
-                    body = None
-                status = resp.status
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise PrometheusQueryError(
-                f"cannot reach Prometheus at {self.url}: {type(exc).__name__}: {exc}".rstrip(": ")
-            ) from exc
-        if not isinstance(body, dict):
-            raise PrometheusQueryError(f"HTTP {status} from {endpoint}, not a Prometheus answer: {text[:200]!r}")
-        if body.get("status") != "success" or status != 200:
-            raise PrometheusQueryError(
-                f"HTTP {status} from {endpoint}: {body.get('errorType', 'error')}: {body.get('error', text[:200])}"
-                f" (query {form.get('query')!r})"
-            )
-        data = body.get("data") or {}
-        result = data.get("result")
-        if not isinstance(result, list):
-            raise PrometheusQueryError(f"no result list in the answer to {form.get('query')!r}")
-        return result
-
-    async def query(self, promql: str, time: float) -> list[dict]:
-        """``/api/v1/query`` at ``time``: the ``result`` list (raises :class:`PrometheusQueryError`)."""
-        return await self._api("/api/v1/query", {"query": promql, "time": repr(float(time))})
-
-    async def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
-        """``/api/v1/query_range``: the ``result`` list (raises :class:`PrometheusQueryError`)."""
-        form = {"query": promql, "start": repr(float(start)), "end": repr(float(end)), "step": repr(float(step))}
-        return await self._api("/api/v1/query_range", form)
-
-    # -- PromQL ---------------------------------------------------------------------------------------
-    def _selector(self, metric: str) -> str:
-        # {__name__="..."}: any metric name works, colons and all, whatever the PromQL version's name rules
-        extra = f", {self.names.matchers}" if self.names.matchers.strip() else ""
-        return '{__name__="' + metric.replace("\\", "\\\\").replace('"', '\\"') + '"' + extra + "}"
-
-    def _increments(self, metric: str, extra_by: str = "") -> str:
-        """Reset-aware per-series difference between consecutive grid points, summed per model."""
-        c = self._selector(metric)
-        prev = f"({c} offset {_duration(self.step_s)})"
-        by = ", ".join((*self.names.key_labels, *([extra_by] if extra_by else [])))
-        return f"sum by ({by}) ({c} - {prev} * ({prev} <= bool {c}))"
-
-    def _gauge_mean(self, metric: str) -> str:
-        by = ", ".join(self.names.key_labels)
-        return f"sum by ({by}) (avg_over_time({self._selector(metric)}[{_duration(self.step_s)}]))"
-
+    # -- PromQL (built in promql.py) -------------------------------------------------------------------
     def queries(self, metrics: Sequence[str] = ("e2e", "ttft")) -> dict[str, str]:
         """The range queries one tick runs, by name (``metrics``: the models' SLO metrics, which decide the
         latency histograms read). Their number does not grow with the number of models."""
         n = self.names
-        out = {"requests": self._increments(n.requests)}
+        keys, step, m = n.key_labels, self.step_s, n.matchers
+        out = {"requests": promql.step_increments(n.requests, keys, step, m)}
         if n.waiting:
-            out["waiting"] = self._gauge_mean(n.waiting)
+            out["waiting"] = promql.gauge_mean(n.waiting, keys, step, m)
         if n.running:
-            out["running"] = self._gauge_mean(n.running)
+            out["running"] = promql.gauge_mean(n.running, keys, step, m)
         if n.duration_sum:
-            out["duration"] = self._increments(n.duration_sum)
+            out["duration"] = promql.step_increments(n.duration_sum, keys, step, m)
         for which in dict.fromkeys(metrics):
             hist = self._histogram_for(which)
             if hist is not None:
-                out[f"hist:{hist}"] = self._increments(hist + "_bucket", "le")
+                out[f"hist:{hist}"] = promql.step_increments(hist + "_bucket", keys, step, m, ("le",))
         return out
 
     def freshness_query(self) -> str:
-        by = ", ".join(self.names.key_labels)
-        return f"max by ({by}) (timestamp({self._selector(self.names.requests)}))"
+        return promql.newest_sample(self.names.requests, self.names.key_labels, self.names.matchers)
 
     def _histogram_for(self, slo_metric: str) -> str | None:
         """The histogram a model's SLO reads: TTFT's when asked and exported, else end-to-end's."""
         if slo_metric == "ttft" and self.names.ttft_histogram:
             return self.names.ttft_histogram
         return self.names.e2e_histogram
-
-    def _key(self, labels: Mapping[str, str]) -> str:
-        return "/".join(labels.get(k, "") for k in self.names.key_labels)
 
     # -- the port ----------------------------------------------------------------------------------------
     def grid(self, now: float) -> np.ndarray:
@@ -393,7 +309,7 @@ class PrometheusMetrics:
             raise
         except Exception as exc:  # never out of the port: the loop must go on, holding replicas
             self.errors += 1
-            self.last_error = str(exc) if isinstance(exc, PrometheusQueryError) else f"{type(exc).__name__}: {exc}"
+            self.last_error = str(exc) if isinstance(exc, PrometheusError) else f"{type(exc).__name__}: {exc}"
             log.warning("metrics window failed, every model stale: %s", self.last_error)
             stale = ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
             return MetricsWindow(now=now, step_s=self.step_s, models=dict.fromkeys(models, stale))
@@ -405,8 +321,8 @@ class PrometheusMetrics:
         queries = self.queries(wanted)
         names = list(queries)
         answers = await asyncio.gather(
-            self.query(self.freshness_query(), now),
-            *(self.query_range(queries[k], start, end, self.step_s) for k in names),
+            self.client.query(self.freshness_query(), now),
+            *(self.client.query_range(queries[k], start, end, self.step_s) for k in names),
         )
         series: dict[str, _Series] = {}
 
@@ -415,19 +331,20 @@ class PrometheusMetrics:
 
         for r in answers[0]:
             try:
-                of(self._key(r["metric"])).newest = float(r["value"][1])
+                of(self.names.key(r["metric"])).newest = float(r["value"][1])
             except (KeyError, IndexError, TypeError, ValueError) as exc:
-                raise PrometheusQueryError(f"unreadable freshness answer {r!r}: {exc}") from exc
+                raise PrometheusError(f"unreadable freshness answer {r!r}: {exc}", url=self.url) from exc
         for name, result in zip(names, answers[1:], strict=True):
             for r in result:
                 labels = r.get("metric") or {}
-                values = self._on_grid(r.get("values") or [], start, len(t))
-                s = of(self._key(labels))
+                values = on_grid(r.get("values") or [], start, self.step_s, len(t))
+                s = of(self.names.key(labels))
                 if name.startswith("hist:"):
                     try:
                         le = float(labels["le"])
                     except (KeyError, ValueError) as exc:
-                        raise PrometheusQueryError(f"a bucket series without a usable le label: {labels}") from exc
+                        raise PrometheusError(f"a bucket series without a usable le label: {labels}",
+                                              url=self.url) from exc
                     s.hist.setdefault(name.removeprefix("hist:"), {})[le] = values
                 else:
                     setattr(s, name, values)
@@ -435,14 +352,6 @@ class PrometheusMetrics:
         self.last_error = None
         self.last_success = now
         return MetricsWindow(now=now, step_s=self.step_s, models=out)
-
-    def _on_grid(self, values: list, start: float, n: int) -> np.ndarray:
-        out = np.full(n, np.nan)
-        for ts, v in values:
-            i = round((float(ts) - start) / self.step_s)
-            if 0 <= i < n:
-                out[i] = float(v)  # "NaN"/"+Inf" parse; non-finite stays as is (read as missing downstream)
-        return out
 
     def _model(self, now: float, spec: ModelSpec, s: _Series | None) -> ModelMetrics:
         if s is None or s.newest is None:

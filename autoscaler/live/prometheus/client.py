@@ -1,0 +1,150 @@
+"""The one Prometheus client: instant and range queries over Prometheus' HTTP API, async, on aiohttp.
+
+Every caller goes through :class:`PrometheusClient` -- the per-tick metrics window
+(:mod:`~autoscaler.live.prometheus.metrics`), the forecaster's warm start
+(:mod:`~autoscaler.live.prometheus.history`) and ``slotwise report --prometheus``
+(:mod:`~autoscaler.live.prometheus.report`); the PromQL they send is built in
+:mod:`~autoscaler.live.prometheus.promql`.
+
+- Queries are POSTed form-encoded (Prometheus accepts it since 2.1): long expressions never hit URL limits.
+- Every failure -- connection refused or timed out, an HTTP error, a PromQL error, an answer that is not
+  Prometheus' JSON -- raises :class:`PrometheusError`, whose message names the URL (and, for a refused
+  query, the query) and says why, on one line.
+- ``timeout_s`` bounds each HTTP request (each chunk of a chunked range query).
+- Prometheus refuses a range query of more than 11,000 points per series, so :meth:`PrometheusClient.query_range`
+  splits a longer range into chunks of at most ``max_points`` evaluation times and merges the answers per
+  series (label set). Start, end and step are sent as exact decimal seconds: Prometheus evaluates at
+  ``start + k * step`` in whole milliseconds, so the chunks land on the same grid as one query would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+# Prometheus' limit on points per series in one range query (promql: "exceeded maximum resolution of 11,000
+# points per timeseries").
+MAX_POINTS = 11_000
+
+
+class PrometheusError(OSError):
+    """A query failed (connection, HTTP, PromQL or an unreadable answer); the message says which and why.
+    ``url``: the Prometheus asked; ``query``: the PromQL, when the failure is the query's. An ``OSError`` (as
+    ``requests``' errors are): a failed exchange with another system, which the CLI prints as one line."""
+
+    def __init__(self, message: str, *, url: str, query: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.query = query
+
+
+def on_grid(values: Sequence[Any], start: float, step_s: float, n: int) -> np.ndarray:
+    """A range answer's ``[[ts, "value"], ...]`` as a float array on the grid ``start + i * step_s``
+    (``i < n``), NaN where Prometheus had no sample. Values are parsed as Prometheus writes them ("4",
+    "NaN", "+Inf"): a non-finite value stays as it is."""
+    out = np.full(n, np.nan)
+    for ts, v in values:
+        i = round((float(ts) - start) / step_s)
+        if 0 <= i < n:
+            out[i] = float(v)
+    return out
+
+
+class PrometheusClient:
+    """An async client of one Prometheus (``url``). ``session``: an aiohttp session to use (not closed here);
+    without one a session is created on first use and closed by :meth:`close` (or ``async with``)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 10.0, session: aiohttp.ClientSession | None = None) -> None:
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be positive seconds, got {timeout_s!r}")
+        self.url = url.rstrip("/")
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session = session
+        self._own_session = session is None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    async def close(self) -> None:
+        if self._own_session and self._session is not None and not self._session.closed:
+            await self._session.close()
+        if self._own_session:
+            self._session = None
+
+    async def __aenter__(self) -> PrometheusClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            if not self._own_session:
+                raise PrometheusError("the aiohttp session given to the Prometheus client is closed", url=self.url)
+            self._session = aiohttp.ClientSession(timeout=self.timeout)
+        return self._session
+
+    # -- queries ------------------------------------------------------------------------------------------
+    async def _api(self, path: str, form: dict[str, str]) -> list[dict]:
+        endpoint = f"{self.url}{path}"
+        query = form.get("query")
+        http = self._http()
+        try:
+            async with http.post(endpoint, data=form, timeout=self.timeout) as resp:
+                text = await resp.text()
+                try:
+                    body = await resp.json(content_type=None)
+                except ValueError:
+                    body = None
+                status = resp.status
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise PrometheusError(
+                f"cannot reach Prometheus at {self.url}: {type(exc).__name__}: {exc}".rstrip(": "), url=self.url
+            ) from exc
+        if not isinstance(body, dict):
+            raise PrometheusError(f"HTTP {status} from {endpoint}, not a Prometheus answer: {text[:200]!r}",
+                                  url=self.url, query=query)
+        if body.get("status") != "success" or status != 200:
+            raise PrometheusError(
+                f"HTTP {status} from {endpoint}: {body.get('errorType', 'error')}: {body.get('error', text[:200])}"
+                f" (query {query!r})",
+                url=self.url, query=query,
+            )
+        data = body.get("data") or {}
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list):
+            raise PrometheusError(f"no result list in the answer to {query!r}", url=self.url, query=query)
+        return result
+
+    async def query(self, promql: str, time: float) -> list[dict]:
+        """``/api/v1/query`` at ``time`` (Unix seconds): the ``result`` list, ``[{metric, value}, ...]``."""
+        return await self._api("/api/v1/query", {"query": promql, "time": repr(float(time))})
+
+    async def query_range(
+        self, promql: str, start: float, end: float, step_s: float, *, max_points: int = MAX_POINTS
+    ) -> list[dict]:
+        """``/api/v1/query_range`` evaluated at ``start, start + step_s, ...`` up to ``end``: the ``result``
+        list, ``[{metric, values}, ...]``. More than ``max_points`` evaluation times are asked in chunks
+        (one after the other) and each series' values concatenated, oldest first."""
+        if not (math.isfinite(step_s) and step_s > 0):
+            raise ValueError(f"step_s must be positive, got {step_s!r}")
+        n = math.floor((end - start) / step_s + 1e-9) + 1
+        per = max(1, int(max_points))
+        if n <= per:
+            return await self._range(promql, start, end, step_s)
+        merged: dict[tuple[tuple[str, str], ...], dict] = {}
+        for c0 in range(0, n, per):
+            c1 = min(c0 + per, n) - 1
+            # the chunk's end half a step past its last point: float noise never drops that point, and the
+            # next grid time is not evaluated (Prometheus stops at the last start + k * step <= end)
+            for series in await self._range(promql, start + c0 * step_s, start + (c1 + 0.5) * step_s, step_s):
+                labels = series.get("metric") or {}
+                one = merged.setdefault(tuple(sorted(labels.items())), {"metric": labels, "values": []})
+                one["values"].extend(series.get("values") or ())
+        return list(merged.values())
+
+    async def _range(self, promql: str, start: float, end: float, step_s: float) -> list[dict]:
+        form = {"query": promql, "start": repr(float(start)), "end": repr(float(end)), "step": repr(float(step_s))}
+        return await self._api("/api/v1/query_range", form)
