@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import NamedTuple
 
 from sharing.packer import Packer
@@ -68,13 +69,24 @@ _BUFFER_MODEL = "(warm buffer)"  # the trial's placeholder for the buffer GPUs (
 
 Key = tuple[str, int]  # (node, GPU index)
 
-# Reclaim reasons (``ReclaimGpus.reason``); the first two are urgent (inference needs the GPUs), the others wait
-# for ``min_lend_s``.
-SHORTFALL = "shortfall"
-FORECAST = "forecast"
-HYSTERESIS = "hysteresis"
-DISABLED = "disabled"
-_URGENCY = {SHORTFALL: 0, FORECAST: 1}
+class ReclaimReason(StrEnum):
+    """Why lent GPUs are taken back (``ReclaimGpus.reason``; exported as the ``reason`` label of
+    ``slotwise_reclaims_total``). The first two are urgent (inference needs the GPUs); the others wait for
+    ``min_lend_s``."""
+
+    SHORTFALL = "shortfall"  # replicas unplaceable now would land on them
+    FORECAST = "forecast"  # inference will need them within the reclaim horizon
+    HYSTERESIS = "hysteresis"  # the warm buffer fell short (the surplus is gone)
+    DISABLED = "disabled"  # lending was turned off
+
+
+class LendReason(StrEnum):
+    """Why idle GPUs are lent (``LendGpus.reason``)."""
+
+    SURPLUS = "surplus"  # idle beyond the warm buffer (and the hysteresis band)
+
+
+_URGENCY = {ReclaimReason.SHORTFALL: 0, ReclaimReason.FORECAST: 1}
 
 
 def lent_owner(node: str, device: int) -> str:
@@ -228,7 +240,7 @@ class NeedRequest(NamedTuple):
     the reclaim horizon)."""
 
     request: SlotRequest
-    reason: str
+    reason: ReclaimReason
 
 
 @dataclass(frozen=True)
@@ -243,7 +255,7 @@ class ReclaimBlock:
     node: str
     devices: tuple[int, ...]
     workloads: tuple[str, ...]  # to preempt, in preemption order
-    reason: str
+    reason: ReclaimReason
 
 
 @dataclass(frozen=True)
@@ -253,7 +265,7 @@ class LendingPlan:
     buffer: Mapping[str, int] = field(default_factory=dict)  # GPU kind -> idle GPUs never lent
     # GPU kind -> idle GPUs beyond the buffer after the trial (negative: the buffer is short by that many)
     surplus: Mapping[str, int] = field(default_factory=dict)
-    needed: Mapping[Key, str] = field(default_factory=dict)  # lent GPUs the trial placements landed on -> reason
+    needed: Mapping[Key, ReclaimReason] = field(default_factory=dict)  # lent GPUs the trial placements need
     unplaced: int = 0  # needed replicas that fit nowhere, lent GPUs included
     trialled: bool = False  # whether the trial packing ran (skipped when nothing could be lent or reclaimed)
 
@@ -337,7 +349,7 @@ def plan_lending(
     in_flight = {k for k in reclaiming if k in lent_set}
 
     if not policy.enabled:
-        reclaim = {k: DISABLED for k in lent_keys if k not in in_flight}
+        reclaim = {k: ReclaimReason.DISABLED for k in lent_keys if k not in in_flight}
         return LendingPlan(reclaim=_reclaim_blocks(reclaim, borrowers, lent_keys, now))
 
     idle_before, buffer = _idle_and_buffer(inventory, kinds, lent_set, kind_of, policy)
@@ -363,7 +375,7 @@ def plan_lending(
     # 2. Trial packing: unlent capacity first; what does not fit there, on lent GPUs released one node at a time,
     # the cheapest to take back first.
     dev_borrowers = attribute(borrowers, lent_keys)
-    needed: dict[Key, str] = {}
+    needed: dict[Key, ReclaimReason] = {}
     failed: set[tuple] = set()
     leftovers: list[NeedRequest] = []
     seq = 0
@@ -382,7 +394,7 @@ def plan_lending(
                                    needed)
 
     # 3. Urgent reclaims: lent GPUs the trial needs (in "pods" mode with the rest of their node).
-    reclaim: dict[Key, str] = {k: r for k, r in needed.items() if k not in in_flight}
+    reclaim: dict[Key, ReclaimReason] = {k: r for k, r in needed.items() if k not in in_flight}
     lent_by_node: dict[str, list[Key]] = {}
     for k in sorted(lent_keys):
         lent_by_node.setdefault(k[0], []).append(k)
@@ -411,7 +423,7 @@ def plan_lending(
             else:
                 chosen = _voluntary_gpus(ripe, -s, lent_by_node, order, dev_borrowers, policy.max_reclaim_s)
             for k in chosen:
-                reclaim[k] = HYSTERESIS
+                reclaim[k] = ReclaimReason.HYSTERESIS
         elif s > h and not hold:
             busy = any(kind_of[k] == kind for k in (*reclaim, *in_flight))
             if not busy:
@@ -455,7 +467,7 @@ def _trial_on_lent(
     policy: LendingPolicy,
     now: float,
     packer: Packer,
-    needed: dict[Key, str],
+    needed: dict[Key, ReclaimReason],
 ) -> list[NeedRequest]:
     """Place the replicas that did not fit on unlent capacity, releasing lent GPUs in ``trial`` as they are
     needed: per replica, on the cheapest nodes (:func:`_urgent_cost` of their cheapest lent GPU; fewer lent GPUs
@@ -627,7 +639,7 @@ def _voluntary_nodes(
     policy: LendingPolicy,
     now: float,
     dev_borrowers: Mapping[Key, list[Borrower]],
-    reclaim: Mapping[Key, str],
+    reclaim: Mapping[Key, ReclaimReason],
     in_flight: Collection[Key],
 ) -> list[Key]:
     """Whole nodes (every lent GPU on them ripe) covering ``count`` GPUs, cheapest first: a node holding a
@@ -650,7 +662,7 @@ def _voluntary_nodes(
 
 
 def _reclaim_blocks(
-    reclaim: Mapping[Key, str],
+    reclaim: Mapping[Key, ReclaimReason],
     borrowers: Sequence[Borrower],
     lent_keys: Collection[Key],
     now: float,
@@ -661,7 +673,7 @@ def _reclaim_blocks(
         return ()
     if dev_borrowers is None:
         dev_borrowers = attribute(borrowers, lent_keys)
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[tuple[str, ReclaimReason], list[int]] = {}
     for (node, dev), reason in reclaim.items():
         groups.setdefault((node, reason), []).append(dev)
     out = []

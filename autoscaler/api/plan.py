@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from sharing.lending import LendReason, ReclaimReason
 from sharing.slots import Slot
 
 
@@ -77,16 +78,17 @@ class PlaceReplica:
 
 @dataclass(frozen=True)
 class RemoveReplica:
-    """Stop routing to a replica, then remove it once in-flight requests finish (or ``drain_s`` passes).
+    """Stop routing to a replica, then remove it once its in-flight requests finish. How long that may take is the
+    executor's: the pod's ``terminationGracePeriodSeconds`` on Kubernetes, ``SimConfig.drain_timeout_s`` in the
+    simulator.
 
-    A preemption (``preempted_by`` set) is a removal for another model's sake: ``reason`` says why
-    (:class:`PreemptionReason`), ``message`` in words (for the Event)."""
+    A preemption (``preempted_by`` set) is a removal for another model's sake: ``reason`` says why, ``message``
+    in words (for the Event); an ordinary scale-down has neither."""
 
     model: str
     replica_id: str
-    drain_s: float = 30.0
     preempted_by: str = ""
-    reason: str = ""
+    reason: PreemptionReason | None = None
     message: str = ""
 
 
@@ -164,20 +166,20 @@ class LendGpus:
     node: str
     devices: tuple[int, ...]
     gpu_model: str
-    reason: str = ""
+    reason: LendReason = LendReason.SURPLUS
 
 
 @dataclass(frozen=True)
 class ReclaimGpus:
     """Take lent GPUs back: preempt ``workloads`` (training workloads on them, in preemption order) so that the
-    GPUs are free within ``deadline_s`` (the reclaim contract). ``reason``: ``forecast`` (inference will need them
-    within the horizon), ``buffer`` (the warm buffer fell short), ``shortfall`` (replicas unplaceable now),
-    ``hysteresis`` (the surplus is gone), ``disabled``."""
+    GPUs are free within ``deadline_s`` (the reclaim contract). ``reason``: :class:`~sharing.lending.ReclaimReason`
+    (``forecast``: inference will need them within the horizon, ``shortfall``: replicas unplaceable now,
+    ``hysteresis``: the warm buffer fell short, ``disabled``)."""
 
     node: str
     devices: tuple[int, ...]
     workloads: tuple[str, ...]
-    reason: str
+    reason: ReclaimReason
     deadline_s: float
 
 
@@ -214,7 +216,7 @@ class Plan:
                     lines.append(f"place {a.model}/{a.replica_id} on {a.slot.describe()}")
                 case RemoveReplica():
                     why = f" preempted ({a.reason}) for {a.preempted_by}" if a.preempted_by else ""
-                    lines.append(f"drain {a.model}/{a.replica_id} (timeout {a.drain_s:.0f}s){why}")
+                    lines.append(f"drain {a.model}/{a.replica_id}{why}")
                 case Shortfall():
                     lines.append(f"shortfall {a.model}: {a.missing} replica(s) {a.cause}: {a.reason}")
                 case UpdateStatus():

@@ -26,7 +26,6 @@ class CoreConfig:
     packer: Packer = field(default_factory=CostAwarePacker)
     forecaster_factory: Callable[[], FleetForecaster] = FleetForecaster
     upper_quantile: float = 0.9
-    drain_timeout_s: float = 30.0
     metric_lag_s: float = 0.0
     # The live controller reports every decision (status, metrics: forecast and predicted latency); the
     # simulator only asks for a status when the decision changes, without the predicted latency (a search).

@@ -3,7 +3,8 @@
 One code path for the simulator, the benchmarks and the live controller. No I/O, no clock
 (time is ``snapshot.now``), no Kubernetes. Each tick it runs the stages
 
-    per due model: forecast -> size (the policy, inside its rails)
+    per due model: forecast -> size (the policy, inside its behaviour and rails: autoscaler/decision/scaledown.py,
+                   which also chooses the replicas a scale-down removes)
     all asks together: arbitrate + pack (autoscaler/decision/arbitration.py) -> lend (when ``CoreConfig.lending`` is
     enabled)
 
@@ -30,7 +31,8 @@ from autoscaler.api.plan import (
     UpdateStatus,
 )
 from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindow, ModelObservation
-from autoscaler.api.spec import slot_request
+from autoscaler.api.spec import ModelSpec, slot_request
+from autoscaler.decision import scaledown
 from autoscaler.decision.arbitration import (
     ArbitrationResult,
     Ask,
@@ -45,8 +47,7 @@ from autoscaler.decision.state import ControllerState, ModelState, SizedLoad
 from autoscaler.estimation.capacity import predicted_latency_s, profile_from_spec
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.model_learning import ModelLearning
-from autoscaler.policies.base import Forecast, PolicyContext, apply_rails
-from sharing.lending import LENT_MODEL
+from autoscaler.policies.base import Forecast, PolicyContext
 from sharing.slots import Inventory, Slot
 
 
@@ -94,30 +95,6 @@ def _update_forecaster(
     return forecaster
 
 
-def _choose_removals(obs: ModelObservation, count: int, per_node: dict[str, int] | None = None) -> list[str]:
-    """Remove replicas that serve nothing yet first (still starting), newest first, then the newest ready.
-
-    With ``per_node`` (allocations per node, ``CoreConfig.consolidate_removals``): among those that serve (or among
-    those that do not), the replicas on the nodes with the fewest allocations first, so that a node empties and
-    can be lent whole."""
-    live = [r for r in obs.replicas if not r.draining]
-    if per_node is None:
-        live.sort(key=lambda r: (r.ready, -r.started_at))
-    else:
-        live.sort(key=lambda r: (r.ready, per_node.get(r.slot.node, 0) if r.slot is not None else 0, -r.started_at))
-    return [r.replica_id for r in live[:count]]
-
-
-def _node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
-    """Allocations per node in the snapshot's inventory (lent GPUs aside)."""
-    out: dict[str, int] = {}
-    inv = snapshot.inventory
-    for owner, s in inv.allocations():
-        if inv.model_of(owner) != LENT_MODEL:
-            out[s.node] = out.get(s.node, 0) + 1
-    return out
-
-
 @dataclass
 class _Sized:
     """One due model's sizing, before arbitration decides what of it is placed."""
@@ -132,71 +109,9 @@ class _Sized:
 
 
 def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
-    now = snapshot.now
-    plan = Plan(now=now)
-    policy = config.policy
-    node_load: dict[str, int] | None = None  # allocations per node (consolidate_removals), computed lazily
-    uses_forecast = getattr(policy, "uses_forecast", True)
-    learns = getattr(policy, "learns", False)
-    forecaster = _update_forecaster(snapshot, metrics, state, config) if uses_forecast else None
-    sized: list[_Sized] = []
-    removals: dict[str, list[RemoveReplica]] = {}
-    for name, obs in snapshot.models.items():
-        if obs.spec is None:
-            # Invalid annotations affect this model only: say so, touch nothing.
-            # Report each distinct problem once (an Event per tick would be noise).
-            message = str(obs.spec_error)
-            if state.invalid.get(name) != message:
-                plan.actions.append(
-                    UpdateStatus(name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
-                                 message=message, condition_ok=False)
-                )
-                state.invalid[name] = message
-            continue
-        state.invalid.pop(name, None)
-        spec = obs.spec
-        ms = state.models.get(name)
-        if ms is None:
-            prior = state.profiles.get(name) or profile_from_spec(spec)
-            ms = ModelState(
-                policy_state=policy.initial_state(spec, obs.active_replicas),
-                capacity=prior,
-                learning=ModelLearning.start(spec, prior, policy.tick_s) if learns else None,
-            )
-            state.models[name] = ms
-        if now < ms.next_decision_at:
-            continue
-        ms.next_decision_at = now + policy.tick_s - 1e-9
-        m = metrics.models.get(name, STALE_METRICS)
-        learning = ms.learning
-        cold_start_s = spec.cold_start_s
-        if learning is not None:
-            learning.observe(obs, m, now, policy.tick_s, metrics.step_s)
-            cold_start_s = learning.cold_start.lead_s
-        current = obs.active_replicas
-        ctx = PolicyContext(
-            now=now,
-            spec=spec,
-            current_replicas=current,
-            ready_replicas=obs.ready_replicas,
-            metrics=m,
-            metrics_step_s=metrics.step_s,
-            forecast=None if m.stale or forecaster is None else _forecast(forecaster, name, cold_start_s, now, config),
-            capacity=ms.capacity if learning is None else learning.capacity.profile(learning.kind),
-            state=ms.policy_state,
-            sizing_quantile=None if learning is None else learning.quantile.quantile,
-            burn=0.0 if learning is None else learning.quantile.burn,
-        )
-        result = apply_rails(policy, ctx)
-        ms.policy_state = result.state
-        ms.sized = SizedLoad(ctx.forecast, ctx.sizing_quantile or config.upper_quantile, m.rate, metrics.step_s)
-        target = result.desired
-        if target < current:
-            if config.consolidate_removals and node_load is None:
-                node_load = _node_load(snapshot)  # once per tick: the snapshot's, not changed within it
-            removals[name] = [RemoveReplica(name, rid, config.drain_timeout_s)
-                              for rid in _choose_removals(obs, current - target, node_load)]
-        sized.append(_Sized(obs, ms, ctx, learning, target, result.reason, result.detail))
+    plan = Plan(now=snapshot.now)
+    forecaster = _update_forecaster(snapshot, metrics, state, config) if config.policy.uses_forecast else None
+    sized, removals = _size_models(snapshot, metrics, state, config, forecaster, plan)
 
     inventory: Inventory | None = None  # copied only when something is to be placed: most ticks place nothing
     outcome = ArbitrationResult()
@@ -204,27 +119,99 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     if asks:
         inventory = snapshot.inventory.copy()
         outcome = _arbitrate(asks, snapshot, inventory, removals, state, config)
+    _finish_all(snapshot, state, sized, removals, outcome, plan, config)
 
-    preempted: dict[str, list[RemoveReplica]] = {}
-    for r in outcome.preemptions:
-        preempted.setdefault(r.model, []).append(r)
-    shortfalls: dict[str, list[Shortfall]] = {}
-    for sf in outcome.shortfalls:
-        shortfalls.setdefault(sf.model, []).append(sf)
-    due = set()
-    for s in sized:
-        due.add(s.obs.name)
-        _finish(s, plan, outcome.placed.get(s.obs.name, ()), shortfalls.get(s.obs.name, ()),
-                removals.get(s.obs.name, []) + preempted.get(s.obs.name, []), config)
-    for name, victims in preempted.items():
-        if name not in due:  # a model not deciding this tick, preempted for another
-            _finish_victim(snapshot.models[name], state.models[name], victims, plan)
     lending = config.lending
     if lending is not None and (lending.enabled or snapshot.lent):
         # (disabled with GPUs still lent: they are reclaimed)
         after = inventory if inventory is not None else snapshot.inventory
         plan.actions.extend(lend_stage(snapshot, metrics, plan, after, state, config, forecaster))
     return Decision(plan=plan, state=state, inventory=inventory)
+
+
+def _size_models(
+    snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig,
+    forecaster: FleetForecaster | None, plan: Plan,
+) -> tuple[list[_Sized], dict[str, list[RemoveReplica]]]:
+    """Every due model sized (its policy inside its behaviour and rails), and the replicas its scale-down removes;
+    invalid specs reported on ``plan``."""
+    sized: list[_Sized] = []
+    removals: dict[str, list[RemoveReplica]] = {}
+    per_node: dict[str, int] | None = None  # allocations per node (consolidate_removals), computed lazily
+    for name, obs in snapshot.models.items():
+        if obs.spec is None:
+            _report_invalid(obs, state, plan)
+            continue
+        state.invalid.pop(name, None)
+        ms = _model_state(obs, obs.spec, state, config)
+        if snapshot.now < ms.next_decision_at:
+            continue
+        s = _size(obs, obs.spec, ms, metrics, config, forecaster, snapshot.now)
+        current = obs.active_replicas
+        if s.target < current:
+            if config.consolidate_removals and per_node is None:
+                per_node = scaledown.node_load(snapshot)  # once per tick: the snapshot's, not changed within it
+            removals[name] = scaledown.removals(obs, current - s.target, per_node)
+        sized.append(s)
+    return sized, removals
+
+
+def _report_invalid(obs: ModelObservation, state: ControllerState, plan: Plan) -> None:
+    """Invalid annotations affect this model only: say so, touch nothing. Each distinct problem is reported once
+    (an Event per tick would be noise)."""
+    message = str(obs.spec_error)
+    if state.invalid.get(obs.name) != message:
+        plan.actions.append(UpdateStatus(obs.name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
+                                         message=message, condition_ok=False))
+        state.invalid[obs.name] = message
+
+
+def _model_state(obs: ModelObservation, spec: ModelSpec, state: ControllerState, config: CoreConfig) -> ModelState:
+    """The model's state, created on first sight (a measured profile, else the spec's prior)."""
+    ms = state.models.get(obs.name)
+    if ms is None:
+        policy = config.policy
+        prior = state.profiles.get(obs.name) or profile_from_spec(spec)
+        ms = ModelState(
+            policy_state=policy.initial_state(spec, obs.active_replicas),
+            capacity=prior,
+            learning=ModelLearning.start(spec, prior, policy.tick_s) if policy.learns else None,
+        )
+        state.models[obs.name] = ms
+    return ms
+
+
+def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: MetricsWindow, config: CoreConfig,
+          forecaster: FleetForecaster | None, now: float) -> _Sized:
+    """One due model's decision: learn from the window, forecast, run the policy through its behaviour and rails
+    (:func:`autoscaler.decision.scaledown.normalize`)."""
+    policy = config.policy
+    ms.next_decision_at = now + policy.tick_s - 1e-9
+    m = metrics.models.get(obs.name, STALE_METRICS)
+    learning = ms.learning
+    cold_start_s = spec.cold_start_s
+    if learning is not None:
+        learning.observe(obs, m, now, policy.tick_s, metrics.step_s)
+        cold_start_s = learning.cold_start.lead_s
+    ctx = PolicyContext(
+        now=now,
+        spec=spec,
+        current_replicas=obs.active_replicas,
+        ready_replicas=obs.ready_replicas,
+        metrics=m,
+        metrics_step_s=metrics.step_s,
+        forecast=None if m.stale or forecaster is None else _forecast(forecaster, obs.name, cold_start_s, now, config),
+        capacity=ms.profile(),
+        state=ms.policy_state,
+        sizing_quantile=None if learning is None else learning.quantile.quantile,
+        burn=0.0 if learning is None else learning.quantile.burn,
+    )
+    scaled = scaledown.normalize(policy, ctx, ms.scale_down)
+    ms.policy_state, ms.scale_down = scaled.state, scaled.scale_down
+    if scaled.arrival_scv is not None:
+        ms.arrival_scv = scaled.arrival_scv
+    ms.sized = SizedLoad(ctx.forecast, ctx.sizing_quantile or config.upper_quantile, m.rate, metrics.step_s)
+    return _Sized(obs, ms, ctx, learning, scaled.desired, scaled.reason, scaled.detail)
 
 
 def _ask(s: _Sized, order: int) -> Ask:
@@ -293,6 +280,26 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
 
     return arbitrate(asks, inventory, config.packer, config.arbitration, snapshot.now, team_of=team_of,
                      held=held, views=views, freeing=freeing, state=state.arbitration, name_replica=name_replica)
+
+
+def _finish_all(snapshot: ClusterSnapshot, state: ControllerState, sized: list[_Sized],
+                removals: dict[str, list[RemoveReplica]], outcome: ArbitrationResult, plan: Plan,
+                config: CoreConfig) -> None:
+    """The actions of every due model, and of the models preempted for them that did not decide this tick."""
+    preempted: dict[str, list[RemoveReplica]] = {}
+    for r in outcome.preemptions:
+        preempted.setdefault(r.model, []).append(r)
+    shortfalls: dict[str, list[Shortfall]] = {}
+    for sf in outcome.shortfalls:
+        shortfalls.setdefault(sf.model, []).append(sf)
+    due = set()
+    for s in sized:
+        due.add(s.obs.name)
+        _finish(s, plan, outcome.placed.get(s.obs.name, ()), shortfalls.get(s.obs.name, ()),
+                removals.get(s.obs.name, []) + preempted.get(s.obs.name, []), config)
+    for name, victims in preempted.items():
+        if name not in due:  # a model not deciding this tick, preempted for another
+            _finish_victim(snapshot.models[name], state.models[name], victims, plan)
 
 
 def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfalls: Sequence[Shortfall],

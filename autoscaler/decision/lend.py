@@ -1,19 +1,17 @@
 """The decision core's lend stage: after packing, lend idle reserved GPUs to training and reclaim them ahead of need.
 
 ``decide`` (autoscaler/decision/core.py) calls :func:`lend_stage` at the end of a tick when ``CoreConfig.lending`` is
-set
-and enabled (or GPUs are still lent). The rules live in :func:`sharing.lending.plan_lending` (pure, over the
+set and enabled (or GPUs are still lent). The rules live in :func:`sharing.lending.plan_lending` (pure, over the
 inventory); this stage turns the decision core's view into its inputs and its result into plan actions:
 
 - **need-soon**, per model: the replicas the capacity model (the slotwise policy's sizing:
   :func:`autoscaler.estimation.capacity.min_replicas_for_slo` on the model's learned profile, with the arrivals'
-  measured dispersion when the policy keeps one) sizes at the forecast's upper quantile -- the model's own sizing
-  quantile
-  when it learns one, else ``CoreConfig.upper_quantile`` -- of the peak load over the **reclaim horizon**
-  (``max_reclaim_s`` + the model's lead time: cold start + tick + metric lag), within the spec's min/max
-  replicas. The extra replicas beyond those the plan leaves active are trial-packed by the plan, lent GPUs last:
-  a lent GPU they land on is reclaimed now (reason ``forecast``). Replicas unplaceable this tick (the plan's
-  :class:`~autoscaler.api.plan.Shortfall` actions) go first (reason ``shortfall``).
+  dispersion the policy last sized with, ``ModelState.arrival_scv``) sizes at the forecast's upper quantile --
+  the model's own sizing quantile when it learns one, else ``CoreConfig.upper_quantile`` -- of the peak load
+  over the **reclaim horizon** (``max_reclaim_s`` + the model's lead time: cold start + tick + metric lag),
+  within the spec's min/max replicas. The extra replicas beyond those the plan leaves active are trial-packed by
+  the plan, lent GPUs last: a lent GPU they land on is reclaimed now (reason ``forecast``). Replicas unplaceable
+  this tick (the plan's :class:`~autoscaler.api.plan.Shortfall` actions) go first (reason ``shortfall``).
 - **cost**: the stage runs every tick for up to 1,000 models, so a model's need-soon is computed when the core
   decides for it (once per policy tick) and cached in :class:`LendState` until its next decision; each tick
   then only compares the cached count with the plan's, and the trial packing (one packer call per missing
@@ -37,16 +35,15 @@ from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindo
 from autoscaler.api.spec import slot_request
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.state import ControllerState, LendState, NeedSoon
-from autoscaler.estimation.capacity import min_replicas_for_slo
+from autoscaler.estimation.capacity import min_replicas_for_slo, quantize_up
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Forecast
-from autoscaler.policies.slo import quantize_up
 from sharing.lending import (
-    FORECAST,
-    SHORTFALL,
     Borrower,
     LendingPolicy,
+    LendReason,
     NeedRequest,
+    ReclaimReason,
     could_lend,
     plan_lending,
 )
@@ -96,10 +93,9 @@ def need_soon(
     if values is None:
         return NeedSoon(floor, request, True, next_at, spec)
     q = config.upper_quantile if learning is None else learning.quantile.quantile
-    profile = ms.capacity if learning is None else learning.capacity.profile(learning.kind)
-    dispersion = getattr(ms.policy_state, "dispersion", 1.0)
-    if isinstance(dispersion, float) and dispersion != 1.0:
-        profile = profile.with_arrival_scv(dispersion)
+    profile = ms.profile()
+    if ms.arrival_scv != 1.0:
+        profile = profile.with_arrival_scv(ms.arrival_scv)
     # (profiles are cached objects, replaced when what they say changes: compared by identity)
     sized_for = (values.tobytes(), q, profile)
     if same_spec and last is not None and last.sized_for is not None and last.sized_for[2] is profile \
@@ -149,7 +145,7 @@ def lend_stage(
             elif isinstance(a, Shortfall) and a.cause in _RECLAIM_FOR:
                 obs = snapshot.models.get(a.model)
                 if obs is not None and obs.spec is not None:
-                    need.extend([NeedRequest(slot_request(obs.spec), SHORTFALL)] * a.missing)
+                    need.extend([NeedRequest(slot_request(obs.spec), ReclaimReason.SHORTFALL)] * a.missing)
         soon: list[SlotRequest] = []
         cache = ls.need
         for name, obs in snapshot.models.items():
@@ -166,7 +162,7 @@ def lend_stage(
             for name in [n for n in cache if n not in snapshot.models]:
                 del cache[name]
         # Largest first, as first-fit-decreasing: the big replicas get the GPUs only they fit.
-        need.extend(NeedRequest(soon[i], FORECAST) for i in decreasing_order(soon))
+        need.extend(NeedRequest(soon[i], ReclaimReason.FORECAST) for i in decreasing_order(soon))
 
     result = plan_lending(
         inventory,
@@ -187,5 +183,5 @@ def lend_stage(
         for d in r.devices:
             ls.reclaiming[(r.node, d)] = now
     for b in result.lend:
-        actions.append(LendGpus(b.node, b.devices, b.gpu_model, "idle beyond the warm buffer"))
+        actions.append(LendGpus(b.node, b.devices, b.gpu_model, LendReason.SURPLUS))
     return actions

@@ -16,6 +16,7 @@ import numpy as np
 from autoscaler.api.plan import Reason
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationState
+from autoscaler.decision.scaledown import ScaleDownState
 from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.model_learning import ModelLearning
@@ -63,6 +64,14 @@ class ModelState:
     last_reason: Reason | None = None
     last_desired: int = -1
     sized: SizedLoad | None = None  # the loads it was last sized on (arbitration's SLO-damage inputs)
+    scale_down: ScaleDownState = field(default_factory=ScaleDownState)  # its behaviour's windows and scale events
+    # The arrivals' dispersion its policy last sized with (PolicyResult.arrival_scv; 1 = Poisson, or not measured):
+    # the lend stage sizes the model's need-soon with it.
+    arrival_scv: float = 1.0
+
+    def profile(self) -> ServiceProfile:
+        """The service profile sizing uses now: the learned one when the model learns, else the prior."""
+        return self.capacity if self.learning is None else self.learning.capacity.profile(self.learning.kind)
 
 
 @dataclass

@@ -290,6 +290,18 @@ def predicted_latency_s(rate: float, replicas: int, profile: ServiceProfile, rel
     return hi
 
 
+_RATE_GRID = 1.005
+_LOG_RATE_GRID = math.log(_RATE_GRID)
+
+
+def quantize_up(rate: float) -> float:
+    """``rate`` (> 0) rounded UP to a 0.5 % geometric grid: never sized for less than asked, and a load that
+    wanders by noise hits the sizing memo instead of a new search every tick (4x fewer queueing-model
+    evaluations on the 14-day benchmark). Sizing callers (the slotwise policy, the lend stage's need-soon) round
+    with it so that they share the memo."""
+    return _RATE_GRID ** math.ceil(math.log(rate) / _LOG_RATE_GRID - 1e-9)
+
+
 def min_replicas_for_slo(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> int:
     """Fewest replicas whose steady-state attainment at ``rate`` meets ``profile.percentile``.
 

@@ -1,16 +1,21 @@
-"""The policy contract: a policy is a function of one context returning (desired replicas, state, reason).
+"""The policy contract: a policy is a function of one context returning (recommended replicas, state, reason).
 
 As in Ray Serve's ``autoscaling_policy.py`` a policy sees one :class:`PolicyContext` and returns a
 :class:`PolicyResult`; its state is passed in and out explicitly (a typed dataclass, never a dict),
-so the same policy runs in the simulator, the benchmarks and the live controller. The rails every
-policy needs (hold on stale metrics, min/max bounds) are composed once, in :func:`apply_rails`.
+so the same policy runs in the simulator, the benchmarks and the live controller.
+
+A policy returns what it *recommends* now; how a recommendation becomes a scale is declared, as data, by the
+policy's :attr:`Policy.behavior` (a :class:`ScalingBehavior`: stabilization window, step and rate limits, the N-1
+floor) and applied, with the rails every policy needs (hold on stale metrics, min/max bounds), once for every
+policy by :mod:`autoscaler.decision.scaledown` -- the way HPA's ``normalizeDesiredReplicasWithBehaviors`` wraps
+its metric recommendation.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -71,23 +76,87 @@ class PolicyContext:
 
 
 @dataclass(frozen=True)
+class NMinus1:
+    """What a policy's N-1 check allows: ``replicas`` is the fewest replicas that still pass its stricter
+    scale-down test (a scale-down needs ``replicas`` below the current count); ``test`` names the test, for
+    the status message ("the SLO at q0.975")."""
+
+    replicas: int
+    test: str
+
+
+@dataclass(frozen=True)
 class PolicyResult:
+    """A policy's recommendation: ``desired`` is what it wants now, before its :class:`ScalingBehavior`
+    (stabilization, limits) is applied; ``reason`` is why, for when the count moves.
+
+    ``n_minus_1``: the floor the policy's N-1 check allows (policies whose behaviour has ``n_minus_1``; needed
+    only when ``desired`` is below the current count). ``arrival_scv``: the arrivals' dispersion the policy
+    sized with (None: it does not measure one); the lend stage sizes a model's need-soon with it.
+    ``holds``: no recommendation this tick (no samples to decide on): the count is held and nothing is
+    recorded in the stabilization window."""
+
     desired: int
     state: Any
     reason: Reason
     detail: str = ""
+    n_minus_1: NMinus1 | None = None
+    arrival_scv: float | None = None
+    holds: bool = False
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """One of HPA's ``HPAScalingPolicy``: within any ``period_s``, the count may move by at most ``value`` percent
+    (``kind`` "percent") or ``value`` replicas ("pods") of the count at the start of that period."""
+
+    kind: Literal["percent", "pods"]
+    value: float
+    period_s: float
+
+
+@dataclass(frozen=True)
+class ScalingBehavior:
+    """How a policy's recommendations become a scale, applied by :mod:`autoscaler.decision.scaledown`.
+
+    - ``stabilization_s``: scale down only to the highest recommendation of this window (HPA's
+      ``scaleDown.stabilizationWindowSeconds``); ``warm_up``: a window not yet seen whole (since the policy's
+      first decision) counts as holding the current count.
+    - ``step_fraction``: per decision, at most this fraction of the replicas go (rounded down, at least one).
+    - ``down_limits`` / ``up_limits``: rate limits per period, HPA's percent and pods policies with
+      ``selectPolicy: Max`` (the policy allowing the largest change wins); counted from the count at the start of
+      each period, so they keep the scale changes of that long. The up limits are here because those periods
+      count changes in both directions.
+    - ``up_stabilization_s``: scale up only to the lowest recommendation of this window.
+    - ``n_minus_1``: a scale-down must also pass the policy's N-1 check (:attr:`PolicyResult.n_minus_1`).
+    - ``bounds_in_limits``: the spec's min/max replicas are part of the rate limits, as in HPA's
+      ``horizontal.go`` (a clamped scale is reported as any other); otherwise a clamp is reported as ``bounds``.
+    """
+
+    stabilization_s: float = 0.0
+    warm_up: bool = False
+    step_fraction: float | None = None
+    down_limits: tuple[RateLimit, ...] = ()
+    up_stabilization_s: float = 0.0
+    up_limits: tuple[RateLimit, ...] = ()
+    n_minus_1: bool = False
+    bounds_in_limits: bool = False
 
 
 class Policy(Protocol):
     """A scaling policy. ``tick_s`` is how often it decides (HPA 15 s, KPA 2 s, …);
     ``instant_start`` asks the simulator for zero cold start (only the oracle lower bound);
-    ``uses_forecast`` tells the core whether to compute a forecast for it. A policy may also set
-    ``learns = True`` to get learned capacity, cold start (the forecast's lead time) and sizing quantile."""
+    ``uses_forecast`` tells the core whether to compute a forecast for it; ``learns`` whether to give it learned
+    capacity, cold start (the forecast's lead time) and sizing quantile. ``behavior``: how its recommendations
+    become a scale (None: the recommendation is the scale, within the rails -- a policy that is its own
+    decider, as KPA's or a fixed count)."""
 
     name: str
     tick_s: float
     instant_start: bool
     uses_forecast: bool
+    learns: bool
+    behavior: ScalingBehavior | None
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> Any: ...
 
@@ -121,19 +190,3 @@ def window_mean(samples: np.ndarray, step_s: float, window_s: float) -> float | 
     if finite.size == 0:
         return None
     return float(finite.mean())
-
-
-def apply_rails(policy: Policy, ctx: PolicyContext) -> PolicyResult:
-    """Run ``policy`` with the rails every policy needs.
-
-    - Metrics stale or missing: hold the current replicas (never scale down on missing data).
-    - Clamp to the spec's min/max replicas.
-    """
-    if ctx.metrics.stale:
-        held = max(ctx.current_replicas, ctx.spec.min_replicas)
-        return PolicyResult(min(held, ctx.spec.max_replicas), ctx.state, Reason.METRICS_STALE, "holding replicas")
-    result = policy.decide(ctx)
-    clamped = min(max(result.desired, ctx.spec.min_replicas), ctx.spec.max_replicas)
-    if clamped != result.desired:
-        return PolicyResult(clamped, result.state, Reason.BOUNDS, f"wanted {result.desired}")
-    return result

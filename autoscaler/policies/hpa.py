@@ -10,6 +10,10 @@ Follows ``pkg/controller/podautoscaler`` (``replica_calculator.go`` ``calcPlainM
 - scale-down: the highest recommendation of the last ``scale_down_stabilization_s`` (300 s) wins, and at
   most 100 % may go per 15 s.
 
+This module computes the recommendation (``replica_calculator.go``); the behaviour (stabilization windows, rate
+limits, the min/max clamp of ``horizontal.go``) is declared as :attr:`HPAPolicy.behavior` and applied by
+:mod:`autoscaler.decision.scaledown`, the one place every policy's scale-down goes through.
+
 The metric is the model's mean in-flight requests (running + queued) averaged over the last sync period,
 divided by the ready replicas; the target is ``concurrency × target_utilization``.
 
@@ -26,21 +30,19 @@ Simplifications (documented so nobody mistakes them for the real thing):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from autoscaler.api.plan import Reason
 from autoscaler.api.spec import ModelSpec
-from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
+from autoscaler.policies.base import PolicyContext, PolicyResult, RateLimit, ScalingBehavior, window_mean
 
 _EPS = 1e-9
 
 
 @dataclass(frozen=True)
 class HPAState:
-    # (time, unstabilized recommendation), as the controller's ``recommendations`` list.
-    recommendations: tuple[tuple[float, int], ...] = ()
-    # (time, replica change) of rescales this policy made, as ``scaleUpEvents``/``scaleDownEvents``.
-    scale_events: tuple[tuple[float, int], ...] = ()
+    """Nothing: the controller's ``recommendations`` and scale events are the behaviour's
+    (:class:`autoscaler.decision.scaledown.ScaleDownState`)."""
 
 
 class HPAPolicy:
@@ -54,6 +56,8 @@ class HPAPolicy:
     name = "hpa"
     instant_start = False
     uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
+    learns = False
+    behavior: ScalingBehavior
 
     def __init__(
         self,
@@ -91,6 +95,15 @@ class HPAPolicy:
         self.scale_down_percent = scale_down_percent
         self.scale_down_period_s = scale_down_period_s
         self.tick_s = sync_period_s
+        # selectPolicy Max over the percent and pods policies; the controller clamps to min/max within them.
+        self.behavior = ScalingBehavior(
+            stabilization_s=scale_down_stabilization_s,
+            down_limits=(RateLimit("percent", scale_down_percent, scale_down_period_s),),
+            up_stabilization_s=scale_up_stabilization_s,
+            up_limits=(RateLimit("percent", scale_up_percent, scale_up_period_s),
+                       RateLimit("pods", scale_up_pods, scale_up_period_s)),
+            bounds_in_limits=True,
+        )
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> HPAState:
         return HPAState()
@@ -121,78 +134,16 @@ class HPAPolicy:
             return current, f"within tolerance (ratio {ratio:.2f})"
         return math.ceil(ratio * ready - _EPS), f"ratio {ratio:.2f}"
 
-    # -- horizontal.go ---------------------------------------------------------------------------
-
-    def _changed_in_period(
-        self, events: tuple[tuple[float, int], ...], now: float, period_s: float
-    ) -> tuple[int, int]:
-        """(replicas added, replicas deleted) by events strictly inside the last ``period_s``."""
-        cutoff = now - period_s
-        added = sum(c for t, c in events if t > cutoff and c > 0)
-        deleted = sum(-c for t, c in events if t > cutoff and c < 0)
-        return added, deleted
-
-    def _scale_up_limit(self, current: int, events: tuple[tuple[float, int], ...], now: float) -> int:
-        added, deleted = self._changed_in_period(events, now, self.scale_up_period_s)
-        start = current - added + deleted
-        # selectPolicy Max: the policy allowing the largest change wins. Percent rounds up so that a
-        # small fleet always grows (as the controller does).
-        by_percent = math.ceil(start * (1 + self.scale_up_percent / 100) - _EPS)
-        by_pods = start + self.scale_up_pods
-        return max(by_percent, by_pods, current)
-
-    def _scale_down_limit(self, current: int, events: tuple[tuple[float, int], ...], now: float) -> int:
-        added, deleted = self._changed_in_period(events, now, self.scale_down_period_s)
-        start = current - added + deleted
-        # int32(float) truncation in the controller: floor for non-negative values.
-        limit = math.floor(start * (1 - self.scale_down_percent / 100) + _EPS)
-        return min(limit, current)
-
     def decide(self, ctx: PolicyContext) -> PolicyResult:
         state: HPAState = ctx.state if isinstance(ctx.state, HPAState) else HPAState()
-        now, spec, current = ctx.now, ctx.spec, ctx.current_replicas
+        current = ctx.current_replicas
         total = window_mean(ctx.metrics.in_flight, ctx.metrics_step_s, self.sync_period_s)
         if total is None:
             # Like a failed metric fetch: the HPA records nothing and keeps the scale.
-            return PolicyResult(current, state, Reason.METRICS_STALE, "no in-flight samples in the window")
-        target = spec.concurrency * self.target_utilization
+            return PolicyResult(current, state, Reason.METRICS_STALE, "no in-flight samples in the window",
+                                holds=True)
+        target = ctx.spec.concurrency * self.target_utilization
         raw, why = self._metric_replicas(total, current, ctx.ready_replicas, target)
-
-        # Stabilization over recommendations: the lowest of the up window and the highest of the
-        # down window bound the move away from the current count.
-        up_rec, down_rec = raw, raw
-        up_cut, down_cut = now - self.scale_up_stabilization_s, now - self.scale_down_stabilization_s
-        for t, r in state.recommendations:
-            if t > up_cut:
-                up_rec = min(up_rec, r)
-            if t > down_cut:
-                down_rec = max(down_rec, r)
-        stabilized = min(max(current, up_rec), down_rec)
-        keep_after = min(up_cut, down_cut)
-        recs = (*((t, r) for t, r in state.recommendations if t > keep_after), (now, raw))
-
-        # Behavior rate limits, then the spec's bounds (the controller clamps to min/max here too).
-        desired = stabilized
-        limited = ""
-        if desired > current:
-            cap = min(self._scale_up_limit(current, state.scale_events, now), spec.max_replicas)
-            if desired > cap:
-                desired, limited = cap, f"; scale-up limited to {cap} (wanted {stabilized})"
-        elif desired < current:
-            floor_ = max(self._scale_down_limit(current, state.scale_events, now), spec.min_replicas)
-            if desired < floor_:
-                desired, limited = floor_, f"; scale-down limited to {floor_} (wanted {stabilized})"
-        desired = min(max(desired, spec.min_replicas), spec.max_replicas)
-
-        horizon = max(self.scale_up_period_s, self.scale_down_period_s)
-        events = tuple((t, c) for t, c in state.scale_events if t > now - horizon)
-        if desired != current:
-            events = (*events, (now, desired - current))
-        new_state = replace(state, recommendations=recs, scale_events=events)
-
         detail = f"in-flight {total:.2f}, target {target:.2f}/replica: {why}; recommend {raw}"
-        if stabilized != raw and desired == stabilized:
-            detail += f"; stabilization window holds {stabilized}"
-        detail += limited
-        reason = Reason.STABLE if desired == current else Reason.REACTIVE
-        return PolicyResult(desired, new_state, reason, detail)
+        # (the reason when the count moves; a count the behaviour holds is ``stable``)
+        return PolicyResult(raw, state, Reason.REACTIVE, detail)

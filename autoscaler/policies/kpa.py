@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from autoscaler.api.plan import Reason
 from autoscaler.api.spec import ModelSpec
-from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior, window_mean
 
 _EPS = 1e-9
 
@@ -49,6 +49,10 @@ class KPAPolicy:
     name = "kpa"
     instant_start = False
     uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
+    learns = False
+    # Its own decider: the scale-up/-down rate bounds feed the panic high-water mark (Knative's ``Scale`` applies
+    # them to both windows' counts before it), so they are part of the recommendation, not a behaviour after it.
+    behavior: ScalingBehavior | None = None
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ import numpy as np
 from autoscaler.api.plan import Reason
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation import capacity as capacity_model
-from autoscaler.policies.base import PolicyContext, PolicyResult
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class OraclePolicy:
     name = "oracle"
     instant_start = True
     uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
+    learns = False
+    behavior: ScalingBehavior | None = None  # a lower bound: it sheds at once what the next tick does not need
 
     def __init__(self, tick_s: float = 10.0) -> None:
         if not tick_s > 0:

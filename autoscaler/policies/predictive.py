@@ -45,7 +45,7 @@ Not modelled (documented so nobody mistakes this for the real planner):
   0: here NaN samples are ignored and a whole interval of them skips the update (the core's stale-metric rail
   holds the replicas, as Dynamo skips a tick without metrics).
 
-Clamping to the spec's min/max replicas and holding on stale metrics are done by ``apply_rails``.
+Clamping to the spec's min/max replicas and holding on stale metrics are the rails' (``autoscaler.decision.scaledown``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from autoscaler.api.plan import Reason
 from autoscaler.api.spec import ModelSpec
-from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior, window_mean
 
 PREDICTORS = ("holt", "kalman", "constant")
 
@@ -134,6 +134,8 @@ class PredictivePolicy:
     name = "predictive"
     instant_start = False
     uses_forecast = False  # keeps its own point predictor in its state; the core's quantiles are not for it
+    learns = False
+    behavior: ScalingBehavior | None = None  # the adjustment interval is its only stabilization (as Dynamo's)
 
     def __init__(
         self,

@@ -18,11 +18,13 @@ What it adds, each tick:
 2. **Panic** (as KPA's): the load over the short panic window, and a queue already built (sized to drain
    within the SLO latency), are a floor under the plan; reason ``panic`` when that floor is above the
    current count.
-3. **Scale down** only when every recommendation of the stabilization window was lower AND N-1 (the
-   target) still meets the SLO at a stricter quantile than scale-up used (hysteresis: a model does not
-   flap between two counts on forecast noise), at most ``max_scale_down_fraction`` of the replicas per
-   tick. Removal drains (the core stops routing, then removes after in-flight requests finish).
-4. Stale or lost metrics hold the replicas (the core's rails), and min/max bounds are applied there.
+3. **Scale down** (declared in :attr:`SloPolicy.behavior`, applied by :mod:`autoscaler.decision.scaledown`)
+   only when every recommendation of the stabilization window was lower AND N-1 (the target) still meets the
+   SLO at a stricter quantile than scale-up used (hysteresis: a model does not flap between two counts on
+   forecast noise; the policy computes that floor, :attr:`PolicyResult.n_minus_1`), at most
+   ``max_scale_down_fraction`` of the replicas per tick. Removal drains (the core stops routing, then removes
+   after in-flight requests finish).
+4. Stale or lost metrics hold the replicas (the rails), and min/max bounds are applied there.
 """
 
 from __future__ import annotations
@@ -35,19 +37,13 @@ import numpy as np
 from autoscaler.api.plan import Reason
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation import capacity as capacity_model
-from autoscaler.estimation.capacity import ServiceProfile
+from autoscaler.estimation.capacity import ServiceProfile, quantize_up
 from autoscaler.estimation.learning import SloQuantile
-from autoscaler.policies.base import PolicyContext, PolicyResult, window_mean
-
-_RATE_GRID = 1.005
-_LOG_RATE_GRID = math.log(_RATE_GRID)
+from autoscaler.policies.base import NMinus1, PolicyContext, PolicyResult, ScalingBehavior, window_mean
 
 
 @dataclass(frozen=True)
 class SloState:
-    started_at: float | None = None  # first decision: before a full window has passed, hold on scale-down
-    # (time, recommendation) as a monotone queue: the window's maximum comes first
-    recommendations: tuple[tuple[float, int], ...] = ()
     # the arrivals' dispersion and when it was measured: a property of the whole window, re-measured
     # once per stable window rather than every tick
     dispersion: float = 1.0
@@ -68,6 +64,7 @@ class SloPolicy:
     instant_start = False
     uses_forecast = True
     learns = True
+    behavior: ScalingBehavior
 
     def __init__(
         self,
@@ -98,6 +95,8 @@ class SloPolicy:
         self.down_margin = down_margin
         self.burstiness = burstiness
         self.drain_s = drain_s
+        self.behavior = ScalingBehavior(stabilization_s=scale_down_stabilization_s, warm_up=True,
+                                        step_fraction=max_scale_down_fraction, n_minus_1=True)
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> SloState:
         return SloState()
@@ -158,39 +157,15 @@ class SloPolicy:
             raw = panic
             detail = f"short-window load {short:.2f} req/s, backlog {max(backlog, 0.0):.0f}: {panic}"
 
-        started = state.started_at if state.started_at is not None else now
-        # The window's recommendations as a monotone queue (times increasing, counts strictly
-        # decreasing): its maximum is the first entry, O(1) per tick instead of a scan of the window.
-        cutoff = now - self.scale_down_stabilization_s
-        recs = state.recommendations
-        while recs and recs[-1][1] <= raw:
-            recs = recs[:-1]
-        recs = (*recs, (now, raw))
-        while len(recs) > 1 and recs[0][0] <= cutoff:  # (the newest stays: a zero window is "now")
-            recs = recs[1:]
-        new_state = SloState(started_at=started, recommendations=recs, dispersion=dispersion,
-                             dispersion_at=dispersion_at)
-
-        if raw > current:
-            return PolicyResult(raw, new_state, reason, detail)
-        if raw == current:
-            return PolicyResult(current, new_state, Reason.STABLE, detail)
-        window_max = recs[0][1]
-        if now - started < self.scale_down_stabilization_s:
-            window_max = max(window_max, current)  # a window not yet seen counts as "current"
-        desired = min(current, window_max)
-        if desired == current:
-            return PolicyResult(current, new_state, Reason.STABLE, f"{detail}; held by the scale-down window")
-        # N-1 check: the smaller count must still meet the SLO at a stricter quantile than scale-up's.
-        strict = ctx.forecast.at(q_down) if ctx.forecast is not None else math.nan
-        need = self._size(max(strict if math.isfinite(strict) else 0.0, stable, short), ctx, profile)
-        if need >= current:
-            return PolicyResult(
-                current, new_state, Reason.N_MINUS_1, f"{detail}; {current - 1} would miss the SLO at q{q_down:.3g}"
-            )
-        step_floor = current - max(1, math.floor(current * self.max_scale_down_fraction))
-        desired = max(desired, need, step_floor)
-        return PolicyResult(desired, new_state, reason, f"{detail}; down to {desired}")
+        new_state = SloState(dispersion=dispersion, dispersion_at=dispersion_at)
+        n_minus_1 = None
+        if raw < current:
+            # N-1 check: the smaller count must still meet the SLO at a stricter quantile than scale-up's.
+            strict = ctx.forecast.at(q_down) if ctx.forecast is not None else math.nan
+            need = self._size(max(strict if math.isfinite(strict) else 0.0, stable, short), ctx, profile)
+            n_minus_1 = NMinus1(need, f"the SLO at q{q_down:.3g}")
+        return PolicyResult(raw, new_state, reason, detail, n_minus_1=n_minus_1,
+                            arrival_scv=dispersion if self.burstiness else None)
 
 
 def arrival_dispersion(rate: np.ndarray, step_s: float, cap: float = 64.0) -> float:
@@ -218,11 +193,3 @@ def _last_finite(samples: np.ndarray) -> float:
         return last  # the common case, without a numpy pass over the window
     finite = samples[np.isfinite(samples)] if samples.size else samples
     return float(finite[-1]) if finite.size else 0.0
-
-
-
-def quantize_up(rate: float) -> float:
-    """``rate`` rounded UP to a 0.5 % geometric grid: never sized for less than asked, and a load that
-    wanders by noise hits the sizing memo instead of a new search every tick (4x fewer queueing-model
-    evaluations on the 14-day benchmark)."""
-    return _RATE_GRID ** math.ceil(math.log(rate) / _LOG_RATE_GRID - 1e-9)

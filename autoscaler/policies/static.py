@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autoscaler.api.plan import Reason
 from autoscaler.api.spec import ModelSpec
-from autoscaler.policies.base import PolicyContext, PolicyResult
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class StaticPolicy:
     name = "static"
     instant_start = False
     uses_forecast = False  # reacts to observed (or, for the oracle, true) load only
+    learns = False
+    behavior: ScalingBehavior | None = None
 
     def __init__(
         self,

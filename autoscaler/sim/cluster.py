@@ -290,7 +290,7 @@ class SimCluster:
                     else:
                         # Stop routing now; keep the slot until in-flight requests are done.
                         self.routable[i] -= 1
-                        r.release_at = now + (0.0 if self.instant_start else min(a.drain_s, self.drain_s[i]))
+                        r.release_at = now + (0.0 if self.instant_start else self.drain_s[i])
                         heapq.heappush(self._events, (r.release_at, _RELEASE, i, r.replica_id))
                     touched.add(i)
                 case ScaleModel():

@@ -217,7 +217,7 @@ def _warm_start(
 def _forecaster(workload: SimWorkload, policy: Policy) -> FleetForecaster | None:
     """The fleet forecaster warm-started from the trace's past, when there is one and the policy forecasts."""
     history = workload.history
-    if history is None or not getattr(policy, "uses_forecast", True):
+    if history is None or not policy.uses_forecast:
         return None
     forecaster = FleetForecaster()
     forecaster.warm_start({m: history.rates[i] for i, m in enumerate(history.models)}, history.step_s)
@@ -262,7 +262,7 @@ def simulate(
     whole_nodes = lending is not None and lending.mode == "pods"
     prefer_open = whole_nodes and cfg.lending_prefer_open_nodes is not False
     arbitration = {} if cfg.arbitration is None else {"arbitration": cfg.arbitration}
-    core = CoreConfig(policy=policy, drain_timeout_s=cfg.drain_timeout_s, metric_lag_s=0.0, lending=lending,
+    core = CoreConfig(policy=policy, metric_lag_s=0.0, lending=lending,
                       lending_whole_nodes_only=whole_nodes, **arbitration,
                       packer=CostAwarePacker(prefer_open_nodes=prefer_open, node_anti_affinity=not (
                           whole_nodes and bool(cfg.lending_device_anti_affinity))),
@@ -278,7 +278,7 @@ def simulate(
     if set_timeout is not None:
         set_timeout(cfg.request_timeout_s)
     state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy))
-    future = workload.arrivals_per_tick(dt) / dt if getattr(policy, "instant_start", False) else None
+    future = workload.arrivals_per_tick(dt) / dt if policy.instant_start else None
 
     shape = (m, n_min)
     arrivals = np.zeros(shape)
@@ -357,7 +357,7 @@ def simulate(
         progress(1.0)
     ticks_in_min[ticks_in_min == 0] = 1
     return SimResult(
-        policy=getattr(policy, "name", type(policy).__name__),
+        policy=policy.name,
         mode=cfg.mode,
         models=models,
         minute_arrivals=arrivals,

@@ -28,7 +28,7 @@ from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.core import decide
 from autoscaler.decision.state import fresh_state
 from autoscaler.policies import make_policy
-from autoscaler.policies.base import PolicyContext, PolicyResult
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior
 from sharing.cluster import nodes_from_spec
 from sharing.packer import FirstFitPacker
 from sharing.slots import Inventory, Slot, SlotKind
@@ -48,6 +48,8 @@ class FakePolicy:
     name: str = "fake"
     instant_start: bool = False
     uses_forecast: bool = False
+    learns: bool = False
+    behavior: ScalingBehavior | None = None
     calls: list[tuple[float, str]] = field(default_factory=list)
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> int:

@@ -30,18 +30,14 @@ from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.core import decide
 from autoscaler.decision.state import LendState, fresh_state
-from autoscaler.estimation.capacity import min_replicas_for_slo, profile_from_spec
-from autoscaler.policies.base import PolicyContext, PolicyResult
-from autoscaler.policies.slo import quantize_up
+from autoscaler.estimation.capacity import min_replicas_for_slo, profile_from_spec, quantize_up
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior
 from sharing.lending import (
-    DISABLED,
-    FORECAST,
-    HYSTERESIS,
     LENT_MODEL,
-    SHORTFALL,
     Borrower,
     LendingPolicy,
     NeedRequest,
+    ReclaimReason,
     allocate_lent,
     attribute,
     lent_owner,
@@ -55,6 +51,8 @@ from sharing.slots import AllocationError, Inventory, NodeSpec, Slot, SlotReques
 PACKER = CostAwarePacker()
 ON = LendingPolicy(enabled=True, min_lend_s=600.0, hysteresis_gpus=1.0, warm_buffer_gpus=1.0,
                    warm_buffer_fraction=0.0)
+
+SHORTFALL, FORECAST, HYSTERESIS, DISABLED = ReclaimReason  # (the members, in their order)
 
 
 def inv_of(*nodes: tuple[str, str, int] | tuple[str, str, int, bool]) -> Inventory:
@@ -471,6 +469,8 @@ class HoldPolicy:
     name: str = "hold"
     instant_start: bool = False
     uses_forecast: bool = True
+    learns: bool = False
+    behavior: ScalingBehavior | None = None
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> int:
         return 0

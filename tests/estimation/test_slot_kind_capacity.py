@@ -17,7 +17,7 @@ from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.estimation.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
 from autoscaler.estimation.learning import CapacityLearner
 from autoscaler.estimation.model_learning import slot_kind, slot_speed
-from autoscaler.policies.base import PolicyContext, PolicyResult
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior
 from sharing.catalog import load_catalog
 from sharing.cluster import nodes_from_spec
 from sharing.slots import Inventory, Slot
@@ -119,6 +119,7 @@ class Recorder:
     uses_forecast: bool = False
     name: str = "recorder"
     tick_s: float = 10.0
+    behavior: ScalingBehavior | None = None
     seen: list[PolicyContext] = field(default_factory=list)
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> None:
@@ -225,6 +226,7 @@ class Wants:
     uses_forecast: bool = False
     name: str = "wants"
     tick_s: float = 10.0
+    behavior: ScalingBehavior | None = None
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> None:
         return None

@@ -1,6 +1,8 @@
 """Behaviour of the baseline policies (static, HPA, KPA, oracle), the rails and the registry.
 
-slotwise's own policy (``SloPolicy``) is tested in tests/policies/test_slo_policy.py.
+slotwise's own policy (``SloPolicy``) is tested in tests/policies/test_slo_policy.py. A policy's ``decide`` is
+its recommendation; what becomes of it (HPA's stabilization and rate limits, the rails) is
+``autoscaler.decision.scaledown.normalize``, which these tests run where the behaviour matters.
 
 Contexts are built by small helpers; ``drive`` plays a load schedule through a policy tick by tick, with
 the replicas it asks for becoming ready at once (cold start is the simulator's business, not the policy's).
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 from autoscaler.api.plan import Reason
 from autoscaler.api.snapshot import ModelMetrics
 from autoscaler.api.spec import ModelSpec
+from autoscaler.decision.scaledown import ScaleDownState, normalize
 from autoscaler.estimation import capacity
 from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.policies import (
@@ -32,7 +35,7 @@ from autoscaler.policies import (
     StaticPolicy,
     make_policy,
 )
-from autoscaler.policies.base import Forecast, Policy, PolicyContext, PolicyResult, apply_rails
+from autoscaler.policies.base import Forecast, Policy, PolicyContext, PolicyResult, ScalingBehavior
 
 SPEC = ModelSpec(name="m", concurrency=1, service_time_ms=100.0, min_replicas=1, max_replicas=100)
 TARGET = 0.7  # in-flight per replica at the default 70 % of concurrency 1
@@ -99,15 +102,16 @@ def drive(
 ) -> list[Tick]:
     """Call ``policy`` every ``tick_s`` from ``t_start`` with 1 s in-flight samples of ``load(t)``."""
     state = policy.initial_state(spec, replicas)
+    window = ScaleDownState()
     ticks: list[Tick] = []
     current = replicas
     t = t_start
     while t <= t_end + 1e-9:
         samples = np.array([load(s) for s in np.arange(t - history_s + 1, t + 1)])
         ctx = context(policy, metrics(samples, n=len(samples)), current, now=t, state=state, spec=spec)
-        res = apply_rails(policy, ctx)
+        res = normalize(policy, ctx, window)
         ticks.append(Tick(t, res.desired, res.reason, current))
-        state, current = res.state, res.desired
+        state, window, current = res.state, res.scale_down, res.desired
         t += policy.tick_s
     return ticks
 
@@ -147,7 +151,7 @@ def test_static_lookup_by_name_then_fallbacks() -> None:
 @pytest.mark.parametrize("ratio", [0.91, 0.95, 1.0, 1.05, 1.09])
 def test_hpa_holds_within_tolerance(ratio: float) -> None:
     p = HPAPolicy()
-    res = p.decide(context(p, metrics(10 * TARGET * ratio), current=10))
+    res = normalize(p, context(p, metrics(10 * TARGET * ratio), current=10))
     assert res.desired == 10
     assert res.reason == Reason.STABLE
 
@@ -155,7 +159,7 @@ def test_hpa_holds_within_tolerance(ratio: float) -> None:
 @pytest.mark.parametrize(("ratio", "expected"), [(1.12, 12), (1.5, 15), (0.85, 9), (0.5, 5)])
 def test_hpa_scales_outside_tolerance(ratio: float, expected: int) -> None:
     p = HPAPolicy()
-    res = p.decide(context(p, metrics(10 * TARGET * ratio), current=10))
+    res = normalize(p, context(p, metrics(10 * TARGET * ratio), current=10))
     assert res.desired == expected
     assert res.reason == Reason.REACTIVE
 
@@ -172,14 +176,15 @@ def test_hpa_uses_metric_averaged_over_the_sync_period() -> None:
 def test_hpa_scale_up_capped_at_max_of_double_or_plus_four_per_period() -> None:
     p = HPAPolicy()
     load = 2 * TARGET * 10  # a 10x spike on 2 pods: raw recommendation 20
-    r1 = p.decide(context(p, metrics(load), current=2, now=0.0))
+    assert p.decide(context(p, metrics(load), current=2, now=0.0)).desired == 20  # the recommendation
+    r1 = normalize(p, context(p, metrics(load), current=2, now=0.0))
     assert r1.desired == 6  # max(2 * 2, 2 + 4)
     # Called again inside the same 15 s period, the pods already added count against the limit.
-    r_again = p.decide(context(p, metrics(load), current=6, now=5.0, state=r1.state))
+    r_again = normalize(p, context(p, metrics(load), current=6, now=5.0), r1.scale_down)
     assert r_again.desired == 6
-    r2 = p.decide(context(p, metrics(load), current=6, now=15.0, state=r1.state))
+    r2 = normalize(p, context(p, metrics(load), current=6, now=15.0), r1.scale_down)
     assert r2.desired == 12  # then doubling: max(12, 10)
-    r3 = p.decide(context(p, metrics(load), current=12, now=30.0, state=r2.state))
+    r3 = normalize(p, context(p, metrics(load), current=12, now=30.0), r2.scale_down)
     assert r3.desired == 20  # the recommendation itself
 
 
@@ -222,8 +227,8 @@ def test_hpa_scales_up_immediately_even_inside_the_down_window() -> None:
 def test_hpa_clamps_to_spec_bounds_itself() -> None:
     p = HPAPolicy()
     spec = SPEC.with_(max_replicas=5)
-    res = apply_rails(p, context(p, metrics(100.0), current=4, spec=spec))
-    assert res.desired == 5
+    res = normalize(p, context(p, metrics(100.0), current=4, spec=spec))
+    assert (res.desired, res.reason) == (5, Reason.REACTIVE)  # the bound is one of its limits: no BOUNDS
 
 
 @settings(max_examples=60, deadline=None)
@@ -363,7 +368,8 @@ def test_oracle_matches_the_real_capacity_model() -> None:
 
 
 class _Exploding:
-    name, tick_s, instant_start = "boom", 1.0, False
+    name, tick_s, instant_start, uses_forecast, learns = "boom", 1.0, False, False, False
+    behavior: ScalingBehavior | None = None
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> None:
         return None
@@ -375,22 +381,22 @@ class _Exploding:
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_stale_metrics_hold_replicas(name: str) -> None:
     p = make_policy(name)
-    res = apply_rails(p, context(p, metrics(1000.0, stale=True, future_rate=1000.0), current=3, ready=3))
+    res = normalize(p, context(p, metrics(1000.0, stale=True, future_rate=1000.0), current=3, ready=3))
     assert (res.desired, res.reason) == (3, Reason.METRICS_STALE)
-    res = apply_rails(_Exploding(), context(p, metrics(0.0, stale=True), current=3))
+    res = normalize(_Exploding(), context(p, metrics(0.0, stale=True), current=3))
     assert res.desired == 3
 
 
 def test_rails_clamp_to_bounds(fake_slo: list[Any]) -> None:
     spec = SPEC.with_(min_replicas=2, max_replicas=5)
     kpa = KPAPolicy()
-    res = apply_rails(kpa, context(kpa, metrics(100.0), current=4, spec=spec))
+    res = normalize(kpa, context(kpa, metrics(100.0), current=4, spec=spec))
     assert (res.desired, res.reason) == (5, Reason.BOUNDS)
     static = StaticPolicy(replicas=0)
-    res = apply_rails(static, context(static, metrics(0.0), current=4, spec=spec))
+    res = normalize(static, context(static, metrics(0.0), current=4, spec=spec))
     assert (res.desired, res.reason) == (2, Reason.BOUNDS)
     oracle = OraclePolicy()
-    res = apply_rails(oracle, context(oracle, metrics(0.0, future_rate=0.0), current=4, spec=spec))
+    res = normalize(oracle, context(oracle, metrics(0.0, future_rate=0.0), current=4, spec=spec))
     assert (res.desired, res.reason) == (2, Reason.BOUNDS)
 
 
@@ -411,6 +417,8 @@ def test_registry_builds_every_policy_with_real_knob_names() -> None:
         p = make_policy(name)
         assert p.tick_s > 0 and isinstance(p.instant_start, bool) and isinstance(p.name, str)
         assert p.instant_start == (name == "oracle")
+        assert p.learns == (name == "slotwise") and p.uses_forecast == (name == "slotwise")
+        assert (p.behavior is not None) == (name in ("slotwise", "hpa"))
 
 
 def test_registry_rejects_unknown_names_and_knobs() -> None:
@@ -434,5 +442,5 @@ def test_oracle_reports_an_unreachable_slo_as_bounds() -> None:
     )
     p = OraclePolicy()
     ctx = context(p, metrics(1.0, future_rate=5.0), current=1, spec=SPEC.with_(max_replicas=7))
-    res = apply_rails(p, replace(ctx, capacity=tight))
+    res = normalize(p, replace(ctx, capacity=tight))
     assert (res.desired, res.reason) == (7, Reason.BOUNDS)

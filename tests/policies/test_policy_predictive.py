@@ -18,9 +18,10 @@ import pytest
 from autoscaler.api.plan import Reason
 from autoscaler.api.snapshot import ModelMetrics
 from autoscaler.api.spec import ModelSpec
+from autoscaler.decision.scaledown import normalize
 from autoscaler.estimation.capacity import ServiceProfile, profile_from_spec
 from autoscaler.policies import POLICIES, PredictivePolicy, PredictiveState, make_policy
-from autoscaler.policies.base import PolicyContext, apply_rails, replicas_for_load
+from autoscaler.policies.base import PolicyContext, replicas_for_load
 from autoscaler.policies.predictive import throughput_per_replica
 
 # 1 / 0.1 s = 10 req/s per replica; 7 req/s at the default 70 %.
@@ -78,7 +79,7 @@ def drive(
     t = policy.tick_s
     while t <= t_end + 1e-9:
         times = np.arange(max(0.0, t - WINDOW_S) + 1, t + 1)
-        res = apply_rails(policy, context(policy, load(times), current, now=t, state=state))
+        res = normalize(policy, context(policy, load(times), current, now=t, state=state))
         ticks.append(Tick(t, res.desired, res.reason, res.detail))
         state, current = res.state, res.desired
         t += policy.tick_s
@@ -195,16 +196,16 @@ def test_only_the_last_interval_is_observed() -> None:
 def test_min_endpoint_is_the_floor_at_zero_load() -> None:
     spec = SPEC.with_(min_replicas=0)
     policy = PredictivePolicy()
-    assert apply_rails(policy, context(policy, np.zeros(600), current=3, spec=spec)).desired == 1
+    assert normalize(policy, context(policy, np.zeros(600), current=3, spec=spec)).desired == 1
     policy = PredictivePolicy(min_endpoint=0)
-    assert apply_rails(policy, context(policy, np.zeros(600), current=3, spec=spec)).desired == 0
+    assert normalize(policy, context(policy, np.zeros(600), current=3, spec=spec)).desired == 0
     policy = PredictivePolicy(min_endpoint=2)
-    assert apply_rails(policy, context(policy, np.zeros(600), current=3, spec=spec)).desired == 2
+    assert normalize(policy, context(policy, np.zeros(600), current=3, spec=spec)).desired == 2
 
 
 def test_max_replicas_clamped_by_the_rails() -> None:
     policy = PredictivePolicy()
-    res = apply_rails(policy, context(policy, np.full(600, 1000.0), current=1, spec=SPEC.with_(max_replicas=5)))
+    res = normalize(policy, context(policy, np.full(600, 1000.0), current=1, spec=SPEC.with_(max_replicas=5)))
     assert res.desired == 5 and res.reason is Reason.BOUNDS and "wanted 143" in res.detail
 
 
@@ -238,7 +239,7 @@ def test_an_interval_without_data_holds_and_does_not_feed_the_predictor(predicto
 
 def test_stale_metrics_hold_through_the_rails() -> None:
     policy = PredictivePolicy()
-    res = apply_rails(policy, context(policy, np.zeros(600), current=4, stale=True))
+    res = normalize(policy, context(policy, np.zeros(600), current=4, stale=True))
     assert res.desired == 4 and res.reason is Reason.METRICS_STALE
 
 

@@ -22,13 +22,14 @@ from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics
 from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.core import decide
+from autoscaler.decision.scaledown import Scaled, ScaleDownState, normalize
 from autoscaler.decision.state import fresh_state
 from autoscaler.estimation import capacity
 from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.estimation.learning import SloQuantile
 from autoscaler.policies import SloPolicy, SloState, make_policy
 from autoscaler.policies import slo as slo_module
-from autoscaler.policies.base import Forecast, PolicyContext, PolicyResult, apply_rails
+from autoscaler.policies.base import Forecast, PolicyContext, PolicyResult, ScalingBehavior
 from autoscaler.policies.slo import arrival_dispersion
 from sharing.cluster import nodes_from_spec
 from sharing.packer import FirstFitPacker
@@ -97,8 +98,14 @@ def context(
     )
 
 
-# A state whose first decision lies long in the past: the initial stabilization window has passed.
-SETTLED = SloState(started_at=0.0)
+# A scale-down state whose first decision lies long in the past: the initial stabilization window has passed.
+SETTLED = ScaleDownState(started_at=0.0)
+
+
+def run(policy: SloPolicy, ctx: PolicyContext, window: ScaleDownState | None = None) -> Scaled:
+    """The policy's decision as the core takes it: its recommendation through its behaviour (stabilization, the
+    N-1 check, the step limit) and the rails."""
+    return normalize(policy, ctx, window)
 
 
 @pytest.fixture
@@ -230,21 +237,21 @@ def test_accepts_knobs_at_their_limits() -> None:
 def test_zero_stabilization_scales_down_at_once(fake_slo: list[Any]) -> None:
     # A zero window is "now": only this tick's recommendation counts, and it is kept in the state.
     p = SloPolicy(scale_down_stabilization_s=0.0, max_scale_down_fraction=1.0)
-    res = p.decide(context(p, metrics(20.0), current=6))
+    res = run(p, context(p, metrics(20.0), current=6))
     assert (res.desired, res.reason) == (2, Reason.REACTIVE)
-    assert res.state.recommendations == ((1000.0, 2),)
+    assert res.scale_down.highs == ((1000.0, 2),)
     # Higher recommendations of earlier ticks do not hold it: they are out of the window at once.
-    state = SloState(started_at=0.0, recommendations=((990.0, 9), (995.0, 7)))
-    res = p.decide(context(p, metrics(20.0), current=6, state=state))
-    assert (res.desired, res.state.recommendations) == (2, ((1000.0, 2),))
+    window = ScaleDownState(started_at=0.0, highs=((990.0, 9), (995.0, 7)))
+    res = run(p, context(p, metrics(20.0), current=6), window)
+    assert (res.desired, res.scale_down.highs) == (2, ((1000.0, 2),))
     # ...still subject to the per-tick bound (half of 6 at the default fraction)...
     half = SloPolicy(scale_down_stabilization_s=0.0)
-    assert half.decide(context(half, metrics(20.0), current=6)).desired == 3
+    assert run(half, context(half, metrics(20.0), current=6)).desired == 3
     # ...and to the N-1 check: the plan (at Q95: 56.02 req/s) says 6, but at the stricter quantile (0.9975:
     # 62.04 req/s) the forecast needs 7, so 7 hold.
     plan, check = fake_count(forecast().at(Q95)), fake_count(forecast().at(Q95_DOWN))
     assert (plan, check) == (6, 7)
-    res = p.decide(context(p, metrics(5.0), current=check, fc=forecast()))
+    res = run(p, context(p, metrics(5.0), current=check, fc=forecast()))
     assert (res.desired, res.reason) == (check, Reason.N_MINUS_1)
 
 
@@ -255,49 +262,49 @@ def test_sizes_for_the_forecast_at_the_sizing_quantile(fake_slo: list[Any]) -> N
     p = SloPolicy()
     low = metrics(5.0)
     # No sizing quantile given: the SLO's initial one (p95 -> 0.995), in the tail above the top level (0.99).
-    res = p.decide(context(p, low, current=1, fc=forecast()))
+    res = run(p, context(p, low, current=1, fc=forecast()))
     load = forecast().at(Q95)
     assert load == pytest.approx(50.0 + 20.0 * math.log10(2.0))
     assert (res.desired, res.reason) == (fake_count(load), Reason.FORECAST) == (6, Reason.FORECAST)
     assert fake_slo[0] == (load, PROFILE, SPEC.max_replicas + 1)  # one past the ceiling: BOUNDS shows
-    assert p.decide(context(p, low, current=1, fc=forecast(), q=0.99)).desired == 5  # the top level: 50
-    assert p.decide(context(p, low, current=1, fc=forecast(), q=0.9)).desired == 3
-    assert p.decide(context(p, low, current=1, fc=forecast(), q=0.7)).desired == 2  # interpolated: 20
-    assert p.decide(context(p, low, current=1, fc=forecast(), q=0.999)).desired == 7  # tail: 70
+    assert run(p, context(p, low, current=1, fc=forecast(), q=0.99)).desired == 5  # the top level: 50
+    assert run(p, context(p, low, current=1, fc=forecast(), q=0.9)).desired == 3
+    assert run(p, context(p, low, current=1, fc=forecast(), q=0.7)).desired == 2  # interpolated: 20
+    assert run(p, context(p, low, current=1, fc=forecast(), q=0.999)).desired == 7  # tail: 70
 
 
 def test_observed_stable_window_is_a_floor_under_the_forecast(fake_slo: list[Any]) -> None:
     p = SloPolicy()
     # A forecast lagging a ramp (10 req/s at q) does not shed replicas busy with 80 req/s now.
-    res = p.decide(context(p, metrics(80.0), current=1, fc=forecast((5.0, 8.0, 10.0))))
+    res = run(p, context(p, metrics(80.0), current=1, fc=forecast((5.0, 8.0, 10.0))))
     assert (res.desired, res.reason) == (8, Reason.FORECAST)
     # Only the stable window (60 s) counts: 200 req/s a minute ago is not a floor any more.
-    res = p.decide(context(p, metrics([200.0] * 60 + [40.0] * 60), current=1, fc=forecast((5.0, 8.0, 10.0))))
+    res = run(p, context(p, metrics([200.0] * 60 + [40.0] * 60), current=1, fc=forecast((5.0, 8.0, 10.0))))
     assert res.desired == 4
     assert fake_slo[-1][0] == 40.0
 
 
 def test_reactive_without_a_forecast(fake_slo: list[Any]) -> None:
     p = SloPolicy()
-    res = p.decide(context(p, metrics(33.0), current=1))
+    res = run(p, context(p, metrics(33.0), current=1))
     assert (res.desired, res.reason) == (4, Reason.REACTIVE)
     # A forecast that has no number for the quantile (NaN) is no forecast either.
     nan = forecast((math.nan, math.nan, math.nan))
-    res = p.decide(context(p, metrics(33.0), current=1, fc=nan))
+    res = run(p, context(p, metrics(33.0), current=1, fc=nan))
     assert (res.desired, res.reason) == (4, Reason.REACTIVE)
     # ...and a burning error budget does not make a reactive decision an SLO_BURN one.
-    res = p.decide(context(p, metrics(33.0), current=1, q=0.999, burn=5.0))
+    res = run(p, context(p, metrics(33.0), current=1, q=0.999, burn=5.0))
     assert res.reason == Reason.REACTIVE
 
 
 def test_real_capacity_sizes_for_max_of_forecast_and_observed() -> None:
     p = SloPolicy()
     for rate, fc, q in [(12.0, forecast(), None), (12.0, forecast(), 0.9), (45.0, forecast(), 0.9)]:
-        res = p.decide(context(p, metrics(rate), current=1, fc=fc, q=q))
+        res = run(p, context(p, metrics(rate), current=1, fc=fc, q=q))
         load = max(fc.at(Q95 if q is None else q), rate)
         assert res.desired == capacity.min_replicas_for_slo(load, PROFILE, SPEC.max_replicas + 1)
         assert res.desired > 1
-    res = p.decide(context(p, metrics(33.0), current=1))
+    res = run(p, context(p, metrics(33.0), current=1))
     assert (res.desired, res.reason) == (capacity.min_replicas_for_slo(33.0, PROFILE, 101), Reason.REACTIVE)
 
 
@@ -306,7 +313,7 @@ def test_real_capacity_unreachable_slo_shows_as_bounds() -> None:
     tight = replace(PROFILE, slo_s=0.05)
     p = SloPolicy()
     spec = SPEC.with_(max_replicas=7)
-    res = apply_rails(p, context(p, metrics(5.0), current=1, spec=spec, fc=forecast(), profile=tight))
+    res = run(p, context(p, metrics(5.0), current=1, spec=spec, fc=forecast(), profile=tight))
     assert (res.desired, res.reason) == (7, Reason.BOUNDS)
     assert res.detail == "wanted 8"
 
@@ -314,7 +321,7 @@ def test_real_capacity_unreachable_slo_shows_as_bounds() -> None:
 def test_capacity_comes_from_the_context(fake_slo: list[Any]) -> None:
     learned = PROFILE.scaled(2.0)
     p = SloPolicy()
-    p.decide(context(p, metrics(20.0), current=1, fc=forecast(), profile=learned))
+    run(p, context(p, metrics(20.0), current=1, fc=forecast(), profile=learned))
     assert fake_slo and all(prof is learned for _, prof, _ in fake_slo)
 
 
@@ -324,22 +331,22 @@ def test_capacity_comes_from_the_context(fake_slo: list[Any]) -> None:
 def test_panic_when_the_short_window_needs_more_than_the_plan(fake_slo: list[Any]) -> None:
     p = SloPolicy()
     burst = metrics([10.0] * 110 + [100.0] * 10)  # stable (60 s) mean 25, short (10 s) 100
-    res = p.decide(context(p, burst, current=2, fc=forecast((5.0, 10.0, 20.0))))
+    res = run(p, context(p, burst, current=2, fc=forecast((5.0, 10.0, 20.0))))
     assert (res.desired, res.reason) == (10, Reason.PANIC)
     assert "short-window" in res.detail
     # Already enough replicas for the burst: no panic (and no scale-down inside the window).
-    res = p.decide(context(p, burst, current=10, fc=forecast((5.0, 10.0, 20.0))))
+    res = run(p, context(p, burst, current=10, fc=forecast((5.0, 10.0, 20.0))))
     assert (res.desired, res.reason) == (10, Reason.STABLE)
     # A plan that already covers the burst is the plan, not a panic (at Q95: 120 + 20 * log10(2) = 126.02).
     high = forecast((50.0, 100.0, 120.0))
-    res = p.decide(context(p, burst, current=2, fc=high))
+    res = run(p, context(p, burst, current=2, fc=high))
     assert (res.desired, res.reason) == (fake_count(high.at(Q95)), Reason.FORECAST) == (13, Reason.FORECAST)
 
 
 def test_panic_window_is_the_knob(fake_slo: list[Any]) -> None:
     burst = metrics([10.0] * 110 + [100.0] * 10)
     wide = SloPolicy(panic_window_s=60.0)  # then the short window is the stable one: no panic
-    res = wide.decide(context(wide, burst, current=2, fc=forecast((5.0, 10.0, 20.0))))
+    res = run(wide, context(wide, burst, current=2, fc=forecast((5.0, 10.0, 20.0))))
     assert (res.desired, res.reason) == (3, Reason.FORECAST)
 
 
@@ -361,19 +368,19 @@ def test_drain_a_backlog_raises_the_count_with_panic(fake_slo: list[Any]) -> Non
     p = SloPolicy(drain_s=60.0)
     rate, current = 20.0, 2
     # No backlog: the plan (reactive, 20 req/s -> 2) is what is in place.
-    res = p.decide(context(p, metrics(rate), current=current))
+    res = run(p, context(p, metrics(rate), current=current))
     assert (res.desired, res.reason) == (2, Reason.STABLE)
     # 600 requests queued (30 s of the 2 replicas' 20 req/s: a backlog): size for the arrivals plus the backlog
     # spread over drain_s (60 s): 20 + 10 req/s.
     backlog = 600.0
-    res = p.decide(context(p, _with_backlog(rate, backlog), current=current))
+    res = run(p, context(p, _with_backlog(rate, backlog), current=current))
     drain_load = rate + backlog / 60.0
     assert (res.desired, res.reason) == (fake_count(drain_load), Reason.PANIC) == (3, Reason.PANIC)
     assert "backlog 600" in res.detail
     assert any(r == pytest.approx(drain_load) for r, _, _ in fake_slo)
     # drain_s is the knob: the same backlog over 20 s is 30 req/s more.
     fast = SloPolicy(drain_s=20.0)
-    res = fast.decide(context(fast, _with_backlog(rate, backlog), current=current))
+    res = run(fast, context(fast, _with_backlog(rate, backlog), current=current))
     assert (res.desired, res.reason) == (fake_count(rate + backlog / 20.0), Reason.PANIC) == (5, Reason.PANIC)
 
 
@@ -386,13 +393,13 @@ def test_by_default_a_backlog_drains_within_the_slo_latency(fake_slo: list[Any],
     assert p.drain_s is None
     rate, backlog = 20.0, 300.0
     m = _with_backlog(rate, backlog)
-    res = p.decide(context(p, m, current=2, spec=spec))
+    res = run(p, context(p, m, current=2, spec=spec))
     drain_load = rate + backlog / spec.slo_latency_s
     assert (res.desired, res.reason) == (fake_count(drain_load), Reason.PANIC) == (expected, Reason.PANIC)
     assert any(r == pytest.approx(drain_load) for r, _, _ in fake_slo)
     # An explicit drain_s still overrides it, whatever the SLO latency: 20 + 300 / 60 = 25 req/s -> 3.
     slow = SloPolicy(drain_s=60.0)
-    res = slow.decide(context(slow, m, current=2, spec=spec))
+    res = run(slow, context(slow, m, current=2, spec=spec))
     assert (res.desired, res.reason) == (fake_count(rate + backlog / 60.0), Reason.PANIC) == (3, Reason.PANIC)
 
 
@@ -401,7 +408,7 @@ def test_drain_sizes_on_the_larger_of_the_stable_and_short_windows(fake_slo: lis
     # Stable (60 s) mean 25, short (10 s) 100: the backlog beyond 100 req/s * 0.1 s in service is what drains.
     rates = [10.0] * 110 + [100.0] * 10
     in_flight = 100.0 * PROFILE.mean_s + 1200.0
-    res = p.decide(context(p, metrics(rates, in_flight=in_flight), current=2))
+    res = run(p, context(p, metrics(rates, in_flight=in_flight), current=2))
     assert (res.desired, res.reason) == (fake_count(100.0 + 1200.0 / 60.0), Reason.PANIC) == (12, Reason.PANIC)
 
 
@@ -414,14 +421,14 @@ def test_a_backlog_is_a_queue_the_ready_replicas_need_longer_than_the_slo_latenc
     for ready in (1, 2, 5):
         # What the replicas in place serve within the SLO latency: 10 (20 at a 2 s SLO) per Ready replica.
         threshold = spec.slo_latency_s * ready * PER_REPLICA
-        base = p.decide(context(p, metrics(20.0), current=ready, spec=spec))
+        base = run(p, context(p, metrics(20.0), current=ready, spec=spec))
         # Just below: not a backlog; the decision is the one without any queue.
-        res = p.decide(context(p, _with_backlog(20.0, threshold - 0.01), current=ready, spec=spec))
+        res = run(p, context(p, _with_backlog(20.0, threshold - 0.01), current=ready, spec=spec))
         assert (res.desired, res.reason) == (base.desired, base.reason) and res.reason != Reason.PANIC
         # Just above: it drains within the SLO latency, i.e. for 20 req/s plus a little over the Ready
         # replicas' throughput -- the plan (2) plus one more than the Ready replicas.
         backlog = threshold + 0.01
-        res = p.decide(context(p, _with_backlog(20.0, backlog), current=ready, spec=spec))
+        res = run(p, context(p, _with_backlog(20.0, backlog), current=ready, spec=spec))
         expected = fake_count(20.0 + backlog / spec.slo_latency_s)
         assert (res.desired, res.reason) == (expected, Reason.PANIC) == (2 + ready + 1, Reason.PANIC)
 
@@ -431,14 +438,14 @@ def test_the_backlog_threshold_counts_the_ready_replicas_not_the_current_count(f
     # SLO latency, so it drains (20 + 10.01 req/s -> 4), although 3 Ready replicas would serve it in time.
     p = SloPolicy()
     m = _with_backlog(20.0, 10.01)
-    res = p.decide(context(p, m, current=3, ready=1))
+    res = run(p, context(p, m, current=3, ready=1))
     assert (res.desired, res.reason) == (fake_count(20.0 + 10.01), Reason.PANIC) == (4, Reason.PANIC)
-    res = p.decide(context(p, m, current=3, ready=3))
+    res = run(p, context(p, m, current=3, ready=3))
     assert (res.desired, res.reason) == (3, Reason.STABLE)  # all 3 Ready: not a backlog
     # No Ready replica at all (all starting): the threshold is one replica's, not zero.
-    res = p.decide(context(p, _with_backlog(20.0, 9.99), current=3, ready=0))
+    res = run(p, context(p, _with_backlog(20.0, 9.99), current=3, ready=0))
     assert (res.desired, res.reason) == (3, Reason.STABLE)
-    res = p.decide(context(p, m, current=3, ready=0))
+    res = run(p, context(p, m, current=3, ready=0))
     assert (res.desired, res.reason) == (4, Reason.PANIC)
 
 
@@ -446,18 +453,19 @@ def test_no_backlog_no_drain(fake_slo: list[Any]) -> None:
     p = SloPolicy()
     # In flight below what is in service (the replicas are idle-ish), missing, or never scraped: nothing drains.
     for in_flight in (0.0, 1.0, math.nan):
-        res = p.decide(context(p, metrics(20.0, in_flight=in_flight), current=2))
+        res = run(p, context(p, metrics(20.0, in_flight=in_flight), current=2))
         assert (res.desired, res.reason) == (2, Reason.STABLE)
     empty = ModelMetrics(rate=np.full(120, 20.0), in_flight=np.zeros(0))
-    assert p.decide(context(p, empty, current=2)).reason == Reason.STABLE
+    assert run(p, context(p, empty, current=2)).reason == Reason.STABLE
     # Scale from zero: with no replica the threshold is one replica's (10 queued within the 1 s SLO latency)...
-    res = p.decide(context(p, metrics(0.0, in_flight=9.99), current=0))
+    to_zero = SPEC.with_(min_replicas=0)
+    res = run(p, context(p, metrics(0.0, in_flight=9.99), current=0, spec=to_zero))
     assert (res.desired, res.reason) == (0, Reason.STABLE)
     # ...and 30 queued drain within it by default (30 req/s -> 3), or over drain_s when given (0.5 req/s -> 1).
-    res = p.decide(context(p, metrics(0.0, in_flight=30.0), current=0))
+    res = run(p, context(p, metrics(0.0, in_flight=30.0), current=0, spec=to_zero))
     assert (res.desired, res.reason) == (fake_count(30.0 / SPEC.slo_latency_s), Reason.PANIC) == (3, Reason.PANIC)
     slow = SloPolicy(drain_s=60.0)
-    res = slow.decide(context(slow, metrics(0.0, in_flight=30.0), current=0))
+    res = run(slow, context(slow, metrics(0.0, in_flight=30.0), current=0, spec=to_zero))
     assert (res.desired, res.reason) == (fake_count(30.0 / 60.0), Reason.PANIC) == (1, Reason.PANIC)
 
 
@@ -475,7 +483,7 @@ def test_real_capacity_a_steady_queue_is_not_a_backlog() -> None:
         assert backlog > 0  # some queue...
         assert backlog / (current * PER_REPLICA) < SPEC.slo_latency_s  # ...served within the SLO latency...
         for policy in (p, hair_trigger):
-            res = policy.decide(context(policy, metrics(rate, in_flight=in_system), current=current, state=SETTLED))
+            res = run(policy, context(policy, metrics(rate, in_flight=in_system), current=current), SETTLED)
             assert (res.desired, res.reason) == (current, Reason.STABLE)  # ...so nothing to drain
             assert "backlog" not in res.detail
 
@@ -485,7 +493,7 @@ def test_real_capacity_a_bigger_backlog_never_needs_fewer_replicas(drain_s: floa
     p = SloPolicy(drain_s=drain_s)
     for rate, current in [(20.0, 3), (20.0, 1), (45.0, 6), (0.0, 0)]:
         counts = [
-            p.decide(context(p, _with_backlog(rate, backlog), current=current)).desired
+            run(p, context(p, _with_backlog(rate, backlog), current=current)).desired
             for backlog in np.linspace(0.0, 6000.0, 61)
         ]
         assert all(a <= b for a, b in pairwise(counts))
@@ -499,13 +507,13 @@ def test_scale_down_does_not_shed_the_replicas_a_backlog_needs(fake_slo: list[An
     # to count only above it: the policy stepped 8 down to 4, where the next tick's drain panicked back to 8).
     p = SloPolicy(drain_s=60.0)
     m = _with_backlog(20.0, 3600.0)
-    res = p.decide(context(p, m, current=4, state=SETTLED))
+    res = run(p, context(p, m, current=4), SETTLED)
     assert (res.desired, res.reason) == (8, Reason.PANIC)  # the drain rule, from below
-    res = p.decide(context(p, m, current=8, state=SETTLED))
+    res = run(p, context(p, m, current=8), SETTLED)
     assert (res.desired, res.reason) == (8, Reason.STABLE)  # held by the floor: no panic, no shedding
     assert "backlog 3600" in res.detail
     # From above it steps down, but only to the drain count (not the plan's 2, nor the half-step floor of 6).
-    res = p.decide(context(p, m, current=12, state=SETTLED))
+    res = run(p, context(p, m, current=12), SETTLED)
     assert (res.desired, res.reason) == (8, Reason.REACTIVE)
 
 
@@ -690,24 +698,24 @@ def test_policy_sizes_with_the_arrivals_dispersion(fake_slo: list[Any]) -> None:
     scv = arrival_dispersion(np.asarray(on_off), 1.0)
     assert scv > 1.0
     p = SloPolicy()
-    p.decide(context(p, metrics(on_off), current=1, fc=forecast()))
+    run(p, context(p, metrics(on_off), current=1, fc=forecast()))
     assert fake_slo and all(prof is PROFILE.with_arrival_scv(scv) for _, prof, _ in fake_slo)
     fake_slo.clear()
     plain = SloPolicy(burstiness=False)
-    plain.decide(context(plain, metrics(on_off), current=1, fc=forecast()))
+    run(plain, context(plain, metrics(on_off), current=1, fc=forecast()))
     assert fake_slo and all(prof is PROFILE for _, prof, _ in fake_slo)
 
 
 def test_real_capacity_bursty_traffic_gets_more_replicas_than_smooth_at_the_same_mean() -> None:
     on_off = list(np.tile([100.0] * 5 + [0.0] * 5, 12))
     p, plain = SloPolicy(), SloPolicy(burstiness=False)
-    smooth = p.decide(context(p, metrics(50.0), current=1)).desired
+    smooth = run(p, context(p, metrics(50.0), current=1)).desired
     assert smooth == capacity.min_replicas_for_slo(50.0, PROFILE, SPEC.max_replicas + 1)
-    bursty = p.decide(context(p, metrics(on_off), current=1)).desired
+    bursty = run(p, context(p, metrics(on_off), current=1)).desired
     scv = arrival_dispersion(np.asarray(on_off), 1.0)
     assert bursty == capacity.min_replicas_for_slo(50.0, PROFILE.with_arrival_scv(scv), SPEC.max_replicas + 1)
     assert bursty > smooth
-    assert plain.decide(context(plain, metrics(on_off), current=1)).desired == smooth
+    assert run(plain, context(plain, metrics(on_off), current=1)).desired == smooth
 
 
 # -- scale-down: stabilization, N-1, bounded step -----------------------------------------------------
@@ -725,13 +733,14 @@ def drive(
 ) -> list[Tick]:
     """Call ``p`` through the rails every ``tick_s`` from t=0, the window filled with ``rate_at(t)``."""
     state: Any = p.initial_state(spec, current)
+    window = ScaleDownState()
     out: list[Tick] = []
     t = 0.0
     while t <= t_end + 1e-9:
         fc = None if fc_at is None else fc_at(t)
-        res = apply_rails(p, context(p, metrics(rate_at(t)), current, now=t, state=state, spec=spec, fc=fc))
+        res = run(p, context(p, metrics(rate_at(t)), current, now=t, state=state, spec=spec, fc=fc), window)
         out.append(Tick(t, res.desired, res.reason))
-        state, current = res.state, res.desired
+        state, window, current = res.state, res.scale_down, res.desired
         t += p.tick_s
     return out
 
@@ -776,7 +785,7 @@ def test_scale_down_is_bounded_per_tick_but_at_least_one(
     fake_slo: list[Any], current: int, fraction: float, expected: int
 ) -> None:
     p = SloPolicy(max_scale_down_fraction=fraction)
-    res = apply_rails(p, context(p, metrics(0.0), current=current, state=SETTLED, fc=forecast((0.0, 0.0, 0.0))))
+    res = run(p, context(p, metrics(0.0), current=current, fc=forecast((0.0, 0.0, 0.0))), SETTLED)
     assert res.desired == expected
     assert res.desired < current
 
@@ -785,24 +794,24 @@ def test_n_minus_1_holds_when_the_smaller_count_misses_at_the_stricter_quantile(
     p = SloPolicy()  # down_margin 0.5: the check sizes for 1 - (1 - 0.995) * 0.5 = 0.9975 -> 62.04 req/s: 7
     plan, check = fake_count(forecast().at(Q95)), fake_count(forecast().at(Q95_DOWN))
     assert (plan, check) == (6, 7)
-    res = p.decide(context(p, metrics(5.0), current=check, state=SETTLED, fc=forecast()))
+    res = run(p, context(p, metrics(5.0), current=check, fc=forecast()), SETTLED)
     assert (res.desired, res.reason) == (check, Reason.N_MINUS_1)  # the plan (q 0.995 -> 56.02) says 6
     assert f"{check - 1} would miss the SLO at q{Q95_DOWN:.3g}" in res.detail
     # With one more replica the step down is taken, but only to what the stricter quantile needs.
-    res = p.decide(context(p, metrics(5.0), current=check + 1, state=SETTLED, fc=forecast()))
+    res = run(p, context(p, metrics(5.0), current=check + 1, fc=forecast()), SETTLED)
     assert (res.desired, res.reason) == (check, Reason.FORECAST)
     # down_margin 1: the check uses the sizing quantile itself, so 7 -> 6 goes through.
     same = SloPolicy(down_margin=1.0)
-    res = same.decide(context(same, metrics(5.0), current=check, state=SETTLED, fc=forecast()))
+    res = run(same, context(same, metrics(5.0), current=check, fc=forecast()), SETTLED)
     assert (res.desired, res.reason) == (plan, Reason.FORECAST)
 
 
 def test_n_minus_1_follows_the_sizing_quantile(fake_slo: list[Any]) -> None:
     p = SloPolicy(down_margin=0.1)
     # q 0.9: plan 30 -> 3; the check at 1 - 0.1 * 0.1 = 0.99 -> 50 -> 5: 5 replicas stay, 6 go to 5.
-    res = p.decide(context(p, metrics(5.0), current=5, state=SETTLED, fc=forecast(), q=0.9))
+    res = run(p, context(p, metrics(5.0), current=5, fc=forecast(), q=0.9), SETTLED)
     assert (res.desired, res.reason) == (5, Reason.N_MINUS_1)
-    res = p.decide(context(p, metrics(5.0), current=6, state=SETTLED, fc=forecast(), q=0.9))
+    res = run(p, context(p, metrics(5.0), current=6, fc=forecast(), q=0.9), SETTLED)
     assert res.desired == 5
 
 
@@ -812,12 +821,12 @@ def test_the_short_window_load_is_a_floor_under_scale_down(fake_slo: list[Any]) 
     # 5 replicas would not carry. The panic count (6) is a floor even when not above the count in place: the
     # 6 in place stay (not a panic: they carry it), held by the floor before the N-1 check is reached.
     m = metrics([10.0] * 110 + [60.0] * 10)
-    res = p.decide(context(p, m, current=6, state=SETTLED))
+    res = run(p, context(p, m, current=6), SETTLED)
     assert (res.desired, res.reason) == (6, Reason.STABLE)
     assert "short-window load 60.00" in res.detail
-    res = p.decide(context(p, m, current=9, state=SETTLED))
+    res = run(p, context(p, m, current=9), SETTLED)
     assert (res.desired, res.reason) == (6, Reason.REACTIVE)
-    res = p.decide(context(p, m, current=4, state=SETTLED))
+    res = run(p, context(p, m, current=4), SETTLED)
     assert (res.desired, res.reason) == (6, Reason.PANIC)  # below it, the same count is a panic
 
 
@@ -827,26 +836,26 @@ def test_the_short_window_load_is_a_floor_under_scale_down(fake_slo: list[Any]) 
 def test_slo_burn_when_the_quantile_was_raised_and_the_budget_burns(fake_slo: list[Any]) -> None:
     p = SloPolicy()
     m = metrics(5.0)
-    res = p.decide(context(p, m, current=1, fc=forecast(), q=0.999, burn=2.0))
+    res = run(p, context(p, m, current=1, fc=forecast(), q=0.999, burn=2.0))
     # 0.999 -> 70 req/s: one more than at the initial 0.995 (56.02)
     assert (res.desired, res.reason) == (fake_count(forecast().at(0.999)), Reason.SLO_BURN) == (7, Reason.SLO_BURN)
     # Raised but no longer burning, or burning but not raised: a plain forecast decision.
-    assert p.decide(context(p, m, current=1, fc=forecast(), q=0.999, burn=0.9)).reason == Reason.FORECAST
-    assert p.decide(context(p, m, current=1, fc=forecast(), q=0.999, burn=1.0)).reason == Reason.FORECAST
-    assert p.decide(context(p, m, current=1, fc=forecast(), q=Q95, burn=3.0)).reason == Reason.FORECAST
+    assert run(p, context(p, m, current=1, fc=forecast(), q=0.999, burn=0.9)).reason == Reason.FORECAST
+    assert run(p, context(p, m, current=1, fc=forecast(), q=0.999, burn=1.0)).reason == Reason.FORECAST
+    assert run(p, context(p, m, current=1, fc=forecast(), q=Q95, burn=3.0)).reason == Reason.FORECAST
     # "Raised" means above the initial quantile by more than 1e-6 (rounding in the logit round trip is not).
-    assert p.decide(context(p, m, current=1, fc=forecast(), q=Q95 + 5e-7, burn=3.0)).reason == Reason.FORECAST
-    assert p.decide(context(p, m, current=1, fc=forecast(), q=Q95 + 2e-6, burn=3.0)).reason == Reason.SLO_BURN
-    assert p.decide(context(p, m, current=1, fc=forecast(), q=Q95 + 5e-4, burn=3.0)).reason == Reason.SLO_BURN
-    assert p.decide(context(p, m, current=1, fc=forecast(), q=0.9, burn=3.0)).reason == Reason.FORECAST
+    assert run(p, context(p, m, current=1, fc=forecast(), q=Q95 + 5e-7, burn=3.0)).reason == Reason.FORECAST
+    assert run(p, context(p, m, current=1, fc=forecast(), q=Q95 + 2e-6, burn=3.0)).reason == Reason.SLO_BURN
+    assert run(p, context(p, m, current=1, fc=forecast(), q=Q95 + 5e-4, burn=3.0)).reason == Reason.SLO_BURN
+    assert run(p, context(p, m, current=1, fc=forecast(), q=0.9, burn=3.0)).reason == Reason.FORECAST
     # The initial quantile is the SLO's: a p99.9 model starts higher and is not "raised" there.
     strict = SPEC.with_(slo_percentile=99.9)
     q999 = SloQuantile.initial(99.9)
-    res = p.decide(context(p, m, current=1, spec=strict, fc=forecast(), q=q999, burn=3.0))
+    res = run(p, context(p, m, current=1, spec=strict, fc=forecast(), q=q999, burn=3.0))
     assert res.reason == Reason.FORECAST
     # A p99 model (initial 0.9978) raised to 0.999 while burning: SLO_BURN.
     p99 = SPEC.with_(slo_percentile=99.0)
-    res = p.decide(context(p, m, current=1, spec=p99, fc=forecast(), q=0.999, burn=3.0))
+    res = run(p, context(p, m, current=1, spec=p99, fc=forecast(), q=0.999, burn=3.0))
     assert res.reason == Reason.SLO_BURN
 
 
@@ -863,7 +872,7 @@ def test_slo_burn_is_reported_for_a_p99_slo_raised_to_the_ceiling(fake_slo: list
     for _ in range(200):
         sq.update(1000.0, 980.0)  # 2 % late against a 1 % allowance: every window missed
     assert sq.quantile == pytest.approx(CEILING) and sq.burn > 1.0
-    res = p.decide(context(p, metrics(5.0), current=1, spec=p99, fc=forecast(), q=sq.quantile, burn=sq.burn))
+    res = run(p, context(p, metrics(5.0), current=1, spec=p99, fc=forecast(), q=sq.quantile, burn=sq.burn))
     # 0.9999: two decades beyond the top level (0.99 -> 50), 20 req/s each: 90 req/s -> 9
     assert (res.desired, res.reason) == (fake_count(forecast().at(CEILING)), Reason.SLO_BURN) == (9, Reason.SLO_BURN)
 
@@ -886,16 +895,16 @@ def test_a_strict_slo_starts_below_the_ceiling_and_is_reported_as_burn(
     assert sq.quantile == pytest.approx(start, abs=1e-12) == SloQuantile.initial(slo)
     assert sq.quantile < CEILING
     # Not raised yet: a plain forecast decision even while burning.
-    res = p.decide(context(p, metrics(5.0), current=1, spec=strict, fc=forecast(), q=sq.quantile, burn=3.0))
+    res = run(p, context(p, metrics(5.0), current=1, spec=strict, fc=forecast(), q=sq.quantile, burn=3.0))
     assert (res.desired, res.reason) == (fake_count(forecast().at(start)), Reason.FORECAST)
     q1 = sq.update(1000.0, 990.0)  # 1 % late against a <= 0.1 % allowance: a missed window
     assert sq.burn > 1.0 and q1 > start + 1e-6  # raised above its start at once
-    res = p.decide(context(p, metrics(5.0), current=1, spec=strict, fc=forecast(), q=q1, burn=sq.burn))
+    res = run(p, context(p, metrics(5.0), current=1, spec=strict, fc=forecast(), q=q1, burn=sq.burn))
     assert res.reason == Reason.SLO_BURN
     for _ in range(100):
         sq.update(1000.0, 990.0)  # every window missed
     assert sq.burn > 1.0 and sq.quantile == pytest.approx(CEILING)
-    res = p.decide(context(p, metrics(5.0), current=1, spec=strict, fc=forecast(), q=sq.quantile, burn=sq.burn))
+    res = run(p, context(p, metrics(5.0), current=1, spec=strict, fc=forecast(), q=sq.quantile, burn=sq.burn))
     assert (res.desired, res.reason) == (fake_count(forecast().at(CEILING)), Reason.SLO_BURN) == (9, Reason.SLO_BURN)
 
 
@@ -904,36 +913,38 @@ def test_a_strict_slo_starts_below_the_ceiling_and_is_reported_as_burn(
 
 def test_stale_metrics_hold_the_replicas(fake_slo: list[Any]) -> None:
     p = SloPolicy()
-    state = SloState(started_at=5.0, recommendations=((990.0, 4),))
-    res = apply_rails(p, context(p, metrics(500.0, stale=True), current=3, state=state, fc=forecast()))
-    assert (res.desired, res.reason, res.state) == (3, Reason.METRICS_STALE, state)
+    state, window = SloState(dispersion=2.0, dispersion_at=990.0), ScaleDownState(started_at=5.0, highs=((990.0, 4),))
+    res = run(p, context(p, metrics(500.0, stale=True), current=3, state=state, fc=forecast()), window)
+    assert (res.desired, res.reason, res.state, res.scale_down) == (3, Reason.METRICS_STALE, state, window)
+    assert res.arrival_scv is None  # nothing measured: the lend stage keeps what it had
     assert fake_slo == []  # the policy itself did not run
     empty = ModelMetrics(rate=np.zeros(0), in_flight=np.zeros(0), stale=True)
-    res = apply_rails(p, context(p, empty, current=0, spec=SPEC.with_(min_replicas=2)))
+    res = run(p, context(p, empty, current=0, spec=SPEC.with_(min_replicas=2)))
     assert (res.desired, res.reason) == (2, Reason.METRICS_STALE)
 
 
 def test_rails_clamp_to_min_and_max(fake_slo: list[Any]) -> None:
     p = SloPolicy()
     spec = SPEC.with_(min_replicas=2, max_replicas=5)
-    res = apply_rails(p, context(p, metrics(500.0), current=3, spec=spec, fc=forecast()))
+    res = run(p, context(p, metrics(500.0), current=3, spec=spec, fc=forecast()))
     assert (res.desired, res.reason) == (5, Reason.BOUNDS)
     all_at_once = SloPolicy(max_scale_down_fraction=1.0)
-    res = apply_rails(all_at_once, context(all_at_once, metrics(0.0), current=5, spec=spec, state=SETTLED))
+    res = run(all_at_once, context(all_at_once, metrics(0.0), current=5, spec=spec), SETTLED)
     assert (res.desired, res.reason, res.detail) == (2, Reason.BOUNDS, "wanted 0")
 
 
 def test_state_keeps_only_the_window_as_a_monotone_queue(fake_slo: list[Any]) -> None:
     p = SloPolicy(scale_down_stabilization_s=100.0)
     state: Any = p.initial_state(SPEC, 1)
+    window = ScaleDownState()
     current = 1
     for t, rate in [(0.0, 50.0), (10.0, 80.0), (20.0, 30.0), (30.0, 40.0), (40.0, 10.0)]:
-        res = p.decide(context(p, metrics(rate), current, now=t, state=state))
-        state, current = res.state, res.desired
-    assert state.started_at == 0.0
-    assert state.recommendations == ((10.0, 8), (30.0, 4), (40.0, 1))
-    res = p.decide(context(p, metrics(10.0), current, now=111.0, state=state))
-    assert res.state.recommendations == ((30.0, 4), (111.0, 1))
+        res = run(p, context(p, metrics(rate), current, now=t, state=state), window)
+        state, window, current = res.state, res.scale_down, res.desired
+    assert window.started_at == 0.0
+    assert window.highs == ((10.0, 8), (30.0, 4), (40.0, 1))
+    res = run(p, context(p, metrics(10.0), current, now=111.0, state=state), window)
+    assert res.scale_down.highs == ((30.0, 4), (111.0, 1))
     assert res.desired == 4
 
 
@@ -949,6 +960,7 @@ class Recorder:
     name: str = "recorder"
     tick_s: float = 10.0
     instant_start: bool = False
+    behavior: ScalingBehavior | None = None
     seen: list[PolicyContext] = field(default_factory=list)
 
     def initial_state(self, spec: ModelSpec, replicas: int) -> None:
@@ -1019,6 +1031,6 @@ def _exact_rates(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 @settings(max_examples=200, deadline=None)
 @given(st.floats(1e-6, 1e9))
 def test_quantize_rounds_up_by_at_most_half_a_percent(rate: float) -> None:
-    q = slo_module.quantize_up(rate)
+    q = capacity.quantize_up(rate)
     assert rate * (1 - 1e-9) <= q <= rate * 1.005 * (1 + 1e-9)
-    assert slo_module.quantize_up(q) == pytest.approx(q, rel=1e-12)
+    assert capacity.quantize_up(q) == pytest.approx(q, rel=1e-12)

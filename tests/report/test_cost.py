@@ -273,7 +273,7 @@ def test_sim_cluster_accounting_matches_the_pure_functions() -> None:
     assert len(set(cluster.gpu_kinds)) == 3
     for name, rid in placed[::2]:  # remove every other (starting ones are freed at once)
         now += 1.0
-        cluster.apply(Plan(now, [RemoveReplica(name, rid, drain_s=0.0)]))
+        cluster.apply(Plan(now, [RemoveReplica(name, rid)]))
         cluster.advance(now)
         check(now)
 

@@ -106,8 +106,8 @@ def test_drain_frees_the_slot_only_after_the_drain_time() -> None:
     cluster.apply(Plan(0.0, [PlaceReplica("a", "a-1", slot)]))
     cluster.advance(60.0)
     assert cluster.routable[0] == 1
-    # The plan allows 30 s, the model's in-flight work needs 20 s: the slot is held 20 s.
-    cluster.apply(Plan(100.0, [RemoveReplica("a", "a-1", drain_s=30.0), ScaleModel("a", 0, 1, Reason.REACTIVE)]))
+    # The model's in-flight work needs 20 s (its drain time): the slot is held 20 s.
+    cluster.apply(Plan(100.0, [RemoveReplica("a", "a-1"), ScaleModel("a", 0, 1, Reason.REACTIVE)]))
     assert cluster.routable[0] == 0, "a draining replica gets no new traffic"
     o = cluster.snapshot(100.0).models["a"]
     assert o.active_replicas == 0 and o.replicas[0].draining
@@ -121,12 +121,14 @@ def test_drain_frees_the_slot_only_after_the_drain_time() -> None:
     assert cluster.snapshot(120.0).models["a"].replicas == ()
 
 
-def test_drain_bounded_by_the_plan_timeout() -> None:
-    cluster, nodes = make_cluster(drain=300.0)
+def test_drain_time_is_the_simulators_not_the_plans() -> None:
+    # The plan carries no drain timeout (on Kubernetes the pod's grace period governs): the simulator's per-model
+    # drain time (in-flight work, at most SimConfig.drain_timeout_s) does.
+    cluster, nodes = make_cluster(drain=30.0)
     (slot,) = first_fit_slots(nodes, SLICE, 1)
     cluster.apply(Plan(0.0, [PlaceReplica("a", "a-1", slot)]))
     cluster.advance(60.0)
-    cluster.apply(Plan(100.0, [RemoveReplica("a", "a-1", drain_s=30.0)]))
+    cluster.apply(Plan(100.0, [RemoveReplica("a", "a-1")]))
     cluster.advance(129.0)
     assert not cluster.inventory.fits(slot)
     cluster.advance(130.0)

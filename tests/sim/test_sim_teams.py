@@ -255,9 +255,9 @@ def test_preemptions_are_recorded_once_carried_out_in_the_scored_period() -> Non
             return []
         rep = next(r for r in snap.models["low"].replicas if not r.draining)
         seen.append(rep.replica_id)
-        return [RemoveReplica("low", rep.replica_id, 30.0, preempted_by="high", reason=PreemptionReason.PRIORITY,
+        return [RemoveReplica("low", rep.replica_id, preempted_by="high", reason=PreemptionReason.PRIORITY,
                               message="high would miss its SLO"),
-                RemoveReplica("low", rep.replica_id, 30.0, preempted_by="high", reason=PreemptionReason.PRIORITY,
+                RemoveReplica("low", rep.replica_id, preempted_by="high", reason=PreemptionReason.PRIORITY,
                               message="twice in one plan: drained once")]
 
     inject = Injected(preempt)

@@ -115,7 +115,7 @@ def _preempt(t: Tick, p: Progress, slot: Slot, needed: list[Victim]) -> None:
         else:
             why = f"priority {a.priority} > {c.priority} and {a.model} would miss its SLO"
         t.result.preemptions.append(RemoveReplica(
-            c.model, c.replica_id, preempted_by=a.model, reason=str(reason),
+            c.model, c.replica_id, preempted_by=a.model, reason=reason,
             message=f"replica {c.replica_id} of {c.model} (team {c.team}) preempted for {a.model} "
                     f"(team {a.team}): {why}"))
     t.grant_waiting(p, slot, ShortfallCause.PREEMPTING,

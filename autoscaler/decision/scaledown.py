@@ -1,0 +1,239 @@
+"""Scale-down in one place: how every policy's recommendation becomes a scale, and which replicas go.
+
+Every policy's result passes through :func:`normalize`, once per decision (``decide`` calls it), the way HPA's
+``normalizeDesiredReplicasWithBehaviors`` wraps its metric recommendation and Ray Serve's rails wrap every policy:
+
+1. **rails**: stale or missing metrics hold the current count (never scale down on missing data); the spec's
+   min/max replicas bound the result (reason ``bounds`` when they change it, unless the behaviour counts them
+   among its rate limits, as HPA's controller does);
+2. **stabilization**, as the policy declares it (:class:`~autoscaler.policies.base.ScalingBehavior`): down only
+   to the highest recommendation of the window (with ``warm_up``, a window not yet seen whole holds the current
+   count), up only to the lowest of the up window;
+3. **limits** on a scale-down: the N-1 floor the policy computed (:class:`~autoscaler.policies.base.NMinus1`:
+   the check needs the capacity model, the policy's), a step per decision, rate limits per period (HPA's
+   percent/pods policies, which count the changes of both directions, hence the up limits here too);
+4. **which replicas go** (:func:`choose_removals`, :func:`removals`): those that serve nothing yet first,
+   newest first, then the newest ready ones; with consolidation, on the nodes holding the fewest replicas
+   first, so that nodes empty whole and can be lent.
+
+The drain is the executor's: a :class:`~autoscaler.api.plan.RemoveReplica` stops routing at once; the simulator
+keeps the slot for the replica's in-flight work (at most ``SimConfig.drain_timeout_s``), Kubernetes for the
+pod's ``terminationGracePeriodSeconds``.
+
+A policy without a behaviour (``behavior = None``: static, oracle, KPA, predictive) is its own decider: its
+recommendation is the scale, within the rails, with the reason it gave. What this module remembers between
+decisions (the windows, the scale events) is the model's :class:`ScaleDownState`, kept in ``ModelState``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autoscaler.api.plan import Reason, RemoveReplica
+from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation
+from autoscaler.api.spec import ModelSpec
+from autoscaler.policies.base import Policy, PolicyContext, PolicyResult, RateLimit, ScalingBehavior
+from sharing.lending import LENT_MODEL
+
+_EPS = 1e-9
+
+Window = tuple[tuple[float, int], ...]
+
+
+@dataclass(frozen=True)
+class ScaleDownState:
+    """What a model's behaviour remembers between decisions."""
+
+    started_at: float | None = None  # the first decision (``warm_up``: the window is seen whole from then on)
+    # (time, recommendation) of the down window as a monotone queue (times increasing, counts strictly
+    # decreasing): its maximum is the first entry, O(1) per tick instead of a scan of the window.
+    highs: Window = ()
+    lows: Window = ()  # the up window, counts strictly increasing: its minimum first (only with up stabilization)
+    events: Window = ()  # (time, replica change) of the scales made, for the rate limits (only with limits)
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """A policy's decision after its behaviour and the rails: the count, why, and the states to keep."""
+
+    desired: int
+    reason: Reason
+    detail: str
+    state: Any  # the policy's own state
+    scale_down: ScaleDownState
+    arrival_scv: float | None = None  # as the policy reported it (None: not measured, or the policy was not asked)
+
+
+def normalize(policy: Policy, ctx: PolicyContext, window: ScaleDownState | None = None) -> Scaled:
+    """Run ``policy`` on ``ctx`` and turn its recommendation into this decision's count (see the module
+    docstring). ``window``: the model's state from its previous decision (None: its first)."""
+    window = window if window is not None else ScaleDownState()
+    spec, current = ctx.spec, ctx.current_replicas
+    if ctx.metrics.stale:
+        held = min(max(current, spec.min_replicas), spec.max_replicas)
+        return Scaled(held, Reason.METRICS_STALE, "holding replicas", ctx.state, window)
+    result = policy.decide(ctx)
+    behavior = policy.behavior
+    if behavior is None or result.holds:
+        desired, reason, detail = result.desired, result.reason, result.detail
+    else:
+        desired, reason, detail, window = _behave(behavior, result, ctx, window)
+    bounded = _bounded(desired, spec)
+    if bounded != desired:
+        reason, detail = Reason.BOUNDS, f"wanted {desired}"
+    if behavior is not None and not result.holds and (behavior.up_limits or behavior.down_limits):
+        window = _record(window, behavior, ctx.now, bounded - current)
+    return Scaled(bounded, reason, detail, result.state, window, result.arrival_scv)
+
+
+def _bounded(desired: int, spec: ModelSpec) -> int:
+    return min(max(desired, spec.min_replicas), spec.max_replicas)
+
+
+def _behave(
+    b: ScalingBehavior, result: PolicyResult, ctx: PolicyContext, w: ScaleDownState
+) -> tuple[int, Reason, str, ScaleDownState]:
+    """Stabilization and limits: (count, reason, detail, new state); the count before the rails' bounds, unless
+    the behaviour has them among its limits."""
+    now, current, spec = ctx.now, ctx.current_replicas, ctx.spec
+    raw = result.desired
+    started = w.started_at if w.started_at is not None else now
+    highs = _push(w.highs, now, raw, now - b.stabilization_s, higher=True)
+    high = highs[0][1]
+    if b.warm_up and now - started < b.stabilization_s:
+        high = max(high, current)  # a window not yet seen counts as "current"
+    if b.up_stabilization_s > 0:
+        lows = _push(w.lows, now, raw, now - b.up_stabilization_s, higher=False)
+        low = lows[0][1]
+    else:
+        lows, low = (), raw
+    # The lowest of the up window and the highest of the down window bound the move away from the current count.
+    stabilized = min(max(current, low), high)
+    new_state = ScaleDownState(started_at=started, highs=highs, lows=lows, events=w.events)
+
+    detail = result.detail
+    if stabilized != raw:
+        held = "scale-down" if raw < current else "scale-up"
+        detail += f"; held by the {held} window" if stabilized == current else \
+            f"; the stabilization window holds {stabilized}"
+    desired = stabilized
+    if stabilized > current and b.up_limits:
+        cap = _up_limit(current, w.events, now, b.up_limits)
+        if b.bounds_in_limits:
+            cap = min(cap, spec.max_replicas)
+        if desired > cap:
+            desired, detail = cap, f"{detail}; scale-up limited to {cap} (wanted {stabilized})"
+    elif stabilized < current:
+        n1 = result.n_minus_1 if b.n_minus_1 else None
+        if n1 is not None and n1.replicas >= current:
+            # N-1 check: the smaller count must still pass the policy's stricter scale-down test.
+            return current, Reason.N_MINUS_1, f"{detail}; {current - 1} would miss {n1.test}", new_state
+        if n1 is not None:
+            desired = max(desired, n1.replicas)
+        if b.step_fraction is not None:
+            desired = max(desired, current - max(1, math.floor(current * b.step_fraction)))
+        if b.down_limits:
+            limit = _down_limit(current, w.events, now, b.down_limits)
+            if b.bounds_in_limits:
+                limit = max(limit, spec.min_replicas)
+            if desired < limit:
+                desired, detail = limit, f"{detail}; scale-down limited to {limit} (wanted {stabilized})"
+    if b.bounds_in_limits:
+        desired = _bounded(desired, spec)
+    if desired == current:
+        return desired, Reason.STABLE, detail, new_state
+    if desired < current:
+        detail += f"; down to {desired}"
+    return desired, result.reason, detail, new_state
+
+
+def _push(queue: Window, now: float, value: int, cutoff: float, higher: bool) -> Window:
+    """``queue`` (a monotone queue of the window) with ``value`` at ``now`` added and what is at or before
+    ``cutoff`` dropped; the newest entry stays (a zero window is "now")."""
+    if higher:
+        while queue and queue[-1][1] <= value:
+            queue = queue[:-1]
+    else:
+        while queue and queue[-1][1] >= value:
+            queue = queue[:-1]
+    queue = (*queue, (now, value))
+    while len(queue) > 1 and queue[0][0] <= cutoff:
+        queue = queue[1:]
+    return queue
+
+
+def _period_start(current: int, events: Window, now: float, period_s: float) -> int:
+    """The count at the start of the last ``period_s``: ``current`` less the changes made strictly inside it."""
+    cutoff = now - period_s
+    added = sum(c for t, c in events if t > cutoff and c > 0)
+    deleted = sum(-c for t, c in events if t > cutoff and c < 0)
+    return current - added + deleted
+
+
+def _up_limit(current: int, events: Window, now: float, limits: tuple[RateLimit, ...]) -> int:
+    """The highest count the up limits allow (selectPolicy Max: the policy allowing the largest change wins)."""
+    out = current
+    for lim in limits:
+        start = _period_start(current, events, now, lim.period_s)
+        if lim.kind == "percent":
+            # Rounded up so that a small fleet always grows (as the controller does).
+            out = max(out, math.ceil(start * (1 + lim.value / 100) - _EPS))
+        else:
+            out = max(out, start + int(lim.value))
+    return out
+
+
+def _down_limit(current: int, events: Window, now: float, limits: tuple[RateLimit, ...]) -> int:
+    """The lowest count the down limits allow (selectPolicy Max: the policy allowing the largest change wins)."""
+    out = current
+    for lim in limits:
+        start = _period_start(current, events, now, lim.period_s)
+        if lim.kind == "percent":
+            # int32(float) truncation in the controller: floor for non-negative values.
+            out = min(out, math.floor(start * (1 - lim.value / 100) + _EPS))
+        else:
+            out = min(out, start - int(lim.value))
+    return out
+
+
+def _record(w: ScaleDownState, b: ScalingBehavior, now: float, change: int) -> ScaleDownState:
+    """The scale events the rate limits count: those within their longest period, and this one."""
+    horizon = max(lim.period_s for lim in (*b.up_limits, *b.down_limits))
+    events = tuple((t, c) for t, c in w.events if t > now - horizon)
+    if change:
+        events = (*events, (now, change))
+    return ScaleDownState(started_at=w.started_at, highs=w.highs, lows=w.lows, events=events)
+
+
+# -- which replicas go ---------------------------------------------------------------------------------------
+
+
+def choose_removals(obs: ModelObservation, count: int, per_node: dict[str, int] | None = None) -> list[str]:
+    """Remove replicas that serve nothing yet first (still starting), newest first, then the newest ready.
+
+    With ``per_node`` (allocations per node, ``CoreConfig.consolidate_removals``): among those that serve (or among
+    those that do not), the replicas on the nodes with the fewest allocations first, so that a node empties and
+    can be lent whole."""
+    live = [r for r in obs.replicas if not r.draining]
+    if per_node is None:
+        live.sort(key=lambda r: (r.ready, -r.started_at))
+    else:
+        live.sort(key=lambda r: (r.ready, per_node.get(r.slot.node, 0) if r.slot is not None else 0, -r.started_at))
+    return [r.replica_id for r in live[:count]]
+
+
+def node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """Allocations per node in the snapshot's inventory (lent GPUs aside)."""
+    out: dict[str, int] = {}
+    inv = snapshot.inventory
+    for owner, s in inv.allocations():
+        if inv.model_of(owner) != LENT_MODEL:
+            out[s.node] = out.get(s.node, 0) + 1
+    return out
+
+
+def removals(obs: ModelObservation, count: int, per_node: dict[str, int] | None = None) -> list[RemoveReplica]:
+    """The :class:`RemoveReplica` actions taking ``count`` replicas of ``obs`` down (see :func:`choose_removals`)."""
+    return [RemoveReplica(obs.name, rid) for rid in choose_removals(obs, count, per_node)]
