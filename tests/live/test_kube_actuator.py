@@ -42,18 +42,7 @@ from autoscaler.api.plan import (
 )
 from autoscaler.api.snapshot import ClusterSnapshot
 from autoscaler.api.spec import SpecError, parse_annotations
-from autoscaler.live.kube.actuator import (
-    ActuationReport,
-    ActuatorConfig,
-    KubeActuator,
-    merge_mig_configs,
-    merged_node_selector,
-    merged_resources,
-    same_status,
-    shortfall_event,
-    status_event,
-    status_payload,
-)
+from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.live.kube.mig_gate import (
     OWNER_LABEL,
     MigGate,
@@ -73,6 +62,15 @@ from autoscaler.live.kube.objects import (
     ClusterView,
     ManagedModel,
     NodeInfo,
+)
+from autoscaler.live.kube.writes import (
+    merge_mig_configs,
+    merged_node_selector,
+    merged_resources,
+    same_status,
+    shortfall_event,
+    status_event,
+    status_payload,
 )
 from sharing.catalog import load_catalog
 from sharing.render import mig_parted_config, time_slicing_config, to_yaml

@@ -36,9 +36,8 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from autoscaler.api.plan import LendGpus, ReclaimGpus
 from autoscaler.live.exporter import ControllerMetrics, gpu_slots
-from autoscaler.live.kube.lending import (
-    LendingActuator,
-    Phase,
+from autoscaler.live.kube.lending import LendingActuator, Phase
+from autoscaler.live.kube.lending_rules import (
     eviction_grace,
     eviction_order,
     inference_pods,

@@ -1,6 +1,10 @@
 """The Kubernetes actuator: applies one tick's :class:`~autoscaler.api.plan.Plan` to a real cluster
 (kubernetes_asyncio).
 
+One module: every write of a tick (scale, template, ConfigMaps, status, Events, the MIG gate's node writes) goes
+through the one :class:`KubeActuator`'s retries, per-tick rate limits and Event de-duplication; what it writes,
+as pure functions, is in :mod:`~autoscaler.live.kube.writes`.
+
 What each action becomes:
 
 - ``ScaleModel``: the Deployment's ``scale`` subresource (replaced with the read ``resourceVersion``). Before a
@@ -14,9 +18,10 @@ What each action becomes:
 - ``SetMigLayout``: the MIG safety gate (:mod:`~autoscaler.live.kube.mig_gate`), only with ``mig_relayout``.
 - ``UpdateStatus``: the ``slotwise.io/status`` annotation (merge patch of that key only) and a core/v1 Event;
   with the model's shortfall this tick (``shortfall``: cause -> replicas) when the plan has one.
-- ``Shortfall``: an Event whose reason and message say the cause (:func:`shortfall_event`): a Warning for a
-  refusal (``Unplaceable``, ``BorrowingLimit``, ``MinRuntime``, ``Outranked``, ``PreemptionTooCostly``,
-  ``MaxReplicas``), Normal for headroom not granted and for capacity being freed (``Reclaiming``, ``Preempting``).
+- ``Shortfall``: an Event whose reason and message say the cause
+  (:func:`~autoscaler.live.kube.writes.shortfall_event`): a Warning for a refusal (``Unplaceable``,
+  ``BorrowingLimit``, ``MinRuntime``, ``Outranked``, ``PreemptionTooCostly``, ``MaxReplicas``), Normal for headroom
+  not granted and for capacity being freed (``Reclaiming``, ``Preempting``).
 - ``PlaceReplica``: nothing; kube-scheduler places the pods (reported as skipped ``scheduler-placed``).
 
 Rules every write follows: **idempotent** (read first; no write when the object already says so), **optimistic
@@ -37,12 +42,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -53,17 +56,14 @@ from autoscaler.api.plan import (
     Action,
     PlaceReplica,
     Plan,
-    Reason,
     RemoveReplica,
     ScaleModel,
     SetMigLayout,
     SetSlotTemplate,
     SetTimeSlicing,
     Shortfall,
-    ShortfallCause,
     UpdateStatus,
 )
-from autoscaler.live.kube.gpu_nodes import is_gpu_resource
 from autoscaler.live.kube.mig_gate import (
     OWNER_LABEL,
     STATE_PENDING,
@@ -79,6 +79,21 @@ from autoscaler.live.kube.objects import (
     STATUS_ANNOTATION,
     ClusterView,
     ManagedModel,
+)
+from autoscaler.live.kube.writes import (
+    PREEMPTED_EVENT,
+    Gone,
+    api_error,
+    describe,
+    merge_mig_configs,
+    merged_node_selector,
+    merged_resources,
+    rfc3339,
+    same_status,
+    shortfall_event,
+    split_key,
+    status_event,
+    status_payload,
 )
 from sharing.render import time_slicing_config, to_yaml
 
@@ -123,10 +138,6 @@ class ActuationReport:
         return [why for line, why in self.skipped if line.startswith(prefix)]
 
 
-class Gone(Exception):
-    """The object an action addresses no longer exists (deleted meanwhile)."""
-
-
 async def _or_gone(read: Awaitable[Any], key: str) -> Any:
     """A read of an object that may have been deleted meanwhile: a 404 is :class:`Gone` (``key``)."""
     try:
@@ -135,161 +146,6 @@ async def _or_gone(read: Awaitable[Any], key: str) -> Any:
         if e.status == 404:
             raise Gone(key) from None
         raise
-
-
-# -- pure helpers -------------------------------------------------------------------------------------------------
-
-
-def describe(action: Action) -> str:
-    return Plan(0.0, [action]).describe()[0]
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def split_key(key: str, default_namespace: str) -> tuple[str, str]:
-    """``"ns/name"`` -> (ns, name); a bare name gets ``default_namespace``."""
-    ns, sep, name = key.partition("/")
-    return (ns, name) if sep else (default_namespace, key)
-
-
-def merged_resources(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """A container's ``resources`` after a slot change: ``old`` without ANY GPU resource (``nvidia.com/gpu``,
-    ``nvidia.com/mig-*``: the old slot kind must go, not linger beside the new one), then ``new``'s entries.
-    CPU/memory and other sections of ``old`` stay. Quantities as strings, as the API serves them."""
-    out: dict[str, Any] = {k: v for k, v in old.items() if k not in ("limits", "requests")}
-    for section in ("limits", "requests"):
-        kept = {r: str(q) for r, q in (old.get(section) or {}).items() if not is_gpu_resource(r)}
-        kept.update({r: str(q) for r, q in (new.get(section) or {}).items()})
-        if kept:
-            out[section] = kept
-    out.update({k: v for k, v in new.items() if k not in ("limits", "requests")})
-    return out
-
-
-def merged_node_selector(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]:
-    """``old`` without the ``nvidia.com/*`` keys (the previous slot kind's GPU selection), then ``new``; the
-    user's own keys (zone, pool ...) stay."""
-    out = {k: v for k, v in old.items() if not k.startswith("nvidia.com/")}
-    out.update({k: str(v) for k, v in new.items()})
-    return out
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-def status_payload(a: UpdateStatus, *, dry_run: bool, now: float,
-                   shortfall: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The ``slotwise.io/status`` annotation's JSON; ``shortfall`` (cause -> replicas not placed this tick, from
-    the plan's Shortfalls of the model) only when there is one."""
-    payload = {
-        "desired": a.desired,
-        "current": a.current,
-        "reason": str(a.reason),
-        "forecastRps": _finite(a.forecast_rps),
-        "predictedLatencyMs": _finite(a.predicted_latency_ms),
-        "sloLatencyMs": _finite(a.slo_latency_ms),
-        "message": a.message,
-        "conditionOk": a.condition_ok,
-        "dryRun": dry_run,
-        "updated": rfc3339(now),
-    }
-    if shortfall:
-        payload["shortfall"] = {str(cause): int(n) for cause, n in shortfall.items()}
-    return payload
-
-
-def same_status(current: str | None, payload: Mapping[str, Any]) -> bool:
-    """The annotation already says ``payload`` (everything but the ``updated`` time)."""
-    if not current:
-        return False
-    try:
-        old = json.loads(current)
-    except ValueError:
-        return False
-    if not isinstance(old, dict):
-        return False
-    return {k: v for k, v in old.items() if k != "updated"} == {k: v for k, v in payload.items() if k != "updated"}
-
-
-_STATUS_REASONS = {
-    Reason.INVALID_SPEC: "InvalidAnnotation",
-    Reason.UNPLACEABLE: "Unplaceable",
-    Reason.METRICS_STALE: "MetricsStale",
-}
-_WARNING_REASONS = {Reason.UNPLACEABLE, Reason.METRICS_STALE}
-
-
-def status_event(a: UpdateStatus) -> tuple[str, str, str]:
-    """(type, reason, message) of the Event recording a status update. A problem's text (e.g. the SpecError
-    of invalid annotations) is the message verbatim, so users can grep for it."""
-    warning = not a.condition_ok or a.reason in _WARNING_REASONS
-    reason = _STATUS_REASONS.get(a.reason, "Scaled")
-    if not a.condition_ok:
-        message = a.message or f"condition not ok ({a.reason})"
-    else:
-        message = f"desired {a.desired} replica(s), {a.current} ready: {a.reason}"
-        if a.message:
-            message += f"; {a.message}"
-    return ("Warning" if warning else "Normal"), reason, message
-
-
-# Shortfall cause -> (Event type, Event reason). Refusals are Warnings; headroom not granted (the model meets its
-# SLO without it) and capacity being freed for the model (grants in progress) are Normal.
-_SHORTFALL_EVENTS = {
-    ShortfallCause.UNPLACEABLE: ("Warning", "Unplaceable"),
-    ShortfallCause.BORROWING_LIMIT: ("Warning", "BorrowingLimit"),
-    ShortfallCause.HEADROOM: ("Normal", "Headroom"),
-    ShortfallCause.MIN_RUNTIME: ("Warning", "MinRuntime"),
-    ShortfallCause.OUTRANKED: ("Warning", "Outranked"),
-    ShortfallCause.DAMAGE: ("Warning", "PreemptionTooCostly"),
-    ShortfallCause.MAX_REPLICAS: ("Warning", "MaxReplicas"),
-    ShortfallCause.RECLAIMING: ("Normal", "Reclaiming"),
-    ShortfallCause.PREEMPTING: ("Normal", "Preempting"),
-}
-PREEMPTED_EVENT = "Preempted"  # the victim Deployment's Warning Event reason
-
-
-def shortfall_event(a: Shortfall) -> tuple[str, str, str]:
-    """(type, reason, message) of the Event recording a shortfall: the cause in the reason and the message, and
-    whether the refusal broke the team's guarantee."""
-    type_, reason = _SHORTFALL_EVENTS.get(a.cause, ("Warning", "Unplaceable"))
-    if a.cause in (ShortfallCause.RECLAIMING, ShortfallCause.PREEMPTING):
-        what = "waiting for capacity being freed"
-    elif a.cause == ShortfallCause.UNPLACEABLE:
-        what = "cannot be placed"
-    else:
-        what = "not placed"
-    guarantee = ", within the team's guarantee" if a.within_guarantee and type_ == "Warning" else ""
-    return type_, reason, f"{a.missing} replica(s) {what} ({a.cause}{guarantee}): {a.reason}"
-
-
-def merge_mig_configs(existing_yaml: str | None, config: Mapping[str, Any]) -> tuple[str, bool]:
-    """The mig-parted document with ``config``'s ``mig-configs`` entries merged into the existing ones (other
-    nodes' entries survive) -> (YAML, whether it differs from ``existing_yaml``'s content)."""
-    old = yaml.safe_load(existing_yaml) if existing_yaml else None
-    if not isinstance(old, dict):
-        old = {}
-    configs = dict(old.get("mig-configs") or {})
-    merged = dict(configs)
-    merged.update(config.get("mig-configs") or {})
-    doc = {"version": old.get("version") or config.get("version", "v1"), "mig-configs": merged}
-    return to_yaml(doc), merged != configs or "version" not in old
-
-
-def api_error(e: BaseException) -> str:
-    """``status reason: message`` of an API error (the Status body's message), else the exception."""
-    if isinstance(e, ApiException):
-        message = ""
-        try:
-            body = json.loads(e.body) if e.body else {}
-            message = body.get("message", "") if isinstance(body, dict) else ""
-        except (TypeError, ValueError):
-            message = str(e.body)[:200]
-        return f"{e.status} {e.reason}" + (f": {message}" if message else "")
-    return f"{type(e).__name__}: {e}"
 
 
 # -- the actuator -------------------------------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""The lending actuator's rules, as pure functions of what the API serves: which pods may be evicted (only those
+labelled preemptible) and in what order, the eviction's grace, the node patches that lend and release a node, the
+Kueue ClusterQueue's lendingLimit, and the timestamps a reclaim survives a restart by."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from autoscaler.live.kube.objects import (
+    GPU_RESOURCE,
+    LENT_LABEL,
+    LENT_SINCE_ANNOTATION,
+    LENT_TAINT_EFFECT,
+    LENT_TAINT_KEY,
+    LENT_TAINT_VALUE,
+    MIG_RESOURCE_PREFIX,
+    PREEMPTIBLE_LABEL,
+    RECLAIM_REASON_ANNOTATION,
+    RECLAIM_SINCE_ANNOTATION,
+    TrainingRef,
+    has_lent_taint,
+)
+from autoscaler.live.kube.writes import rfc3339
+
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+_JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+
+
+def is_preemptible(labels: Mapping[str, str] | None) -> bool:
+    """The ONLY test for "may be evicted for inference": the pod itself carries ``slotwise.io/preemptible=true``.
+    Anything else (no label, another value, a label on the owning Job only) is treated as inference."""
+    return (labels or {}).get(PREEMPTIBLE_LABEL) == "true"
+
+
+def _gpu_request(pod: Mapping[str, Any]) -> bool:
+    for c in (*((pod.get("spec") or {}).get("containers") or ()), *((pod.get("spec") or {}).get("initContainers")
+                                                                    or ())):
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            for name, q in (res.get(part) or {}).items():
+                if (name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)) and str(q) not in ("0", "0m"):
+                    return True
+    return False
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``"<namespace>/<name>"`` of a pod."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def is_live(pod: Mapping[str, Any]) -> bool:
+    """Not ``Succeeded``/``Failed``."""
+    return (pod.get("status") or {}).get("phase") not in _TERMINAL
+
+
+def inference_pods(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Live pods asking for a GPU that are not preemptible: a node holding one may not be lent."""
+    return sorted(pod_key(p) for p in pods if is_live(p) and _gpu_request(p)
+                  and not is_preemptible((p.get("metadata") or {}).get("labels")))
+
+
+def belongs_to(pod: Mapping[str, Any], name: str, ref: TrainingRef | None) -> bool:
+    """Whether a live pod is one of the training workload ``name``'s (by the view's pod list, or its owner)."""
+    key = pod_key(pod)
+    if key == name or (ref is not None and key in ref.pods):
+        return True
+    meta = pod.get("metadata") or {}
+    ns, _, obj = name.partition("/")
+    if meta.get("namespace") != ns or ref is None or ref.kind == "Pod":
+        return False
+    for owner in meta.get("ownerReferences") or ():
+        if owner.get("kind") == ref.kind and (owner.get("name") == obj or (ref.uid and owner.get("uid") == ref.uid)):
+            return True
+    labels = meta.get("labels") or {}
+    return ref.kind == "Job" and any(labels.get(lbl) == obj for lbl in _JOB_NAME_LABELS)
+
+
+def eviction_order(pods: Sequence[Mapping[str, Any]], workloads: Sequence[str],
+                   refs: Mapping[str, TrainingRef]) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """(the pods to evict, in order; the pods the plan named that may NOT be evicted).
+
+    Every live preemptible pod on the node is evicted: the named workloads' first, in the plan's preemption order,
+    then any other preemptible pod there (it holds the node's GPUs just the same). A named pod without the
+    preemptible label is refused, never evicted.
+    """
+    live = [p for p in pods if is_live(p)]
+    order: list[Mapping[str, Any]] = []
+    refused: list[str] = []
+    seen: set[str] = set()
+    for name in workloads:
+        ref = refs.get(name)
+        for p in sorted((p for p in live if belongs_to(p, name, ref)), key=pod_key):
+            key = pod_key(p)
+            if key in seen:
+                continue
+            seen.add(key)
+            if is_preemptible((p.get("metadata") or {}).get("labels")):
+                order.append(p)
+            else:
+                refused.append(key)
+    for p in sorted(live, key=pod_key):
+        key = pod_key(p)
+        if key not in seen and is_preemptible((p.get("metadata") or {}).get("labels")):
+            seen.add(key)
+            order.append(p)
+    return order, refused
+
+
+def eviction_grace(pod_grace: Any, max_reclaim_s: float) -> int:
+    """The Eviction's grace period: the pod's own (30 s when unset), capped by the reclaim deadline."""
+    grace = pod_grace if isinstance(pod_grace, int | float) and not isinstance(pod_grace, bool) and pod_grace >= 0 \
+        else 30
+    return int(max(0, min(float(grace), math.floor(max_reclaim_s))))
+
+
+def lent_node_patch(node: Mapping[str, Any], now: float) -> dict[str, Any] | None:
+    """The merge patch that lends ``node`` (label, taint, lent-since), or None when it already says so.
+
+    ``spec.taints`` is a list, which a merge patch replaces whole: the patch carries the read list plus ours and the
+    read ``resourceVersion`` (a concurrent change of the taints makes it a 409, re-read and retried).
+    """
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    want_label = labels.get(LENT_LABEL) != "true"
+    want_since = LENT_SINCE_ANNOTATION not in annotations
+    want_taint = not has_lent_taint(taints)
+    if not (want_label or want_since or want_taint):
+        return None
+    patch: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                          "labels": {LENT_LABEL: "true"}}}
+    if want_since:
+        patch["metadata"]["annotations"] = {LENT_SINCE_ANNOTATION: rfc3339(now)}
+    if want_taint:
+        taints.append({"key": LENT_TAINT_KEY, "value": LENT_TAINT_VALUE, "effect": LENT_TAINT_EFFECT})
+        patch["spec"] = {"taints": taints}
+    return patch
+
+
+def released_node_patch(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that ends a reclaim (taint, lent-since and reclaim annotations off), None when done."""
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    kept = [t for t in taints if not has_lent_taint([t])]
+    ours = [k for k in (LENT_SINCE_ANNOTATION, RECLAIM_SINCE_ANNOTATION, RECLAIM_REASON_ANNOTATION) if k in annotations]
+    if len(kept) == len(taints) and not ours:
+        return None
+    patch: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
+    if ours:
+        patch["metadata"]["annotations"] = dict.fromkeys(ours)
+    if len(kept) != len(taints):
+        patch["spec"] = {"taints": kept or None}
+    return patch
+
+
+def rfc3339_precise(t: float) -> str:
+    """RFC 3339 with microseconds: a reclaim's decision time survives a restart without rounding a second off."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_rfc3339(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def lending_limit(lent_now: Iterable[tuple[str, int]], reclaiming: Iterable[tuple[str, int]],
+                  lend: Iterable[tuple[str, int]]) -> int:
+    """Kueue mode: the inference ClusterQueue's lendingLimit after a tick's decisions: the GPUs lent now, minus
+    those being reclaimed, plus the newly lent ones (a GPU counted once however many actions name it)."""
+    back = set(reclaiming)
+    return len((set(lent_now) | set(lend)) - back)
+
+
+def quantity_count(value: Any) -> int | None:
+    """A whole-number resource.Quantity ("8", "8000m", 8) -> 8; None when it is not one."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return int(value) if float(value).is_integer() and value >= 0 else None
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) % 1000 == 0:
+        return int(text[:-1]) // 1000
+    return None
+
+
+def set_lending_limit(cq: Mapping[str, Any], flavor: str, resource: str, limit: int) -> tuple[list, int, bool] | str:
+    """The ClusterQueue's ``spec.resourceGroups`` with ``lendingLimit`` of (flavor, resource) set to ``limit``
+    (capped by its nominalQuota) -> (resourceGroups, the limit written, changed), or a problem string."""
+    groups = [dict(g) for g in ((cq.get("spec") or {}).get("resourceGroups") or [])]
+    found = False
+    changed = False
+    written = limit
+    for g in groups:
+        flavors = []
+        for f in g.get("flavors") or []:
+            f = dict(f)
+            if f.get("name") == flavor:
+                resources = []
+                for r in f.get("resources") or []:
+                    r = dict(r)
+                    if r.get("name") == resource:
+                        found = True
+                        nominal = quantity_count(r.get("nominalQuota"))
+                        written = min(limit, nominal) if nominal is not None else limit
+                        if quantity_count(r.get("lendingLimit")) != written or "lendingLimit" not in r:
+                            r["lendingLimit"] = str(written)
+                            changed = True
+                    resources.append(r)
+                f["resources"] = resources
+            flavors.append(f)
+        g["flavors"] = flavors
+    if not found:
+        name = (cq.get("metadata") or {}).get("name")
+        return f"ClusterQueue {name} has no flavor {flavor!r} with resource {resource!r}"
+    return groups, written, changed
