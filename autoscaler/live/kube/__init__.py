@@ -12,5 +12,8 @@
 | ``training.py`` | preemptible training Jobs, Kueue Workloads and Pods -> ``TrainingWorkload`` + ``TrainingRef`` |
 | ``leader.py`` | leader election on a ``coordination.k8s.io/v1`` Lease |
 | ``actuator.py`` | applies a plan: scale subresource, templates, time-slicing ConfigMap, status, Events |
+| ``writes.py`` | pure: what the actuators write (status annotation, Event texts, merged resources and configs) |
+| ``lending.py`` | applies ``LendGpus`` / ``ReclaimGpus``: node lending, reclaims across ticks, Kueue lendingLimit |
+| ``lending_rules.py`` | pure: which pods may be evicted and in what order, node patches, the lendingLimit |
 | ``mig_gate.py`` | the MIG re-layout safety gate (cordon, wait free, relabel, wait success, uncordon) |
 """
