@@ -2,8 +2,8 @@
 
 :class:`ModelLearning` composes the pure pieces of :mod:`~autoscaler.estimation.cold_start` and
 :mod:`~autoscaler.estimation.learning` for one model: measured cold starts (the forecast's lead time), the
-service-time scale per slot kind, and the quantile to size for. :func:`slot_kind` names the kind of slot a replica runs on; :func:`slot_speed` resolves the
-``slotwise.io/slot-speeds`` annotation against it.
+service-time scale per slot kind, and the quantile to size for. :func:`slot_kind` names the kind of slot a replica
+runs on; :func:`slot_speed` resolves the ``slotwise.io/slot-speeds`` annotation against it.
 """
 
 from __future__ import annotations
