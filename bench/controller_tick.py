@@ -1,5 +1,6 @@
 """What one live-controller tick costs in-process, for a large fleet: translating the informer caches into a
-snapshot (``translate.build_view``) next to the decision itself (``decide`` + node-level actions + templates).
+snapshot (``controller.read_view``: ``build_view`` and the pod templates) next to planning the tick (``plan_tick``:
+``decide``, then the node-level actions -- MIG layouts, time-slicing, slot templates), as the controller does.
 
     python bench/controller_tick.py --models 1000 --pods-per-model 5 --nodes 500 --ticks 5
 
@@ -17,12 +18,11 @@ import time
 import numpy as np
 
 from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
-from autoscaler.decision.config import CoreConfig
-from autoscaler.decision.core import decide
-from autoscaler.decision.node_actions import mig_layout_actions
+from autoscaler.decision.config import build_core
+from autoscaler.decision.node_actions import NodeActionState
 from autoscaler.decision.state import fresh_state
-from autoscaler.live.kube.templates import template_actions
-from autoscaler.live.kube.translate import build_view
+from autoscaler.decision.tick import plan_tick
+from autoscaler.live.controller import read_view
 from autoscaler.policies import make_policy
 
 T0 = "2026-11-30T10:00:00Z"
@@ -90,37 +90,33 @@ def main() -> None:
     args = ap.parse_args()
     deployments, pods, nodes = synthetic_cluster(args.models, args.pods_per_model, args.nodes)
     rng = np.random.default_rng(0)
-    state = fresh_state()
-    core = CoreConfig(policy=make_policy("slotwise"), report_every_decision=True, metric_lag_s=15.0)
-    t_view, t_decide, t_extra = [], [], []
+    state, nodes_state = fresh_state(), NodeActionState()
+    # the controller's configuration (15 s metrics step, no lending)
+    core = build_core(make_policy("slotwise"), report_every_decision=True, metric_lag_s=15.0)
+    t_view, t_plan = [], []
     now = time.time()
     for tick in range(args.ticks):
         now += 10.0
         t0 = time.perf_counter()
-        view = build_view(deployments, pods, nodes, now=now)
+        view = read_view(deployments, pods, nodes, now=now)
         t1 = time.perf_counter()
         window = MetricsWindow(now, 15.0, {
             k: ModelMetrics(rate=rng.gamma(4.0, 10.0, 60), in_flight=rng.gamma(4.0, 1.0, 60))
             for k, o in view.snapshot.models.items() if o.spec is not None
         })
-        decision = decide(view.snapshot, window, state, core)
+        plan_tick(view.snapshot, window, state, core, nodes_state)
         t2 = time.perf_counter()
-        if decision.inventory is not None:
-            decision.plan.actions.extend(mig_layout_actions(view.snapshot.inventory, decision.inventory))
-        decision.plan.actions.extend(template_actions(decision.plan, view))
-        t3 = time.perf_counter()
         if tick > 0:  # the first tick builds the forecaster and the learning state: reported apart
             t_view.append(t1 - t0)
-            t_decide.append(t2 - t1)
-            t_extra.append(t3 - t2)
+            t_plan.append(t2 - t1)
         else:
             first = (t1 - t0, t2 - t1)
     print(f"cluster: {len(deployments)} models, {len(pods)} pods, {len(nodes)} nodes "
           f"({len(view.snapshot.inventory.devices)} GPUs); problems: {len(view.problems)}")
-    print(f"first tick: translate {first[0] * 1e3:.0f} ms, decide {first[1] * 1e3:.0f} ms (state built)")
-    print(f"{'per tick (median of ' + str(len(t_view)) + ')':<28}{'ms':>8}{'x decide':>10}")
-    med_d = statistics.median(t_decide)
-    for label, xs in (("translate (build_view)", t_view), ("decide", t_decide), ("layouts + templates", t_extra)):
+    print(f"first tick: translate {first[0] * 1e3:.0f} ms, plan {first[1] * 1e3:.0f} ms (state built)")
+    print(f"{'per tick (median of ' + str(len(t_view)) + ')':<28}{'ms':>8}{'x plan':>10}")
+    med_d = statistics.median(t_plan)
+    for label, xs in (("translate (read_view)", t_view), ("plan (plan_tick)", t_plan)):
         med = statistics.median(xs)
         print(f"{label:<28}{med * 1e3:>8.1f}{med / med_d:>10.2f}")
 

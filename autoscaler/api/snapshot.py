@@ -65,6 +65,17 @@ class TrainingWorkload:
 
 
 @dataclass(frozen=True)
+class SlotTemplate:
+    """The slot half of a model's pod template: the GPU resources its pods ask for (the ``nvidia.com/*`` requests
+    and limits, shaped as :func:`sharing.render.pod_resources` writes them; empty: no GPU) and the node selector they
+    are created with. Node-level planning (:mod:`autoscaler.decision.node_actions`) compares a tick's placements with
+    it; the live adapters read it from the Deployment, the simulator keeps it as the plans set it."""
+
+    resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     now: float
     models: dict[str, ModelObservation]
@@ -73,6 +84,8 @@ class ClusterSnapshot:
     # GPUs lent to training now: (node, device) -> when lent. In the inventory they are allocated whole to the
     # owner ``sharing.lending.lent_owner(node, device)`` under the model ``sharing.lending.LENT_MODEL``.
     lent: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    # Each model's pod template as far as slots go; a model absent here gets no template action.
+    templates: Mapping[str, SlotTemplate] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

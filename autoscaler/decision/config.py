@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.estimation.forecast import FleetForecaster
@@ -40,3 +41,45 @@ class CoreConfig:
     # Who gets GPUs when they run out: team quotas, priorities, SLO damage, preemption
     # (autoscaler/decision/arbitration.py).
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+
+
+def build_core(
+    policy: Policy,
+    *,
+    lending: LendingPolicy | None = None,
+    arbitration: ArbitrationPolicy | None = None,
+    metric_lag_s: float = 0.0,
+    report_every_decision: bool = False,
+    prefer_open_nodes: bool | None = None,
+    consolidate_removals: bool | None = None,
+    device_anti_affinity: bool = False,
+) -> CoreConfig:
+    """The decision core's configuration from what ``slotwise run`` (the controller's settings) or ``slotwise
+    simulate`` (the simulator's flags) set: the packer, the forecaster (its horizon) and the lend stage's settings.
+
+    ``lending`` None or disabled: no lending (a disabled policy still reclaims GPUs lent before). With lending
+    enabled the forecaster looks ahead as far as the lend stage does: the reclaim deadline plus a cold start.
+    Lending in "pods" mode lends whole idle nodes only (a node label cannot split a node), and so that whole nodes
+    go idle the packer prefers nodes already in use and a scale-down empties the least used node first (measured:
+    docs/benchmarks.md section 7); ``prefer_open_nodes`` / ``consolidate_removals`` False turn either off (None:
+    on), ``device_anti_affinity`` spreads a model's replicas over devices only, not nodes. Outside pods-mode
+    lending the three change nothing.
+    """
+    enabled = lending if lending is not None and lending.enabled else None
+    whole_nodes = lending is not None and lending.mode == "pods"
+    consolidate = enabled is not None and whole_nodes
+    forecaster: Callable[[], FleetForecaster] = FleetForecaster
+    if enabled is not None:
+        forecaster = partial(FleetForecaster, horizon_s=max(300.0, enabled.max_reclaim_s + 600.0))
+    return CoreConfig(
+        policy=policy,
+        packer=CostAwarePacker(prefer_open_nodes=consolidate and prefer_open_nodes is not False,
+                               node_anti_affinity=not (consolidate and device_anti_affinity)),
+        forecaster_factory=forecaster,
+        metric_lag_s=metric_lag_s,
+        report_every_decision=report_every_decision,
+        lending=lending,
+        lending_whole_nodes_only=whole_nodes,
+        consolidate_removals=consolidate and consolidate_removals is not False,
+        arbitration=arbitration if arbitration is not None else ArbitrationPolicy(),
+    )

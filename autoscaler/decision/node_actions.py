@@ -1,11 +1,22 @@
-"""Node-level actions a tick's placements imply: MIG re-layouts and the device plugin's time-slicing config.
+"""Node-level actions a tick's placements imply: MIG re-layouts, the device plugin's time-slicing config and the
+models' pod templates. :func:`node_actions` plans all three (``plan_tick`` calls it after ``decide``, for the
+simulator and the live controller alike).
 
-Pure functions of two inventories -- the snapshot's (what the nodes have now) and the decision's (after this
-tick's placements) -- so the live controller and the tests share them. The packer creates MIG instances on
-demand at legal placements; on a real node such an instance exists only after NVIDIA's MIG manager
-re-partitions the GPU, which is what a :class:`~autoscaler.api.plan.SetMigLayout` asks for (applied by the
-actuator behind its safety gate). mig-parted is told counts per profile, not starts, and it re-creates every
-instance of a GPU whose config changed, so a GPU counts as changed when its per-profile counts change.
+**MIG layouts and time-slicing**: pure functions of two inventories -- the snapshot's (what the nodes have now)
+and the decision's (after this tick's placements). The packer creates MIG instances on demand at legal
+placements; on a real node such an instance exists only after NVIDIA's MIG manager re-partitions the GPU, which
+is what a :class:`~autoscaler.api.plan.SetMigLayout` asks for (applied by the actuator behind its safety gate).
+mig-parted is told counts per profile, not starts, and it re-creates every instance of a GPU whose config
+changed, so a GPU counts as changed when its per-profile counts change. The time-slicing config is only ever
+raised; the config last planned is :class:`NodeActionState`.
+
+**Slot templates**: in Kubernetes all pods of a Deployment share one template, and kube-scheduler -- not
+slotwise -- binds each pod to a node. So a :class:`~autoscaler.api.plan.PlaceReplica` becomes real through the
+template: its slot's resource request (``nvidia.com/gpu`` or ``nvidia.com/mig-<profile>``, from
+:func:`sharing.render.pod_resources`) and a node selector on the GPU product. The template
+(:class:`~autoscaler.api.snapshot.SlotTemplate`, in the snapshot) is set when a model has no running replica yet
+(its first placement chooses the slot kind) or when it asks for no GPU at all; a running model keeps its
+template, because changing it rolls every pod -- re-slotting a running model is a separate, deliberate step.
 """
 
 from __future__ import annotations
@@ -13,10 +24,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from autoscaler.api.plan import SetMigLayout, SetTimeSlicing
-from sharing.render import layouts_from_inventory, mig_devices, mig_parted_config
-from sharing.slots import Inventory, SlotKind
+from autoscaler.api.plan import Action, PlaceReplica, Plan, SetMigLayout, SetSlotTemplate, SetTimeSlicing
+from autoscaler.api.snapshot import ClusterSnapshot, SlotTemplate
+from sharing.render import layouts_from_inventory, mig_devices, mig_parted_config, pod_resources
+from sharing.slots import Inventory, Slot, SlotKind
+
+# GPU Feature Discovery's node label naming the GPU product (the node selector of a slot template)
+GPU_PRODUCT = "nvidia.com/gpu.product"
 
 Layout = tuple[tuple[str, int], ...] | None  # a GPU's MIG instances (profile key, start); None = MIG off
 
@@ -55,6 +74,8 @@ def mig_layout_actions(before: Inventory, after: Inventory) -> list[SetMigLayout
     for node in sorted(after.nodes):
         if node not in before.nodes or not after.nodes[node].mig_enabled:
             continue
+        if all(before.device(node, i) is after.device(node, i) for i in range(after.nodes[node].gpu_count)):
+            continue  # device states are immutable and shared by copies: the same ones, the same layouts
         old, new = _node_layouts(before, node), _node_layouts(after, node)
         changed = tuple(
             i for i in sorted(new) if _counts(before, node, old.get(i)) != _counts(after, node, new[i])
@@ -101,3 +122,78 @@ def time_slicing_action(inv: Inventory, current: dict[str, int]) -> SetTimeSlici
         if n > 1 and n > wanted.get(res, 1):
             wanted[res] = n
     return None if wanted == current else SetTimeSlicing(wanted)
+
+
+# -- slot templates -------------------------------------------------------------------------------------------
+def gpu_resources(resources: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The ``nvidia.com/*`` part of a container's resources (requests and limits): a template's GPU resources."""
+    out: dict[str, dict[str, str]] = {}
+    for part in ("requests", "limits"):
+        got = {k: str(v) for k, v in (resources.get(part) or {}).items() if k.startswith("nvidia.com/")}
+        if got:
+            out[part] = got
+    return out
+
+
+def slot_template(slots: Sequence[Slot], inv: Inventory, node_selector: Mapping[str, str]) -> SlotTemplate:
+    """The template for pods placed on ``slots`` (not empty): the slot shape most of them have (ties: the first),
+    its resources and ``node_selector`` with that shape's GPU product."""
+    shapes: Counter[tuple[str, str | None]] = Counter()
+    first: dict[tuple[str, str | None], Slot] = {}
+    for slot in slots:
+        limits = pod_resources(slot, inv.catalog.get(slot.gpu_model))["limits"]
+        node = inv.nodes.get(slot.node)
+        shape = (repr(sorted(limits.items())), None if node is None else node.labels.get(GPU_PRODUCT))
+        shapes[shape] += 1
+        first.setdefault(shape, slot)
+    ((shape, _n),) = shapes.most_common(1)
+    chosen = first[shape]
+    selector = dict(node_selector)
+    if shape[1]:
+        selector[GPU_PRODUCT] = shape[1]
+    return SlotTemplate(pod_resources(chosen, inv.catalog.get(chosen.gpu_model)), selector)
+
+
+def template_actions(plan: Plan, snapshot: ClusterSnapshot) -> list[SetSlotTemplate]:
+    """A :class:`SetSlotTemplate` for each model whose first placements need a slot its template does not ask for."""
+    by_model: dict[str, list[Slot]] = {}
+    for a in plan.of_type(PlaceReplica):
+        by_model.setdefault(a.model, []).append(a.slot)
+    actions: list[SetSlotTemplate] = []
+    for model, slots in sorted(by_model.items()):
+        current = snapshot.templates.get(model)
+        obs = snapshot.models.get(model)
+        if current is None or obs is None:
+            continue
+        if current.resources and obs.active_replicas > 0:
+            continue  # running pods: keep their slot kind (see the module docstring)
+        wanted = slot_template(slots, snapshot.inventory, current.node_selector)
+        if wanted.resources == current.resources and wanted.node_selector == dict(current.node_selector):
+            continue
+        actions.append(SetSlotTemplate(model, dict(wanted.resources), dict(wanted.node_selector)))
+    return actions
+
+
+# -- all of them ----------------------------------------------------------------------------------------------
+@dataclass
+class NodeActionState:
+    """What node-level planning remembers between ticks: the time-slicing config last planned (shares per
+    resource; :func:`time_slicing_action` only raises it)."""
+
+    time_slicing: dict[str, int] = field(default_factory=dict)
+
+
+def node_actions(
+    snapshot: ClusterSnapshot, plan: Plan, after: Inventory | None, state: NodeActionState
+) -> list[Action]:
+    """The node-level actions of a tick whose decision is ``plan``, ``after`` the inventory after its placements
+    (None: nothing placed): MIG re-layouts, the time-slicing config (``state`` remembers it), slot templates."""
+    actions: list[Action] = []
+    if after is not None:
+        actions.extend(mig_layout_actions(snapshot.inventory, after))
+        ts = time_slicing_action(after, state.time_slicing)
+        if ts is not None:
+            actions.append(ts)
+            state.time_slicing = dict(ts.replicas)
+    actions.extend(template_actions(plan, snapshot))
+    return actions

@@ -1,13 +1,16 @@
 """The live control loop: informers -> snapshot, Prometheus -> metrics window, decide, act, report.
 
-The same decision core as the simulator (:func:`autoscaler.decision.core.decide`); everything here is wiring:
+The same decision core as the simulator, configured by the same function
+(:func:`autoscaler.decision.config.build_core`) and planned by the same call
+(:func:`autoscaler.decision.tick.plan_tick`); everything here is wiring, through the ports of
+:mod:`autoscaler.api.ports`:
 
 - **observe**: list+watch informers (Deployments, Pods, Nodes, preemptible training workloads) keep caches;
-  each tick :func:`~autoscaler.live.kube.translate.build_view` turns one read of them into the snapshot.
-  Metrics come from :class:`~autoscaler.live.prometheus.metrics.PrometheusMetrics` (without a Prometheus
-  every model is "stale" and the rails hold replicas: no guessing).
-- **decide**: ``decide()``, then the node-level actions the placements imply (MIG re-layouts, time-slicing
-  config, pod templates).
+  each tick :class:`InformerCluster` turns one read of them into the view (the snapshot, each model's pod
+  template in it). Metrics come from :class:`~autoscaler.live.prometheus.metrics.PrometheusMetrics` (without a
+  Prometheus every model is "stale" and the rails hold replicas: no guessing).
+- **decide**: ``plan_tick()``: ``decide()``, then the node-level actions the placements imply (MIG re-layouts,
+  time-slicing config, pod templates).
 - **act**: only while this process holds the Lease (:class:`~autoscaler.live.kube.leader.LeaderElector`),
   checked again right before applying, so a leader that lost its lease mid-tick does not write.
 - **report**: ``/metrics``, ``/healthz``, ``/readyz`` (:mod:`autoscaler.live.exporter`), a log line per action.
@@ -24,18 +27,17 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from autoscaler.api.plan import Plan
-from autoscaler.api.ports import AsyncMetricsPort
-from autoscaler.api.snapshot import STALE_METRICS, MetricsWindow
+from autoscaler.api.ports import AsyncActuator, AsyncMetricsPort, ViewPort
+from autoscaler.api.snapshot import STALE_METRICS, MetricsWindow, SlotTemplate
 from autoscaler.decision.arbitration import ArbitrationPolicy
-from autoscaler.decision.config import CoreConfig
-from autoscaler.decision.core import decide
-from autoscaler.decision.node_actions import mig_layout_actions, time_slicing_action
+from autoscaler.decision.config import build_core
+from autoscaler.decision.node_actions import NodeActionState, gpu_resources
 from autoscaler.decision.state import ControllerState, fresh_state
-from autoscaler.estimation.forecast import FleetForecaster
+from autoscaler.decision.tick import plan_tick
 from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.live.exporter import ControllerMetrics
 from autoscaler.live.health import Health, start_http
@@ -43,14 +45,12 @@ from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeA
 from autoscaler.live.kube.informer import Informer
 from autoscaler.live.kube.leader import LeaderElector
 from autoscaler.live.kube.lending import LendingActuator
-from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView
-from autoscaler.live.kube.templates import template_actions
+from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
 from autoscaler.live.kube.translate import build_view
 from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
 from autoscaler.policies import make_policy
 from sharing.catalog import load_catalog
 from sharing.lending import LendingPolicy
-from sharing.packer import CostAwarePacker
 
 log = logging.getLogger("slotwise.controller")
 
@@ -95,6 +95,36 @@ def _collection(group_path: str, resource: str, namespace: str | None) -> str:
     return f"{group_path}/namespaces/{namespace}/{resource}" if namespace else f"{group_path}/{resource}"
 
 
+def pod_templates(models: Mapping[str, ManagedModel]) -> dict[str, SlotTemplate]:
+    """Each managed model's pod template as far as slots go: its container's GPU resources and node selector."""
+    return {k: SlotTemplate(gpu_resources(m.resources), dict(m.node_selector)) for k, m in models.items()}
+
+
+def read_view(
+    deployments: Iterable[dict], pods: Iterable[dict], nodes: Iterable[dict], training: Iterable[dict] = (), *,
+    now: float, lending: LendingPolicy | None = None,
+) -> ClusterView:
+    """One read of the caches as the decision core's view: ``build_view``, each model's template in the snapshot."""
+    view = build_view(deployments, pods, nodes, training, now=now, lending=lending)
+    return replace(view, snapshot=replace(view.snapshot, templates=pod_templates(view.models)))
+
+
+class InformerCluster:
+    """The live cluster port (:class:`~autoscaler.api.ports.ViewPort`): one read of the informer caches at ``now``
+    (in memory: the informers' own tasks keep them current, so a read does no I/O)."""
+
+    def __init__(self, deployments: Informer, pods: Informer, nodes: Informer, training: Sequence[Informer],
+                 lending: LendingPolicy) -> None:
+        self.deployments, self.pods, self.nodes, self.training = deployments, pods, nodes, tuple(training)
+        self.lending = lending
+
+    def view(self, now: float) -> ClusterView:
+        # (preemptible pods are found among the pods by build_view itself)
+        training = [obj for inf in self.training for obj in inf.items()]
+        return read_view(self.deployments.items(), self.pods.items(), self.nodes.items(), training, now=now,
+                         lending=self.lending)
+
+
 @dataclass
 class TickResult:
     plan: Plan
@@ -130,12 +160,14 @@ class Controller:
                          settings.kueue_workloads_path)
         ]
         self.informers = [self.deployments, self.pods, self.nodes, *self.training]
+        self.cluster: ViewPort[ClusterView] = InformerCluster(self.deployments, self.pods, self.nodes, self.training,
+                                                              settings.lending)
         self.elector = LeaderElector(
             api_client, settings.lease_namespace, settings.lease_name, settings.identity,
             lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
             retry_period_s=settings.retry_period_s,
         )
-        self.actuator = KubeActuator(api_client, settings.actuator)
+        self.actuator: AsyncActuator[ClusterView, ActuationReport] = KubeActuator(api_client, settings.actuator)
         # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
         # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
         self.lender = LendingActuator(api_client, settings.lending, dry_run=settings.actuator.dry_run, clock=clock)
@@ -153,34 +185,19 @@ class Controller:
                 settings.prometheus_url, settings.metric_names, step_s=settings.metrics_step_s,
                 window_s=settings.metrics_window_s, stale_after_s=settings.stale_after_s,
             )
-        lending = settings.lending
-        # Lending whole nodes (pods mode) needs whole nodes idle: pack onto nodes already in use and empty the
-        # least-used node first on scale-down (measured: benchmarks section 7), as the simulator does.
-        consolidate = lending.enabled and lending.mode == "pods"
-        self.core = CoreConfig(
-            packer=CostAwarePacker(prefer_open_nodes=consolidate),
-            consolidate_removals=consolidate,
-            policy=make_policy(settings.policy, **settings.policy_knobs), report_every_decision=True,
-            metric_lag_s=settings.metrics_step_s,
-            lending=lending,  # disabled with GPUs still lent: the lend stage reclaims them (reason "disabled")
-            arbitration=settings.arbitration,
-            # a node label/taint cannot split a node: in pods mode only whole idle nodes are lent
-            lending_whole_nodes_only=lending.mode == "pods",
-            # lending looks ahead by the reclaim deadline plus a cold start: forecast that far
-            forecaster_factory=(lambda: FleetForecaster(horizon_s=max(300.0, lending.max_reclaim_s + 600.0)))
-            if lending.enabled else FleetForecaster,
-        )
+        # Configured as the simulator configures itself (decision/config.py). A disabled lending policy is passed on:
+        # with GPUs still lent the lend stage reclaims them (reason "disabled").
+        self.core = build_core(make_policy(settings.policy, **settings.policy_knobs), lending=settings.lending,
+                               arbitration=settings.arbitration, metric_lag_s=settings.metrics_step_s,
+                               report_every_decision=True)
         self.state: ControllerState = fresh_state()
-        self.time_slicing: dict[str, int] = {}
+        self.node_state = NodeActionState()  # the time-slicing config last planned
         self.ticks = 0
         self.elector.on_change(self._leadership_changed)
 
     # -- one pass ---------------------------------------------------------------------------------------------
     def view(self) -> ClusterView:
-        # (preemptible pods are found among the pods by build_view itself)
-        training = [obj for inf in self.training for obj in inf.items()]
-        return build_view(self.deployments.items(), self.pods.items(), self.nodes.items(), training,
-                          now=self.clock(), lending=self.settings.lending)
+        return self.cluster.view(self.clock())
 
     async def metrics_window(self, view: ClusterView) -> MetricsWindow:
         now = view.snapshot.now
@@ -196,16 +213,7 @@ class Controller:
         return window
 
     def plan(self, view: ClusterView, window: MetricsWindow) -> Plan:
-        decision = decide(view.snapshot, window, self.state, self.core)
-        plan = decision.plan
-        if decision.inventory is not None:
-            plan.actions.extend(mig_layout_actions(view.snapshot.inventory, decision.inventory))
-            ts = time_slicing_action(decision.inventory, self.time_slicing)
-            if ts is not None:
-                plan.actions.append(ts)
-                self.time_slicing = dict(ts.replicas)
-        plan.actions.extend(template_actions(plan, view))
-        return plan
+        return plan_tick(view.snapshot, window, self.state, self.core, self.node_state)
 
     async def tick(self) -> TickResult:
         started = time.perf_counter()

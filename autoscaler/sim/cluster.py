@@ -4,7 +4,9 @@ It is both the simulated Cluster port (``snapshot``) and the simulated Actuator 
 decision core drives it exactly as it drives Kubernetes. A placed replica becomes Ready after its
 model's load time (``cold_start_s``; zero for a policy that asks for ``instant_start``); a removed
 replica stops receiving traffic at once and frees its slot when its in-flight work is done
-(bounded by the drain timeout).
+(bounded by the drain timeout). The node-level actions (``SetMigLayout``, ``SetTimeSlicing``, ``SetSlotTemplate``)
+are recorded: the packer made the MIG instances as it placed, so they change no capacity here; each model's
+template shows in the next snapshot, as the live controller reads it from the Deployment.
 
 Lending (issue 8): ``LendGpus`` allocates idle whole GPUs to ``lent_owner(node, dev)`` under ``LENT_MODEL`` (so
 no inference replica can land there) and starts preemptible training jobs on them from a :class:`TrainingQueue`;
@@ -39,12 +41,16 @@ from autoscaler.api.plan import (
     ReclaimGpus,
     RemoveReplica,
     ScaleModel,
+    SetMigLayout,
+    SetSlotTemplate,
+    SetTimeSlicing,
     Shortfall,
     ShortfallCause,
     UpdateStatus,
 )
-from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, TrainingWorkload
+from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, SlotTemplate, TrainingWorkload
 from autoscaler.api.spec import ModelSpec, SpecError
+from autoscaler.decision.node_actions import Layout, slot_template
 from autoscaler.sim.training import QueuedJob, TrainingQueue
 from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
 from sharing.slots import Inventory, NodeSpec, Slot
@@ -219,6 +225,13 @@ class SimCluster:
         self._node_training = np.zeros(len(nodes_))  # whole GPUs per node held by training (lent or static)
         self._lent_view: MappingProxyType | None = None  # snapshot's read-only copy of ``lent``; None after a change
         self.lost_nodes: list[str] = []  # nodes lost to scenario events, in order
+        # Node-level actions, recorded: the packer creates MIG instances as it places (the inventory has them
+        # already), so a layout, the time-slicing config and a model's template change nothing else here; the
+        # templates go into the next snapshot, as the live controller reads them from the Deployments.
+        self.templates: dict[str, SlotTemplate] = {m: SlotTemplate() for m in self.models}  # none asks for a GPU yet
+        self._templates_view: MappingProxyType | None = None  # the snapshot's read-only copy; None after a change
+        self.mig_layouts: dict[str, dict[int, Layout]] = {}  # node -> its GPUs' layouts as last set
+        self.time_slicing: dict[str, int] = {}  # the device plugin's shares per resource as last set
 
     # -- ClusterPort ---------------------------------------------------------------------------
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -229,14 +242,16 @@ class SimCluster:
                 obs = self._observe(i, now)
                 self._obs[i] = obs
             models[name] = obs
+        if self._templates_view is None:
+            self._templates_view = MappingProxyType(dict(self.templates))
         if not self.lent and not self.runs:
-            return ClusterSnapshot(now=now, models=models, inventory=self.inventory)
+            return ClusterSnapshot(now=now, models=models, inventory=self.inventory, templates=self._templates_view)
         if self._lent_view is None:
             self._lent_view = MappingProxyType(dict(self.lent))
         # Jobs stopping after a SIGTERM are already being reclaimed: the core sees their GPUs lent, not the job.
         training = tuple(r.view(now) for r in self.runs.values() if r.lent and r.stop_at is None)
         return ClusterSnapshot(now=now, models=models, inventory=self.inventory, training=training,
-                               lent=self._lent_view)
+                               lent=self._lent_view, templates=self._templates_view)
 
     def _observe(self, i: int, now: float) -> ModelObservation:
         name = self.models[i]
@@ -320,6 +335,13 @@ class SimCluster:
                     self._lend(a, now)
                 case ReclaimGpus():
                     self._reclaim(a, now)
+                case SetSlotTemplate():
+                    self.templates[a.model] = SlotTemplate(a.resources, a.node_selector)
+                    self._templates_view = None
+                case SetMigLayout():
+                    self.mig_layouts[a.node] = dict(a.layouts)
+                case SetTimeSlicing():
+                    self.time_slicing = dict(a.replicas)
         # The core re-states a model's status whenever its reason changes, with the Shortfall in the same plan while
         # it is short: a status update without one means the shortfall is over.
         for i in restated - short:
@@ -611,3 +633,6 @@ class SimCluster:
             self.routable[i] += 1
         self.desired[i] = len(self.replicas[i])
         self._obs[i] = None
+        if slots:  # the running Deployment's template asks for the slots it runs on
+            self.templates[model] = slot_template(slots, self.inventory, {})
+            self._templates_view = None

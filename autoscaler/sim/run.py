@@ -1,8 +1,10 @@
 """The simulated control loop: the same decision core as the live controller, on a simulated cluster.
 
-Time advances in ticks of ``tick_s`` without sleeping. Each tick:
+Configured by the same function as the controller (:func:`autoscaler.decision.config.build_core`) and planned by
+the same call (:func:`autoscaler.decision.tick.plan_tick`: decide, then the MIG layouts, time-slicing config and slot
+templates the placements imply). Time advances in ticks of ``tick_s`` without sleeping. Each tick:
 
-    advance cluster (readiness, drains) -> snapshot + metrics window -> decide (pure core) -> apply plan
+    advance cluster (readiness, drains) -> snapshot + metrics window -> plan_tick (pure core) -> apply plan
     -> queue engine serves the tick's traffic -> metrics recorded
 
 and the scorecard accumulates (see :mod:`autoscaler.sim.scorecard`). With ``SimConfig.lending`` the core's lend
@@ -27,11 +29,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoscaler.api.ports import Actuator, ClusterPort, MetricsPort
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationPolicy
-from autoscaler.decision.config import CoreConfig
-from autoscaler.decision.core import decide
+from autoscaler.decision.config import CoreConfig, build_core
+from autoscaler.decision.node_actions import NodeActionState
 from autoscaler.decision.state import fresh_state
+from autoscaler.decision.tick import plan_tick
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from autoscaler.report.cost import UNKNOWN_TEAM, price_table
@@ -41,7 +45,7 @@ from autoscaler.sim.metrics import SimMetrics
 from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
 from autoscaler.sim.workload import SimWorkload, served_as
 from sharing.lending import LendingPolicy
-from sharing.packer import CostAwarePacker, Packer
+from sharing.packer import Packer
 from sharing.slots import NodeSpec
 
 Progress = Callable[[float], None]  # called with the fraction done
@@ -214,14 +218,29 @@ def _warm_start(
         cluster.preplace(name, slots)
 
 
-def _forecaster(workload: SimWorkload, policy: Policy) -> FleetForecaster | None:
-    """The fleet forecaster warm-started from the trace's past, when there is one and the policy forecasts."""
+def _forecaster(
+    workload: SimWorkload, policy: Policy, factory: Callable[[], FleetForecaster] = FleetForecaster
+) -> FleetForecaster | None:
+    """The fleet forecaster (from ``factory``: the core's) warm-started from the trace's past, when there is one and
+    the policy forecasts."""
     history = workload.history
     if history is None or not policy.uses_forecast:
         return None
-    forecaster = FleetForecaster()
+    forecaster = factory()
     forecaster.warm_start({m: history.rates[i] for i, m in enumerate(history.models)}, history.step_s)
     return forecaster
+
+
+def sim_core(policy: Policy, cfg: SimConfig) -> CoreConfig:
+    """The decision core's configuration for a simulated run: the controller's (:func:`build_core`) from the
+    simulator's flags. Lending not enabled is no lending at all (None): nothing was lent before the run. Two
+    settings stay the simulator's own, as measured runs need: no metric lag (the window is the engine's own) and a
+    status only when a decision changes (the controller reports every one)."""
+    lending = cfg.lending if cfg.lending is not None and cfg.lending.enabled else None
+    return build_core(policy, lending=lending, arbitration=cfg.arbitration,
+                      prefer_open_nodes=cfg.lending_prefer_open_nodes,
+                      consolidate_removals=cfg.lending_consolidate_removals,
+                      device_anti_affinity=bool(cfg.lending_device_anti_affinity))
 
 
 def simulate(
@@ -249,7 +268,8 @@ def simulate(
 
     profiles = workload.profiles
     drain = np.array([min(cfg.drain_timeout_s, float(profiles[x].occupancy_s.max())) for x in models])
-    lending = cfg.lending if cfg.lending is not None and cfg.lending.enabled else None
+    core = sim_core(policy, cfg)
+    lending = core.lending
     queue = None
     if lending is not None or cfg.static_training_gpus > 0:
         queue = TrainingQueue(cfg.training if cfg.training is not None else load_training())
@@ -258,15 +278,6 @@ def simulate(
     cluster.score_from = burn_in
     if cfg.static_training_gpus > 0:
         cluster.reserve_static_training(cfg.static_training_gpus)
-    # As the live controller: in "pods" mode only whole idle nodes are lent (a node label cannot split a node).
-    whole_nodes = lending is not None and lending.mode == "pods"
-    prefer_open = whole_nodes and cfg.lending_prefer_open_nodes is not False
-    arbitration = {} if cfg.arbitration is None else {"arbitration": cfg.arbitration}
-    core = CoreConfig(policy=policy, metric_lag_s=0.0, lending=lending,
-                      lending_whole_nodes_only=whole_nodes, **arbitration,
-                      packer=CostAwarePacker(prefer_open_nodes=prefer_open, node_anti_affinity=not (
-                          whole_nodes and bool(cfg.lending_device_anti_affinity))),
-                      consolidate_removals=whole_nodes and cfg.lending_consolidate_removals is not False)
     _warm_start(cluster, workload, good, dt, core.packer)
     metrics = SimMetrics(
         models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
@@ -277,7 +288,8 @@ def simulate(
     set_timeout = getattr(engine, "set_request_timeout", None)
     if set_timeout is not None:
         set_timeout(cfg.request_timeout_s)
-    state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy))
+    state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy, core.forecaster_factory))
+    node_state = NodeActionState()
     future = workload.arrivals_per_tick(dt) / dt if policy.instant_start else None
 
     shape = (m, n_min)
@@ -304,6 +316,10 @@ def simulate(
     report_every = max(1, n_ticks // 200)
     pending = sorted(cfg.events, key=lambda e: e.at_s)
     fired: list[dict[str, object]] = []
+    # The ports the loop drives (autoscaler/api/ports.py): the cluster is also the actuator.
+    observe: ClusterPort = cluster
+    measure: MetricsPort = metrics
+    act: Actuator = cluster
 
     for k in range(n_ticks):
         now = k * dt
@@ -313,10 +329,9 @@ def simulate(
         if future is not None:
             # The oracle knows the load of the tick it is about to serve.
             metrics.future_rate = future[:, k]
-        decision = decide(cluster.snapshot(now), metrics.window(now), state, core)
-        state = decision.state
-        if decision.plan.actions:
-            cluster.apply(decision.plan)
+        plan = plan_tick(observe.snapshot(now), measure.window(now), state, core, node_state)
+        if plan.actions:
+            act.apply(plan)
             routable = cluster.advance(now)  # instant-start replicas serve this tick
         else:
             routable = cluster.routable

@@ -1,8 +1,20 @@
-"""Node-level actions implied by a tick's placements: MIG re-layouts and the time-slicing config."""
+"""Node-level actions implied by a tick's placements: MIG re-layouts, the time-slicing config, slot templates."""
 
 from __future__ import annotations
 
-from autoscaler.decision.node_actions import mig_layout_actions, time_slicing_action, time_slicing_replicas
+from autoscaler.api.plan import PlaceReplica, Plan, SetSlotTemplate
+from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, SlotTemplate
+from autoscaler.api.spec import ModelSpec
+from autoscaler.decision.node_actions import (
+    GPU_PRODUCT,
+    NodeActionState,
+    gpu_resources,
+    mig_layout_actions,
+    node_actions,
+    template_actions,
+    time_slicing_action,
+    time_slicing_replicas,
+)
 from sharing.catalog import load_catalog
 from sharing.render import check_layout
 from sharing.slots import Inventory, NodeSpec, Slot
@@ -58,3 +70,72 @@ def test_time_slicing_counts_the_most_shares_per_device_and_only_rises() -> None
     assert time_slicing_action(inv, {}).replicas == {"nvidia.com/gpu": 3}
     assert time_slicing_action(inv, {"nvidia.com/gpu": 3}) is None
     assert time_slicing_action(inv, {"nvidia.com/gpu": 4}) is None  # never lowered under running pods
+
+
+def test_node_actions_remember_the_time_slicing_config_they_planned() -> None:
+    inv = Inventory.from_nodes([NodeSpec("ts", "L4", 1)])
+    after = inv.copy()
+    for k in range(2):
+        after.allocate(Slot.share("ts", 0, load_catalog().get("L4"), 6.0, 0.3), f"m-{k}", model="m")
+    snap = ClusterSnapshot(0.0, {}, inv)
+    state = NodeActionState()
+    (ts,) = node_actions(snap, Plan(0.0), after, state)
+    assert ts.replicas == {"nvidia.com/gpu": 2} and state.time_slicing == {"nvidia.com/gpu": 2}
+    assert node_actions(snap, Plan(0.0), after, state) == []  # planned once
+    assert node_actions(snap, Plan(0.0), None, state) == []  # nothing placed: nothing to plan
+
+
+# -- slot templates ---------------------------------------------------------------------------------------------
+H100, L4 = load_catalog().get("H100-80GB"), load_catalog().get("L4")
+H100_LABEL = "NVIDIA-H100-80GB-HBM3"
+
+
+def _cluster() -> Inventory:
+    return Inventory.from_nodes([NodeSpec("mig", "H100-80GB", 1, mig_enabled=True, labels={GPU_PRODUCT: H100_LABEL}),
+                                 NodeSpec("l4", "L4", 2, labels={GPU_PRODUCT: "NVIDIA-L4"})])
+
+
+def _snapshot(template: SlotTemplate | None, running: int = 0) -> ClusterSnapshot:
+    spec = ModelSpec(name="m", slot_kinds=("mig", "whole"), gpu_memory_gib=15.0, gpu_compute_share=0.25)
+    reps = tuple(Replica(f"r{k}", None, ready=True, started_at=0.0) for k in range(running))
+    templates = {} if template is None else {"m": template}
+    return ClusterSnapshot(0.0, {"m": ModelObservation("m", spec, running, reps)}, _cluster(), templates=templates)
+
+
+def _placements(*slots: Slot) -> Plan:
+    return Plan(0.0, [PlaceReplica("m", f"m-{k}", s) for k, s in enumerate(slots)])
+
+
+MIG_2G = Slot.mig("mig", 0, H100, "2g", 0)
+
+
+def test_a_first_placement_sets_the_template_keeping_the_other_selectors() -> None:
+    snap = _snapshot(SlotTemplate({}, {"team": "search"}))
+    (action,) = template_actions(_placements(MIG_2G), snap)
+    assert action == SetSlotTemplate("m", {"requests": {"nvidia.com/mig-2g.20gb": "1"},
+                                           "limits": {"nvidia.com/mig-2g.20gb": "1"}},
+                                     {"team": "search", GPU_PRODUCT: H100_LABEL})
+
+
+def test_the_shape_most_placements_chose_wins_ties_the_first() -> None:
+    whole = [Slot.whole("l4", i, L4) for i in range(2)]
+    (action,) = template_actions(_placements(MIG_2G, *whole), _snapshot(SlotTemplate()))
+    assert action.resources["limits"] == {"nvidia.com/gpu": "1"} and action.node_selector == {GPU_PRODUCT: "NVIDIA-L4"}
+    (tie,) = template_actions(_placements(MIG_2G, whole[0]), _snapshot(SlotTemplate()))
+    assert tie.resources["limits"] == {"nvidia.com/mig-2g.20gb": "1"}
+
+
+def test_no_template_action_for_a_running_model_the_same_template_or_an_unknown_one() -> None:
+    running = SlotTemplate({"limits": {"nvidia.com/gpu": "1"}}, {})
+    assert template_actions(_placements(MIG_2G), _snapshot(running, running=1)) == []  # re-slotting rolls every pod
+    (action,) = template_actions(_placements(MIG_2G), _snapshot(SlotTemplate()))
+    same = SlotTemplate(action.resources, action.node_selector)
+    assert template_actions(_placements(MIG_2G), _snapshot(same)) == []
+    assert template_actions(_placements(MIG_2G), _snapshot(None)) == []  # no template known: not ours to set
+    # a running model that asks for no GPU gets one
+    assert template_actions(_placements(MIG_2G), _snapshot(SlotTemplate(), running=1))
+
+
+def test_gpu_resources_reads_the_nvidia_part_of_a_container() -> None:
+    got = gpu_resources({"requests": {"cpu": "2", "nvidia.com/gpu": 1}, "limits": {"memory": "1Gi"}})
+    assert got == {"requests": {"nvidia.com/gpu": "1"}}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_sim import poisson_log
 
-import autoscaler.sim.run as sim_run
+import autoscaler.decision.tick as tick_module
 from autoscaler.api.plan import (
     LendGpus,
     Plan,
@@ -60,7 +60,7 @@ class Injected:
     core's decisions, so the recorder is tested without depending on the arbitration algorithm)."""
 
     def __init__(self, extra) -> None:  # type: ignore[no-untyped-def]
-        self.real = sim_run.decide
+        self.real = tick_module.decide
         self.extra = extra
         self.configs: list[CoreConfig] = []
 
@@ -225,11 +225,11 @@ def test_injected_shortfalls_reach_the_result_and_the_card() -> None:
                 Shortfall("a", 2, "the team holds its limit", ShortfallCause.BORROWING_LIMIT, "t", True)]
 
     inject = Injected(short)
-    sim_run.decide, saved = inject, sim_run.decide
+    tick_module.decide, saved = inject, tick_module.decide
     try:
         res = run(log, {"a": spec}, make_policy("hpa"), "8xH100-80GB:mig", burn_in_s=120.0)
     finally:
-        sim_run.decide = saved
+        tick_module.decide = saved
     assert res.unreasoned == 1
     # they stand until the model's status is re-stated without one, and count for every tick they stand
     minutes = res.shortfalls["a"]["none"]
@@ -261,11 +261,11 @@ def test_preemptions_are_recorded_once_carried_out_in_the_scored_period() -> Non
                               message="twice in one plan: drained once")]
 
     inject = Injected(preempt)
-    sim_run.decide, saved = inject, sim_run.decide
+    tick_module.decide, saved = inject, tick_module.decide
     try:
         res = run(log, specs, make_policy("hpa"), "8xH100-80GB:mig", burn_in_s=300.0)
     finally:
-        sim_run.decide = saved
+        tick_module.decide = saved
     assert res.preemptions == [{"at_s": 600.0, "model": "low", "team": "batch", "replica": seen[1],
                                 "by_model": "high", "reason": "priority", "message": "high would miss its SLO"}]
     rows = {r["team"]: r for r in team_card(res)["teams"]}
@@ -280,12 +280,12 @@ def test_arbitration_and_timeout_settings_reach_the_core() -> None:
     policy = ArbitrationPolicy(mode="partition", teams=(TeamQuota("t", 1.0),))
     for given, expected in ((policy, policy), (None, CoreConfig(policy=make_policy("hpa")).arbitration)):
         inject = Injected(lambda snap: [])
-        sim_run.decide, saved = inject, sim_run.decide
+        tick_module.decide, saved = inject, tick_module.decide
         try:
             res = run(log, {"a": SLICE.with_(name="a")}, make_policy("hpa"), "8xH100-80GB:mig", arbitration=given,
                       request_timeout_s=5.0)
         finally:
-            sim_run.decide = saved
+            tick_module.decide = saved
         assert inject.configs and all(c.arbitration == expected for c in inject.configs)
         assert res.request_timeout_s == 5.0
 
