@@ -4,7 +4,8 @@ harness and the what-if tool).
 - :mod:`~autoscaler.sim.run`: ``simulate`` -- the tick loop (advance cluster -> snapshot + window -> plan -> apply ->
   serve the tick's traffic -> record);
 - :mod:`~autoscaler.sim.cluster`, :mod:`~autoscaler.sim.metrics`: the simulated adapters (cluster + actuator, metrics
-  source) behind the same ports as the live ones;
+  source) behind the synchronous ports of :mod:`autoscaler.api.ports`; :mod:`~autoscaler.sim.lending`: what the
+  cluster records about lending (training runs, reclaims, totals);
 - :mod:`~autoscaler.sim.queueing`, :mod:`~autoscaler.sim.fluid`, :mod:`~autoscaler.sim.des`,
   :mod:`~autoscaler.sim.engines`: the serving engines (their interface and workload, fluid M/G/c per replica,
   request-level discrete events);

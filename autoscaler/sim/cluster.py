@@ -14,7 +14,7 @@ no inference replica can land there) and starts preemptible training jobs on the
 their grace period, and go back to the queue with what they kept) and gives each GPU back to inference when its
 job has stopped. A static split (``reserve_static_training``) takes GPUs out of the inference pool up front for
 training that is never preempted. The accounting (:class:`LendingStats`) is exact in time (event-driven), clipped
-to the scored period from ``score_from``.
+to the scored period from ``score_from`` (the records: :mod:`autoscaler.sim.lending`).
 
 What the plans said (issue 9), for the scorecard: the replicas each model is short, by :class:`ShortfallCause`
 (``shortfall_by_cause``; a model's shortfall stands until a status update for it comes without one, since the core
@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
@@ -48,10 +48,11 @@ from autoscaler.api.plan import (
     ShortfallCause,
     UpdateStatus,
 )
-from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, SlotTemplate, TrainingWorkload
+from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, SlotTemplate
 from autoscaler.api.spec import ModelSpec, SpecError
 from autoscaler.decision.node_actions import Layout, slot_template
-from autoscaler.sim.training import QueuedJob, TrainingQueue
+from autoscaler.sim.lending import LendingStats, Reclaim, TrainingRun
+from autoscaler.sim.training import TrainingQueue
 from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
 from sharing.slots import Inventory, NodeSpec, Slot
 
@@ -77,77 +78,6 @@ def static_owner(node: str, device: int) -> str:
 
 class LendingViolation(AssertionError):
     """A plan broke a lending invariant (training on a GPU holding inference, or the reverse): a core bug."""
-
-
-@dataclass
-class TrainingRun:
-    """One run of a training job on some GPUs: from its start until it finishes or stops after a SIGTERM."""
-
-    job: QueuedJob
-    node: str
-    devices: tuple[int, ...]
-    started_at: float
-    lent: bool  # on lent GPUs (preemptible); False: a static split's GPUs, never preempted
-    sigterm_at: float | None = None
-    stop_at: float | None = None  # set on SIGTERM: the GPUs stay taken until then
-    # What the snapshot shows, kept until the next checkpoint changes it (building one per run per tick would
-    # cost more than the rest of the snapshot).
-    _view: TrainingWorkload | None = field(default=None, repr=False)
-    _view_until: float = -math.inf
-
-    def last_checkpoint_at(self, now: float) -> float | None:
-        """When the run last wrote a checkpoint (every ``checkpoint_every_s`` of running), None before the first."""
-        every = self.job.job.checkpoint_every_s
-        n = math.floor((now - self.started_at) / every + 1e-9)
-        return self.started_at + n * every if n >= 1 else None
-
-    def view(self, now: float) -> TrainingWorkload:
-        """The run as the decision core sees it at ``now`` (time only moves forward)."""
-        if self._view is None or now >= self._view_until - 1e-9:
-            ckpt = self.last_checkpoint_at(now)
-            self._view = TrainingWorkload(self.job.name, "Job", float(len(self.devices)), (self.node,),
-                                          running=True, grace_s=self.job.job.grace_s, started_at=self.started_at,
-                                          last_checkpoint_at=ckpt)
-            self._view_until = (self.started_at if ckpt is None else ckpt) + self.job.job.checkpoint_every_s
-        return self._view
-
-
-@dataclass
-class Reclaim:
-    """One ``ReclaimGpus`` carried out: from the decision until its last GPU is free."""
-
-    node: str
-    devices: tuple[int, ...]
-    reason: str
-    decided_at: float
-    deadline_s: float
-    pending: set[int] = field(default_factory=set)
-    freed_at: float | None = None
-
-    @property
-    def duration_s(self) -> float | None:
-        return None if self.freed_at is None else self.freed_at - self.decided_at
-
-
-@dataclass
-class LendingStats:
-    """What lending did, in the scored period (from ``score_from``); GPU-seconds are whole GPUs x seconds."""
-
-    reclaims: list[Reclaim] = field(default_factory=list)  # decided in the scored period
-    lends: int = 0
-    lent_gpus: int = 0  # GPUs lent (a GPU lent twice counts twice)
-    reclaim_noops: int = 0  # devices named by a ReclaimGpus that were not lent, or already coming back
-    goodput_lent_s: float = 0.0  # training work kept, on lent GPUs
-    goodput_static_s: float = 0.0  # ... on a static split's GPUs
-    lost_s: float = 0.0  # training work thrown away (since the last checkpoint) by preemption
-    grace_s: float = 0.0  # GPU-seconds jobs spent stopping after SIGTERM
-    jobs_started: int = 0  # runs started (a job resumed after a preemption counts again); from time 0
-    jobs_finished: int = 0  # from time 0
-    preemptions: int = 0
-    # Scored period only: each job's wait (entered the backlog -> first start; see autoscaler/sim/training.py) for
-    # the jobs first started in it, and the jobs that finished in it.
-    job_waits_s: list[float] = field(default_factory=list)
-    jobs_finished_scored: int = 0
 
 
 @dataclass

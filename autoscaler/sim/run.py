@@ -39,8 +39,9 @@ from autoscaler.decision.tick import plan_tick
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from autoscaler.report.cost import UNKNOWN_TEAM, price_table
-from autoscaler.sim.cluster import SHORTFALL_CAUSES, LendingStats, SimCluster
+from autoscaler.sim.cluster import SHORTFALL_CAUSES, SimCluster
 from autoscaler.sim.engines import make_engine
+from autoscaler.sim.lending import LendingStats
 from autoscaler.sim.metrics import SimMetrics
 from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
 from autoscaler.sim.workload import SimWorkload, served_as

@@ -19,14 +19,8 @@ from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.cli.main import main
 from autoscaler.decision.config import CoreConfig
 from autoscaler.policies import make_policy
-from autoscaler.sim.cluster import (
-    STATIC_TRAINING_MODEL,
-    LendingStats,
-    LendingViolation,
-    Reclaim,
-    SimCluster,
-    static_owner,
-)
+from autoscaler.sim.cluster import STATIC_TRAINING_MODEL, LendingViolation, SimCluster, static_owner
+from autoscaler.sim.lending import LendingStats, Reclaim
 from autoscaler.sim.run import SimConfig, simulate
 from autoscaler.sim.scorecard import COLUMNS, LENDING_COLUMNS, lending_card, scorecard
 from autoscaler.sim.training import (
