@@ -361,49 +361,22 @@ def plan_lending(
 
     trial = inventory.copy()
     # 1. The warm buffer, set aside on the nodes with the fewest idle GPUs so that whole idle nodes stay lendable.
-    held: dict[str, list[Key]] = {}
-    for kind in kinds:
-        idle = idle_before[kind]
-        per_node: dict[str, int] = {}
-        for node, _ in idle:
-            per_node[node] = per_node.get(node, 0) + 1
-        chosen = sorted(idle, key=lambda k: (per_node[k[0]], inventory.position(*k)))[: buffer[kind]]
-        held[kind] = chosen
-        for node, dev in chosen:
-            trial.allocate(Slot.whole(node, dev, trial.gpu_of(node)), f"buffer:{node}/{dev}", model=_BUFFER_MODEL)
+    held = _hold_buffer(trial, inventory, kinds, idle_before, buffer)
 
     # 2. Trial packing: unlent capacity first; what does not fit there, on lent GPUs released one node at a time,
     # the cheapest to take back first.
     dev_borrowers = attribute(borrowers, lent_keys)
     needed: dict[Key, ReclaimReason] = {}
-    failed: set[tuple] = set()
-    leftovers: list[NeedRequest] = []
-    seq = 0
-    for nr in need:
-        req = nr.request
-        shape = _shape(req)
-        slot = None if shape in failed else packer.place(trial, req)
-        if slot is None:
-            failed.add(shape)
-            leftovers.append(nr)
-            continue
-        seq += 1
-        trial.allocate(slot, f"trial:{req.model}:{seq}", model=req.model)
+    leftovers = _trial_pack(trial, need, packer)
     if leftovers and lent_keys:
         leftovers = _trial_on_lent(trial, leftovers, lent_keys, in_flight, dev_borrowers, policy, now, packer,
                                    needed)
 
     # 3. Urgent reclaims: lent GPUs the trial needs (in "pods" mode with the rest of their node).
-    reclaim: dict[Key, ReclaimReason] = {k: r for k, r in needed.items() if k not in in_flight}
     lent_by_node: dict[str, list[Key]] = {}
     for k in sorted(lent_keys):
         lent_by_node.setdefault(k[0], []).append(k)
-    if whole_nodes_only:
-        for node in {k[0] for k in reclaim}:
-            reason = min((r for k, r in reclaim.items() if k[0] == node), key=lambda r: _URGENCY.get(r, 9))
-            for k in lent_by_node[node]:
-                if k not in in_flight:
-                    reclaim.setdefault(k, reason)
+    reclaim = _urgent_reclaims(needed, in_flight, lent_by_node, whole_nodes_only)
 
     order = preemption_order({b.name: b for bs in dev_borrowers.values() for b in bs}.values(), now)
     surplus: dict[str, int] = {}
@@ -439,6 +412,56 @@ def plan_lending(
         unplaced=len(leftovers),
         trialled=True,
     )
+
+
+def _hold_buffer(trial: Inventory, inventory: Inventory, kinds: Sequence[str], idle_before: Mapping[str, list[Key]],
+                 buffer: Mapping[str, int]) -> dict[str, list[Key]]:
+    """Set each kind's warm buffer aside in ``trial`` (allocated to a placeholder), on the nodes with the fewest idle
+    GPUs first, so that whole idle nodes stay lendable. Returns the GPUs held per kind."""
+    held: dict[str, list[Key]] = {}
+    for kind in kinds:
+        idle = idle_before[kind]
+        per_node: dict[str, int] = {}
+        for node, _ in idle:
+            per_node[node] = per_node.get(node, 0) + 1
+        chosen = sorted(idle, key=lambda k: (per_node[k[0]], inventory.position(*k)))[: buffer[kind]]
+        held[kind] = chosen
+        for node, dev in chosen:
+            trial.allocate(Slot.whole(node, dev, trial.gpu_of(node)), f"buffer:{node}/{dev}", model=_BUFFER_MODEL)
+    return held
+
+
+def _trial_pack(trial: Inventory, need: Sequence[NeedRequest], packer: Packer) -> list[NeedRequest]:
+    """Place ``need`` on ``trial``'s unlent capacity, in order; returns what did not fit (a shape that failed once
+    is not tried again this tick)."""
+    failed: set[tuple] = set()
+    leftovers: list[NeedRequest] = []
+    seq = 0
+    for nr in need:
+        req = nr.request
+        shape = _shape(req)
+        slot = None if shape in failed else packer.place(trial, req)
+        if slot is None:
+            failed.add(shape)
+            leftovers.append(nr)
+            continue
+        seq += 1
+        trial.allocate(slot, f"trial:{req.model}:{seq}", model=req.model)
+    return leftovers
+
+
+def _urgent_reclaims(needed: Mapping[Key, ReclaimReason], in_flight: Collection[Key],
+                     lent_by_node: Mapping[str, list[Key]], whole_nodes_only: bool) -> dict[Key, ReclaimReason]:
+    """The lent GPUs the trial needs, not already being reclaimed; in "pods" mode with the rest of their node (the
+    node's most urgent reason)."""
+    reclaim: dict[Key, ReclaimReason] = {k: r for k, r in needed.items() if k not in in_flight}
+    if whole_nodes_only:
+        for node in {k[0] for k in reclaim}:
+            reason = min((r for k, r in reclaim.items() if k[0] == node), key=lambda r: _URGENCY.get(r, 9))
+            for k in lent_by_node[node]:
+                if k not in in_flight:
+                    reclaim.setdefault(k, reason)
+    return reclaim
 
 
 _TRIAL_NODES = 4  # nodes of lent GPUs tried per replica before it counts as unplaceable

@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 
 from autoscaler.api.plan import Reason
+from autoscaler.api.snapshot import window_mean
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationState
 from autoscaler.decision.scaledown import ScaleDownState
 from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.model_learning import ModelLearning
-from autoscaler.policies.base import Forecast, window_mean
+from autoscaler.policies.base import Forecast
 from sharing.lending import LendingPlan
 from sharing.slots import SlotRequest
 

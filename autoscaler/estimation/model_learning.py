@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autoscaler.api.snapshot import ModelMetrics, ModelObservation
+from autoscaler.api.snapshot import ModelMetrics, ModelObservation, window_mean
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.estimation.cold_start import ColdStartEstimator, ReadyTracker
 from autoscaler.estimation.learning import CapacityLearner, SloQuantile
-from autoscaler.policies.base import window_mean
 from sharing.catalog import load_catalog
 from sharing.slots import Slot, SlotKind
 

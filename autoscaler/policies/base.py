@@ -170,23 +170,3 @@ def replicas_for_load(rate: float, spec: ModelSpec, utilization: float) -> int:
         return 0
     per_replica = spec.concurrency / spec.service_time_s
     return math.ceil(rate / (per_replica * utilization) - 1e-9)
-
-
-def window_mean(samples: np.ndarray, step_s: float, window_s: float) -> float | None:
-    """Mean of the samples covering the last ``window_s`` (at least one sample); None without data.
-
-    The window is rounded to the nearest whole number of steps: rounding up would make a short window
-    (KPA's 6 s panic window on 5 s steps) twice as long and hide the very bursts it exists to catch.
-    """
-    if samples.size == 0:
-        return None
-    n = max(1, math.floor(window_s / step_s + 0.5)) if step_s > 0 else 1
-    if n <= 8:
-        # (every policy asks every tick: for a few samples plain floats beat numpy's call overhead)
-        vals = [v for v in samples[-n:].tolist() if math.isfinite(v)]
-        return sum(vals) / len(vals) if vals else None
-    tail = samples[-n:]
-    finite = tail[np.isfinite(tail)]
-    if finite.size == 0:
-        return None
-    return float(finite.mean())

@@ -33,8 +33,9 @@ import math
 from dataclasses import dataclass
 
 from autoscaler.api.plan import Reason
+from autoscaler.api.snapshot import window_mean
 from autoscaler.api.spec import ModelSpec
-from autoscaler.policies.base import PolicyContext, PolicyResult, RateLimit, ScalingBehavior, window_mean
+from autoscaler.policies.base import PolicyContext, PolicyResult, RateLimit, ScalingBehavior
 
 _EPS = 1e-9
 

@@ -54,8 +54,9 @@ import math
 from dataclasses import dataclass
 
 from autoscaler.api.plan import Reason
+from autoscaler.api.snapshot import window_mean
 from autoscaler.api.spec import ModelSpec
-from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior, window_mean
+from autoscaler.policies.base import PolicyContext, PolicyResult, ScalingBehavior
 
 PREDICTORS = ("holt", "kalman", "constant")
 

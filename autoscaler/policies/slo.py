@@ -35,11 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoscaler.api.plan import Reason
+from autoscaler.api.snapshot import window_mean
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation import capacity as capacity_model
 from autoscaler.estimation.capacity import ServiceProfile, quantize_up
 from autoscaler.estimation.learning import SloQuantile
-from autoscaler.policies.base import NMinus1, PolicyContext, PolicyResult, ScalingBehavior, window_mean
+from autoscaler.policies.base import NMinus1, PolicyContext, PolicyResult, ScalingBehavior
 
 
 @dataclass(frozen=True)

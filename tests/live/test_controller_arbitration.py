@@ -122,7 +122,7 @@ async def test_a_high_priority_model_preempts_a_low_priority_one(api: client.Api
         assert victim.split("/")[-1] in low_pods
         # low's Deployment scaled 2 -> 1 and the ReplicaSet removed THAT pod (the deletion cost marked it)
         assert f"scale {low}: 2 -> 1 (preempted) 1 replica(s) preempted for {high}" in applied, applied
-        assert any(line.startswith(f"drain {low}/{victim} (timeout") and line.endswith(f"{POD_DELETION_COST}=-1000")
+        assert any(line.startswith(f"drain {low}/{victim} preempted") and line.endswith(f"{POD_DELETION_COST}=-1000")
                    for line in applied), applied
         assert (await apps.read_namespaced_deployment("low", ns)).spec.replicas == 1
         names = {p["metadata"]["name"] for p in await play.pods()}
