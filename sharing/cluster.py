@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sharing.catalog import Catalog, GpuModel, load_catalog
+from sharing.render import GPU_PRODUCT
 from sharing.slots import NodeSpec
 
 _DEFAULT_GPN = 8
@@ -46,7 +47,7 @@ class ClusterSpecError(ValueError):
 
 def _labels(gpu: GpuModel, count: int, mig: bool, extra: Mapping[str, str]) -> dict[str, str]:
     labels = {
-        "nvidia.com/gpu.product": gpu.name,
+        GPU_PRODUCT: gpu.name,
         "nvidia.com/gpu.count": str(count),
         "nvidia.com/gpu.memory": str(int(gpu.memory_gib * 1024)),  # GFD publishes MiB
         "nvidia.com/mig.capable": str(gpu.mig_capable).lower(),

@@ -23,6 +23,7 @@ from typing import Any
 from sharing.catalog import GpuModel
 from sharing.slots import Inventory, Slot, SlotKind
 
+GPU_PRODUCT = "nvidia.com/gpu.product"  # GPU Feature Discovery's node label: the GPU kind
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 

@@ -47,6 +47,9 @@ class ModelObservation:
         return sum(1 for r in self.replicas if not r.draining)
 
 
+DEFAULT_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds: a workload's notice before SIGKILL
+
+
 @dataclass(frozen=True)
 class TrainingWorkload:
     """A preemptible training workload running on (or waiting for) GPU capacity inference lends.

@@ -53,11 +53,11 @@ from pathlib import Path
 
 import numpy as np
 
+from autoscaler.api.snapshot import DEFAULT_GRACE_S
 from forecasting.traces._io import CsvTable, floats, ints, read_csv
 from forecasting.traces.model import TraceFormatError
 
 DEFAULT_CHECKPOINT_EVERY_S = 600.0  # ten minutes: a common periodic-checkpoint setting for preemptible training
-DEFAULT_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 BUNDLED = "alibaba-default"  # the bundled slice's name for --training
 FULL_GPU_MILLI = 1000
 

@@ -6,7 +6,6 @@ from autoscaler.api.plan import PlaceReplica, Plan, SetSlotTemplate
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, SlotTemplate
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.node_actions import (
-    GPU_PRODUCT,
     NodeActionState,
     gpu_resources,
     mig_layout_actions,
@@ -16,7 +15,7 @@ from autoscaler.decision.node_actions import (
     time_slicing_replicas,
 )
 from sharing.catalog import load_catalog
-from sharing.render import check_layout
+from sharing.render import GPU_PRODUCT, check_layout
 from sharing.slots import Inventory, NodeSpec, Slot
 
 

@@ -54,7 +54,6 @@ from autoscaler.live.kube.mig_gate import (
     decide,
 )
 from autoscaler.live.kube.objects import (
-    GPU_PRODUCT,
     MIG_CONFIG,
     MIG_CONFIG_STATE,
     POD_DELETION_COST,
@@ -73,7 +72,7 @@ from autoscaler.live.kube.writes import (
     status_payload,
 )
 from sharing.catalog import load_catalog
-from sharing.render import mig_parted_config, time_slicing_config, to_yaml
+from sharing.render import GPU_PRODUCT, mig_parted_config, time_slicing_config, to_yaml
 from sharing.slots import Inventory, Slot, SlotKind
 
 pytest_plugins = ("realparts.kube",)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-DEFAULT_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+from autoscaler.api.snapshot import DEFAULT_GRACE_S
 
 
 def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:

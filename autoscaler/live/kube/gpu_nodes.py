@@ -22,7 +22,6 @@ from typing import Any
 from autoscaler.live.kube.fields import metadata, parse_count
 from autoscaler.live.kube.objects import (
     GPU_COUNT,
-    GPU_PRODUCT,
     GPU_REPLICAS,
     GPU_RESOURCE,
     MIG_CONFIG,
@@ -31,6 +30,7 @@ from autoscaler.live.kube.objects import (
 )
 from sharing.catalog import Catalog, GpuModel, load_catalog
 from sharing.mig_layout import gpus_needed, instances_per_gpu, lay_out_mig_node
+from sharing.render import GPU_PRODUCT
 from sharing.slots import Inventory, NodeSpec, Slot
 
 NVIDIA_LABEL_PREFIX = "nvidia.com/"

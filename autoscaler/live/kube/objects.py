@@ -34,7 +34,6 @@ RECLAIM_SINCE_ANNOTATION = PREFIX + "reclaim-since"  # RFC 3339 (fractional seco
 RECLAIM_REASON_ANNOTATION = PREFIX + "reclaim-reason"  # the ReclaimGpus reason (forecast, shortfall ...)
 
 # NVIDIA GPU Feature Discovery / GPU operator node labels
-GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB
 GPU_COUNT = "nvidia.com/gpu.count"
 GPU_REPLICAS = "nvidia.com/gpu.replicas"  # time-slicing replicas per GPU (GFD)
