@@ -1,4 +1,4 @@
-"""``slotwise`` command line: one subcommand module per verb under ``autoscaler/commands``."""
+"""``slotwise`` command line: one subcommand module per verb beside it in ``autoscaler/cli``."""
 
 from __future__ import annotations
 
