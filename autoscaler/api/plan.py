@@ -32,7 +32,7 @@ class Reason(StrEnum):
 
 
 class ShortfallCause(StrEnum):
-    """Why replicas a model's policy asked for were not placed (autoscaler/decision/arbitration.py). Exported as the
+    """Why replicas a model's policy asked for were not placed (autoscaler/decision/arbitration/). Exported as the
     ``reason`` label of ``slotwise_shortfall_replicas``. ``RECLAIMING`` and ``PREEMPTING`` are grants in
     progress (the capacity is being freed for the model); the others are refusals."""
 

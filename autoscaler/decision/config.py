@@ -39,7 +39,7 @@ class CoreConfig:
     # first (then as usual), so emptied nodes become whole and lendable.
     consolidate_removals: bool = False
     # Who gets GPUs when they run out: team quotas, priorities, SLO damage, preemption
-    # (autoscaler/decision/arbitration.py).
+    # (autoscaler/decision/arbitration/).
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
 
 

@@ -5,7 +5,7 @@ One code path for the simulator, the benchmarks and the live controller. No I/O,
 
     per due model: forecast -> size (the policy, inside its behaviour and rails: autoscaler/decision/scaledown.py,
                    which also chooses the replicas a scale-down removes)
-    all asks together: arbitrate + pack (autoscaler/decision/arbitration.py) -> lend (when ``CoreConfig.lending`` is
+    all asks together: arbitrate + pack (autoscaler/decision/arbitration/) -> lend (when ``CoreConfig.lending`` is
     enabled)
 
 and emits typed actions (:mod:`autoscaler.api.plan`). Packing works on a copy of the snapshot's inventory,

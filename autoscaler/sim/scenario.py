@@ -13,7 +13,7 @@ errors. The schema::
       - name: search
         guaranteed_gpus: 8            # GPU-equivalents it always gets when its models need them (default 0)
         borrowing_limit_gpus: 4       # at most this many more, of what others do not use (absent or null: no limit)
-    arbitration:                      # optional: who gets GPUs when they run out (autoscaler/decision/arbitration.py)
+    arbitration:                      # optional: who gets GPUs when they run out (autoscaler/decision/arbitration/)
       mode: slo                       # slo (default) | priority | partition (the baselines)
       preemption: true                # may drain replicas of other models (default true)
       min_runtime_s: 300              # a replica younger than this is not preempted for priority (default 300)
