@@ -15,6 +15,7 @@ The packages of ``autoscaler/``, one per role (each package docstring says what 
 ======================  ===============================================================================
 
 Imports point down this list's layers: ``api`` imports only ``sharing``; ``estimation`` and ``policies`` import
-``api``; ``decision`` imports those; ``sim`` and ``live`` import ``decision``; ``report``, ``cli`` and
-``benchmarks`` sit on top. ``sharing/`` and ``forecasting/`` never import ``autoscaler`` (tests/test_layers.py).
+``api``; ``decision`` imports those; ``sim`` and ``live`` import ``decision`` and the pure cost attribution
+``report.cost``; the rest of ``report`` reads ``sim``'s results; ``cli`` and ``benchmarks`` sit on top. ``sharing/``
+and ``forecasting/`` never import ``autoscaler`` (tests/test_layers.py).
 """

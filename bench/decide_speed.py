@@ -296,12 +296,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.policy == "static":
         # The static baseline holds what each model was given at the start.
         policy = make_policy(args.policy, replicas_by_model=setup.initial_replicas)
-    oracle = bool(getattr(policy, "instant_start", False))
+    oracle = policy.instant_start
     if oracle:
         setup.cluster.instant_start = True
     config = CoreConfig(policy=policy, packer=packer)
     forecaster = None
-    if getattr(policy, "uses_forecast", True):
+    if policy.uses_forecast:
         # A controller in steady state has been forecasting for hours: warm-start the fleet forecaster
         # from the history, as the simulator does from a trace's past. It folds it in on the first tick.
         forecaster = FleetForecaster()

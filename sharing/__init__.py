@@ -1,6 +1,6 @@
 """GPU sharing: catalog of GPU kinds and MIG geometry, MIG layout search, slots with hard memory accounting, packers.
 
-Depends on numpy and the standard library only (never on autoscaler/, kubernetes or aiohttp):
+Depends on the standard library only (never on autoscaler/, kubernetes or aiohttp):
 the decision core imports this, never the other way round.
 """
 

@@ -63,7 +63,7 @@ class TrainingWorkload:
     gpus: float
     nodes: tuple[str, ...] = ()
     running: bool = False
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     started_at: float | None = None
     last_checkpoint_at: float | None = None
 

@@ -7,7 +7,7 @@ Per trace, seed and policy: pods arrive one at a time (tuned to 130% of GPU capa
 depart, and are placed or dropped; the result is unallocated GPUs at 100% and 130% arrival, mean
 over seeds. With ``--replay`` the original simulator's arrival and tie-break orders are used where
 the folder has them; ``--expected`` (``analysis_allo_discrete.csv``) puts the published means beside
-ours. Protocol details: ``sharing/fgd`` and docs/sharing.md.
+ours. Protocol details: ``autoscaler/benchmarks/fgd`` and docs/sharing.md.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from sharing.slots import Inventory, Slot
 class Decision:
     plan: Plan
     state: ControllerState
-    # The inventory after this tick's placements (None: nothing placed). The live controller diffs it
+    # The inventory after this tick's placements (None: nothing placed). plan_tick (decision/tick.py) diffs it
     # against the snapshot's to plan MIG re-layouts and the time-slicing config.
     inventory: Inventory | None = None
 

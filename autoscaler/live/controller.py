@@ -13,7 +13,8 @@ The same decision core as the simulator, configured by the same function
   time-slicing config, pod templates).
 - **act**: only while this process holds the Lease (:class:`~autoscaler.live.kube.leader.LeaderElector`),
   checked again right before applying, so a leader that lost its lease mid-tick does not write.
-- **report**: ``/metrics``, ``/healthz``, ``/readyz`` (:mod:`autoscaler.live.exporter`), a log line per action.
+- **report**: ``/metrics``, ``/healthz``, ``/readyz`` (:mod:`autoscaler.live.exporter`, served by
+  :mod:`autoscaler.live.health`), a log line per action.
 
 Shutdown (SIGTERM): the tick in progress finishes, then the Lease is released and the tasks stop.
 """

@@ -3,6 +3,9 @@
 ``make_policy("hpa", tolerance=0.05)`` builds a policy by name with knobs named after the real system's
 settings; an unknown name or knob is a ``ValueError`` that lists what exists, so a typo in a benchmark
 config fails loudly instead of silently running defaults.
+
+Pure: no I/O, no clock (time is ``ctx.now``). May import: ``autoscaler.api``, ``autoscaler.estimation``,
+``sharing``, ``forecasting``.
 """
 
 from __future__ import annotations
