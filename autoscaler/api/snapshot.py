@@ -66,6 +66,9 @@ class TrainingWorkload:
     grace_s: float = DEFAULT_GRACE_S
     started_at: float | None = None
     last_checkpoint_at: float | None = None
+    # The (node, GPU index) pairs it runs on, where the source knows them; () = only its nodes are known, and the
+    # lending plan attributes lent GPUs to it by node (sharing.lending.attribute).
+    devices: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

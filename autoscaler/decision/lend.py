@@ -56,9 +56,9 @@ _RECLAIM_FOR = frozenset({ShortfallCause.UNPLACEABLE, ShortfallCause.RECLAIMING}
 
 def borrowers(training: tuple[TrainingWorkload, ...]) -> list[Borrower]:
     """The running training workloads as the lending plan sees them: by their GPUs where the snapshot knows them
-    (a ``devices`` attribute of (node, GPU index) pairs), else by their nodes (see ``sharing.lending.attribute``)."""
+    (``TrainingWorkload.devices``), else by their nodes (see ``sharing.lending.attribute``)."""
     return [
-        Borrower(w.name, w.gpus, nodes=w.nodes, devices=tuple(getattr(w, "devices", ())), grace_s=w.grace_s,
+        Borrower(w.name, w.gpus, nodes=w.nodes, devices=w.devices, grace_s=w.grace_s,
                  started_at=w.started_at, last_checkpoint_at=w.last_checkpoint_at)
         for w in training
         if w.running
