@@ -9,13 +9,14 @@ The packages of ``autoscaler/``, one per role (each package docstring says what 
 ``decision/``           the pure decision core: decide, scale-down, arbitration, lending, node-level actions
 ``sim/``                the simulated cluster, metrics and traffic engines, and the simulated control loop
 ``live/``               the live adapters: Kubernetes, Prometheus, the controller loop, /metrics
-``report/``             cost attribution, the scorecards and the PoC report
+``accounting/``         cost attribution (pure): GPU-equivalents, prices, idle reserved
+``report/``             the PoC report and the scenario scorecard
 ``cli/``                the ``slotwise`` command line, one module per verb
 ``benchmarks/``         benchmark-only code (FGD replay, MIG bounds, the forecasting backtest), never on the live path
 ======================  ===============================================================================
 
-Imports point down this list's layers: ``api`` imports only ``sharing``; ``estimation`` and ``policies`` import
-``api``; ``decision`` imports those; ``sim`` and ``live`` import ``decision`` and the pure cost attribution
-``report.cost``; the rest of ``report`` reads ``sim``'s results; ``cli`` and ``benchmarks`` sit on top. ``sharing/``
-and ``forecasting/`` never import ``autoscaler`` (tests/test_layers.py).
+Imports point down this list's layers: ``api`` imports only ``sharing``; ``accounting``, ``estimation`` and
+``policies`` import ``api``; ``decision`` imports those; ``sim`` imports ``decision`` and ``accounting``; ``report``
+reads ``sim``'s results; ``live`` imports ``decision``, ``accounting`` and ``report``'s data types; ``cli`` and
+``benchmarks`` sit on top. ``sharing/`` and ``forecasting/`` never import ``autoscaler`` (tests/test_layers.py).
 """

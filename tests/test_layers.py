@@ -21,14 +21,16 @@ PRODUCT = ("autoscaler", "sharing", "forecasting")
 # ``sharing`` and ``forecasting`` are below every layer of autoscaler/ and may be imported by all of them.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "api": frozenset(),
+    "accounting": frozenset({"api"}),
     "estimation": frozenset({"api"}),
     "policies": frozenset({"api", "estimation"}),
     "decision": frozenset({"api", "estimation", "policies"}),
-    "sim": frozenset({"api", "estimation", "policies", "decision", "report"}),
-    "live": frozenset({"api", "estimation", "policies", "decision", "report"}),
-    "report": frozenset({"api", "estimation", "policies", "decision", "sim"}),
-    "cli": frozenset({"api", "estimation", "policies", "decision", "sim", "live", "report", "benchmarks"}),
-    "benchmarks": frozenset({"api", "estimation", "policies", "decision", "sim", "report"}),
+    "sim": frozenset({"api", "accounting", "estimation", "policies", "decision"}),
+    "report": frozenset({"api", "accounting", "estimation", "policies", "decision", "sim"}),
+    "live": frozenset({"api", "accounting", "estimation", "policies", "decision", "report"}),
+    "cli": frozenset({"api", "accounting", "estimation", "policies", "decision", "sim", "live", "report",
+                      "benchmarks"}),
+    "benchmarks": frozenset({"api", "accounting", "estimation", "policies", "decision", "sim", "report"}),
 }
 # Third-party clients of real systems: only the live adapters (and the CLI that loads their configuration).
 IO_CLIENTS = ("kubernetes_asyncio", "aiohttp", "prometheus_client")

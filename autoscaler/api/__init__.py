@@ -5,6 +5,6 @@
 - :mod:`~autoscaler.api.plan`: the typed actions of a tick and every reason enum;
 - :mod:`~autoscaler.api.ports`: the protocols the simulated and the live adapters implement.
 
-Plain dataclasses and enums, no behaviour beyond parsing and validation. May import: ``sharing`` (slots), the
+Plain dataclasses and enums, no behaviour beyond parsing and validation. May import: ``sharing``, the
 standard library, numpy. Never the rest of ``autoscaler``.
 """

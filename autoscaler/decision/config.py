@@ -21,7 +21,9 @@ from sharing.packer import CostAwarePacker, Packer
 class CoreConfig:
     """Settings of the decision core. ``forecaster_factory`` builds the fleet forecaster when the state
     has none (a warm-started one can be put in the state instead); ``upper_quantile`` is the forecast
-    quantile reported in the status."""
+    quantile reported in the status. Build it with :func:`build_core`, which derives the fields that depend on
+    each other (the forecaster's horizon from lending, the pods-mode packing); only a benchmark that times
+    ``decide`` alone (``bench/decide_speed.py``, no lending) constructs one directly."""
 
     policy: Policy
     packer: Packer = field(default_factory=CostAwarePacker)
@@ -31,12 +33,13 @@ class CoreConfig:
     # The live controller reports every decision (status, metrics: forecast and predicted latency); the
     # simulator only asks for a status when the decision changes, without the predicted latency (a search).
     report_every_decision: bool = False
-    # Lending idle reserved GPUs to training (autoscaler/decision/lend.py); None or disabled: no lend stage. Whole nodes
-    # only for the Kubernetes "pods" mode (a node label cannot split a node).
+    # Lending idle reserved GPUs to training (autoscaler/decision/lend.py); None: no lend stage; disabled: the stage
+    # runs only while GPUs are still lent, to reclaim them. Whole nodes only for the Kubernetes "pods" mode (a node
+    # label cannot split a node).
     lending: LendingPolicy | None = None
     lending_whole_nodes_only: bool = False
-    # Opt-in (issue 8, pods-mode lending): a scale-down removes replicas on the nodes with the fewest replicas
-    # first (then as usual), so emptied nodes become whole and lendable.
+    # A scale-down removes replicas on the nodes with the fewest replicas first (then as usual), so emptied nodes
+    # become whole and lendable; build_core turns it on for pods-mode lending (issue 8).
     consolidate_removals: bool = False
     # Who gets GPUs when they run out: team quotas, priorities, SLO damage, preemption
     # (autoscaler/decision/arbitration/).

@@ -34,8 +34,6 @@ from autoscaler.api.snapshot import ClusterSnapshot, SlotTemplate
 from sharing.render import GPU_PRODUCT, layouts_from_inventory, mig_devices, mig_parted_config, pod_resources
 from sharing.slots import Inventory, Slot, SlotKind
 
-# GPU Feature Discovery's node label naming the GPU product (the node selector of a slot template)
-
 Layout = tuple[tuple[str, int], ...] | None  # a GPU's MIG instances (profile key, start); None = MIG off
 
 

@@ -9,5 +9,5 @@
 - :mod:`~autoscaler.live.health`: liveness, readiness and the HTTP server of ``/metrics``, ``/healthz``, ``/readyz``.
 
 The only layer that imports kubernetes_asyncio and aiohttp. May import: everything below it (``api``,
-``estimation``, ``policies``, ``decision``, ``report.cost``), ``sharing``, ``forecasting``.
+``estimation``, ``policies``, ``decision``, ``accounting.cost``), ``sharing``, ``forecasting``.
 """

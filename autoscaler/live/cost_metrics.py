@@ -1,5 +1,5 @@
-"""The cost counters of the live controller's /metrics: what :mod:`autoscaler.report.cost` attributes (GPU-equivalent
-seconds per team, namespace and model; idle reserved capacity; the price table), charged tick by tick.
+"""The cost counters of the live controller's /metrics: what :mod:`autoscaler.accounting.cost` attributes
+(GPU-equivalent seconds per team, namespace and model; idle reserved capacity; the price table), charged tick by tick.
 
 =====================================================  =====================================================
 ``slotwise_gpu_slot_seconds_total{team,namespace,       GPU-equivalent seconds the model's replicas held
@@ -7,7 +7,7 @@ model,gpu_model}``                                      (starting, serving or dr
 ``slotwise_gpu_cost_dollars_total{team,namespace,       those seconds x price / 3600
 model}``
 ``slotwise_gpu_idle_seconds_total{gpu_model}``          idle reserved GPU-equivalent seconds
-                                                        (:func:`~autoscaler.report.cost.idle_reserved`)
+                                                        (:func:`~autoscaler.accounting.cost.idle_reserved`)
 ``slotwise_gpu_price_dollars_per_hour{gpu_model}``      the price table (kinds in the cluster)
 =====================================================  =====================================================
 
@@ -26,8 +26,8 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from autoscaler.accounting.cost import identity, idle_reserved, price_table, usage
 from autoscaler.api.snapshot import ClusterSnapshot
-from autoscaler.report.cost import identity, idle_reserved, price_table, usage
 from sharing.catalog import Catalog
 
 

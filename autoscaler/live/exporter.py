@@ -75,7 +75,7 @@ Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or sha
 ==========================================================  =====================================================
 
 Arbitration (issue 9): a model's team is its spec's (``slotwise.io/team``; ``unknown`` for invalid annotations,
-as in :mod:`autoscaler.report.cost`), else the Shortfall's ``team``. A preemption is a ``RemoveReplica`` with
+as in :mod:`autoscaler.accounting.cost`), else the Shortfall's ``team``. A preemption is a ``RemoveReplica`` with
 ``preempted_by`` set; it is counted when planned (in a dry run too, like the decisions), once per replica even
 when the core plans it again on later ticks (the scale write failed or was rate-limited, or a dry run changed
 nothing): the exporter remembers preempted replicas for :data:`PREEMPTION_MEMORY_S`. Each managed model has a
@@ -103,6 +103,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from autoscaler.accounting.cost import DEFAULT_TEAM, identity
 from autoscaler.api.plan import (
     Plan,
     PreemptionReason,
@@ -114,7 +115,6 @@ from autoscaler.api.plan import (
 )
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow
 from autoscaler.decision.arbitration import TeamQuota
-from autoscaler.report.cost import DEFAULT_TEAM, identity
 from sharing.lending import LENT_MODEL
 from sharing.slots import Inventory
 

@@ -9,10 +9,9 @@ SLO attainment and fragmentation, from a simulation's JSON or from Prometheus hi
 - :mod:`autoscaler.report.scenario`: the scenario scorecard of ``slotwise simulate --scenario`` (per team and
   overall, per arbitration mode, recovery after failures): tables, ``scorecard.json``, ``report.html``, ``report.png``.
 
-:mod:`~autoscaler.report.cost` is the pure cost attribution the simulator and the live exporter also use (it imports
-only ``api`` and ``sharing``); the rest reads finished runs. May import: ``api``, ``estimation``, ``policies``,
-``decision``, ``sim`` (its scorecard), ``sharing``. Never ``live`` (the Prometheus readings come in as data from
-:mod:`autoscaler.live.prometheus.report`) or ``cli``.
+It reads finished runs; the attribution it reports is :mod:`autoscaler.accounting.cost`. May import: ``api``,
+``accounting``, ``estimation``, ``policies``, ``decision``, ``sim`` (its scorecard), ``sharing``. Never ``live``
+(the Prometheus readings come in as data from :mod:`autoscaler.live.prometheus.report`) or ``cli``.
 """
 
 from autoscaler.report.data import ModelRow, Section, TeamRow, load_simulation, sections_from_simulation

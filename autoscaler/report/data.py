@@ -1,7 +1,7 @@
 """The report's numbers: one :class:`Section` per simulated policy (or per Prometheus range), and how a
 ``slotwise simulate --json`` file becomes them.
 
-Costs are GPU-equivalent hours (see :mod:`autoscaler.report.cost`) times USD per GPU-hour. A simulation JSON carries
+Costs are GPU-equivalent hours (see :mod:`autoscaler.accounting.cost`) times USD per GPU-hour. A simulation JSON carries
 the hours per model and GPU kind and the prices it was run with, so the report can re-price it with the
 operator's own table (``--price KIND=USD``) without re-running anything.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoscaler.report.cost import price_table
+from autoscaler.accounting.cost import price_table
 from sharing.catalog import load_catalog
 
 LENT_NOTE = "lent value is 0: no GPU was lent to training in this range (lending off, or nothing idle enough)"

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from autoscaler.report.cost import price_table
+from autoscaler.accounting.cost import price_table
 from autoscaler.report.data import LENT_NOTE, ModelRow, Section, override_prices
 from sharing.catalog import load_catalog
 

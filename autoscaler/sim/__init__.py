@@ -14,6 +14,7 @@ harness and the what-if tool).
 - :mod:`~autoscaler.sim.scorecard`, :mod:`~autoscaler.sim.plot`: a run's numbers and its picture;
 - :mod:`~autoscaler.sim.harness`: runs set up as the CLI and ``bench/`` do (default cluster, policies side by side).
 
-May import: ``api``, ``estimation``, ``policies``, ``decision``, ``report`` (cost units), ``sharing``, ``forecasting``.
+May import: ``api``, ``accounting`` (cost units), ``estimation``, ``policies``, ``decision``, ``sharing``,
+``forecasting``.
 Never ``live`` (no Kubernetes, no aiohttp) or ``cli``.
 """

@@ -127,7 +127,8 @@ class SimCluster:
         self._gpus_held = 0.0  # sum of gpu_fraction over held slots, kept incrementally
         # Cost accounting, also incremental (updated on allocate/release only, so a tick reads arrays):
         # GPU-equivalents held per (model, GPU kind), and per node what replicas hold there, for the idle
-        # reserved capacity (free GPU-equivalents on nodes with at least one replica; see autoscaler/report/cost.py).
+        # reserved capacity (free GPU-equivalents on nodes with at least one replica; see
+        # autoscaler/accounting/cost.py).
         nodes_ = [n for n in self.inventory.nodes.values() if n.gpu_count]
         self.gpu_kinds: tuple[str, ...] = tuple(sorted({n.gpu_model for n in nodes_}))
         kind_index = {k: j for j, k in enumerate(self.gpu_kinds)}
@@ -542,7 +543,7 @@ class SimCluster:
 
     def idle_by_kind(self) -> np.ndarray:
         """Per GPU kind (``gpu_kinds`` order): idle reserved GPU-equivalents, the free capacity on nodes that
-        hold at least one replica (:func:`autoscaler.report.cost.idle_reserved`). Compute is not oversubscribed (the
+        hold at least one replica (:func:`autoscaler.accounting.cost.idle_reserved`). Compute is not oversubscribed (the
         inventory's default), so a node's free capacity is its GPUs less what its replicas and training hold."""
         if self._idle is None:
             # GPUs held whole by training (lent or statically split) are used, as in cost.idle: already lent

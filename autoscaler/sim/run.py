@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoscaler.accounting.cost import UNKNOWN_TEAM, price_table
 from autoscaler.api.ports import Actuator, ClusterPort, MetricsPort
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationPolicy
@@ -38,7 +39,6 @@ from autoscaler.decision.state import fresh_state
 from autoscaler.decision.tick import plan_tick
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
-from autoscaler.report.cost import UNKNOWN_TEAM, price_table
 from autoscaler.sim.cluster import SHORTFALL_CAUSES, SimCluster
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.lending import LendingStats
@@ -159,7 +159,7 @@ class SimResult:
     sim_wall_s: float
     invalid_models: dict[str, str] = field(default_factory=dict)
     burn_in_s: float = 0.0  # the first seconds, not scored (see SimConfig.burn_in_s)
-    # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/report/cost.py for the units):
+    # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/accounting/cost.py for the units):
     gpu_kinds: tuple[str, ...] = ()  # the cluster's GPU kinds (canonical names), the columns below
     model_gpu_seconds: np.ndarray | None = None  # (M, K) GPU-equivalent seconds held per model and kind
     idle_gpu_seconds: np.ndarray | None = None  # (K,) idle reserved GPU-equivalent seconds per kind

@@ -5,7 +5,7 @@ Lending (issue 8; :func:`lending_card`), all over the scored period, in whole-GP
 - ``idle_reserved_gpu_hours``: GPU-hours inference reserved but did not use = the inference pool's GPUs (every
   GPU of the simulated cluster except a static split's) less the GPU-equivalents its replicas held (starting,
   serving or draining) = **lent + idle not lent**. The simulated cluster is all inference's, so every node
-  counts: :func:`autoscaler.report.cost.idle_reserved` (the ``cost`` block's ``idle_gpu_hours``) counts only nodes
+  counts: :func:`autoscaler.accounting.cost.idle_reserved` (the ``cost`` block's ``idle_gpu_hours``) counts only nodes
   holding a replica, because a live controller cannot tell which replica-free nodes are inference's, and counts a
   lent GPU as used; the two agree on nodes with replicas and no lent GPUs.
 - ``lent_gpu_hours``: whole GPUs lent x hours (from the LendGpus until the GPU is back, grace period included);
@@ -400,7 +400,8 @@ def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, 
     total.update({
         "gpus_total": result.gpus_total,
         "fragmentation": result.fragmentation,
-        # the report's "idle reserved cost": free GPU-equivalents on nodes holding replicas (autoscaler/report/cost.py)
+        # the report's "idle reserved cost": free GPU-equivalents on nodes holding replicas
+        # (autoscaler/accounting/cost.py)
         "idle_reserved_cost_usd": cost["idle_usd"],
         "lent_gpu_hours": cost["lent_gpu_hours"],
         "lent_value_usd": cost["lent_usd"],

@@ -1,4 +1,4 @@
-"""Arbitration among models when GPUs run out (autoscaler/decision/arbitration.py): quotas, priorities, SLO damage,
+"""Arbitration among models when GPUs run out (autoscaler/decision/arbitration/): quotas, priorities, SLO damage,
 preemption and its reasons. Unit cases for each rule, and properties over random clusters and asks."""
 
 from __future__ import annotations

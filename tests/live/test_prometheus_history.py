@@ -192,6 +192,23 @@ async def test_a_refused_query_raises_a_clear_error(client, prom) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("series", [["not a mapping"], [{"metric": {"model": "m"}, "values": [["x"]]}]])
+async def test_a_malformed_answer_raises_the_clients_error(series) -> None:
+    """A real Prometheus never answers like this, so the client's transport is replaced (the one stub here): a
+    malformed series must surface as PrometheusError -- the error ``slotwise run`` logs before starting cold --
+    not as an AttributeError that would abort the controller at startup."""
+
+    class Garbled(PrometheusClient):
+        async def query_range(self, promql: str, start: float, end: float, step_s: float, *,
+                              max_points: int = MAX_POINTS) -> list:
+            return series
+
+    async with Garbled("http://127.0.0.1:1", timeout_s=1.0) as garbled:
+        with pytest.raises(PrometheusError, match="malformed range-query series"):
+            await load_history(garbled, NAMES, END - 600, END, 60.0)
+
+
+@pytest.mark.asyncio
 async def test_a_dead_url_raises_a_clear_error() -> None:
     from realparts.prometheus import free_port
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoscaler.live.prometheus import promql
-from autoscaler.live.prometheus.client import MAX_POINTS, PrometheusClient, on_grid
+from autoscaler.live.prometheus.client import MAX_POINTS, PrometheusClient, PrometheusError, on_grid
 from autoscaler.live.prometheus.metrics import MetricNames
 
 if TYPE_CHECKING:
@@ -71,10 +71,16 @@ async def load_history(
     result = await client.query_range(query, float(times[0]), float(times[-1]), step_s, max_points=max_points)
     out: dict[str, np.ndarray] = {}
     for series in result:
-        counts = on_grid(series.get("values") or (), float(times[0]), step_s, times.size)
+        try:
+            counts = on_grid(series.get("values") or (), float(times[0]), step_s, times.size)
+            key = names.key(series.get("metric") or {})
+        except (AttributeError, TypeError, ValueError, IndexError) as e:
+            # A malformed answer is the source's failure, not ours: the caller starts cold instead of aborting.
+            raise PrometheusError(f"malformed range-query series {str(series)[:120]}: {e}", url=client.url,
+                                  query=query) from None
         rate = counts / step_s
         rate[~np.isfinite(rate)] = np.nan
-        out[names.key(series.get("metric") or {})] = rate
+        out[key] = rate
     if models is None:
         return out
     return {key: out.get(key, np.full(times.size, np.nan)) for key in dict.fromkeys(models)}

@@ -10,12 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoscaler.api.plan import PlaceReplica, Plan, RemoveReplica
-from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica
-from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem, slot_request
-from autoscaler.live.cost_metrics import CostMetrics
-from autoscaler.policies import make_policy
-from autoscaler.report.cost import (
+from autoscaler.accounting.cost import (
     UNKNOWN_TEAM,
     Usage,
     idle,
@@ -24,6 +19,11 @@ from autoscaler.report.cost import (
     slot_fraction,
     usage,
 )
+from autoscaler.api.plan import PlaceReplica, Plan, RemoveReplica
+from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica
+from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem, slot_request
+from autoscaler.live.cost_metrics import CostMetrics
+from autoscaler.policies import make_policy
 from autoscaler.sim.cluster import SimCluster
 from autoscaler.sim.run import SimConfig, simulate
 from autoscaler.sim.scorecard import scorecard
@@ -240,7 +240,7 @@ WHOLE = ModelSpec(name="b", slo_latency_ms=500, service_time_ms=100, cold_start_
 
 def test_sim_cluster_accounting_matches_the_pure_functions() -> None:
     """The simulator keeps per-model and idle holdings incrementally; after every change they equal what
-    autoscaler.report.cost computes from the snapshot."""
+    autoscaler.accounting.cost computes from the snapshot."""
     nodes = nodes_from_spec("8xH100-80GB:mig,2xL4,2xA100-80GB")
     specs = {"a": SLICE, "b": WHOLE}
     cluster = SimCluster(nodes, ["a", "b"], specs, drain_s=np.array([0.0, 0.0]))
