@@ -14,7 +14,9 @@ its metric recommendation.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -79,10 +81,15 @@ class PolicyContext:
 class NMinus1:
     """What a policy's N-1 check allows: ``replicas`` is the fewest replicas that still pass its stricter
     scale-down test (a scale-down needs ``replicas`` below the current count); ``test`` names the test, for
-    the status message ("the SLO at q0.975")."""
+    the status message ("the SLO at q0.975"). The floor may be given as a function: it is a sizing search, and
+    the scale-down rails ask for it only when the stabilization window lets the count go down."""
 
-    replicas: int
+    floor: int | Callable[[], int]
     test: str
+
+    @cached_property
+    def replicas(self) -> int:
+        return self.floor() if callable(self.floor) else self.floor
 
 
 @dataclass(frozen=True)

@@ -163,8 +163,8 @@ class SloPolicy:
         if raw < current:
             # N-1 check: the smaller count must still meet the SLO at a stricter quantile than scale-up's.
             strict = ctx.forecast.at(q_down) if ctx.forecast is not None else math.nan
-            need = self._size(max(strict if math.isfinite(strict) else 0.0, stable, short), ctx, profile)
-            n_minus_1 = NMinus1(need, f"the SLO at q{q_down:.3g}")
+            floor_load = max(strict if math.isfinite(strict) else 0.0, stable, short)
+            n_minus_1 = NMinus1(lambda: self._size(floor_load, ctx, profile), f"the SLO at q{q_down:.3g}")
         return PolicyResult(raw, new_state, reason, detail, n_minus_1=n_minus_1,
                             arrival_scv=dispersion if self.burstiness else None)
 
