@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import sys
 
-ROWS = (
-    ("requests", "{:,.0f}"),
+ROWS = (  # the scorecard's fields (autoscaler/sim/scorecard.py), the headline first
     ("slo_attainment", "{:.4f}"),
-    ("slo_windows_met", "{:.4f}"),
-    ("slo_requests_met", "{:.4f}"),
-    ("violating_requests", "{:,.0f}"),
+    ("violating_requests", "{:,}"),
+    ("requests", "{:,}"),
+    ("slo_minutes_met", "{:.4f}"),
+    ("requests_within_latency", "{:.4f}"),
     ("gpu_hours", "{:,.2f}"),
+    ("gpu_hours_vs_lower_bound", "{:.3f}"),
     ("gpu_hours_vs_oracle", "{:.3f}"),
+    ("cost_usd", "{:,.2f}"),
+    ("idle_cost_usd", "{:,.2f}"),
     ("lent_gpu_hours", "{:.1f}"),
     ("scale_events", "{:,}"),
     ("unplaced_replica_minutes", "{:,.1f}"),
@@ -25,7 +28,7 @@ ROWS = (
 
 
 def table(doc: dict) -> str:
-    cards = doc["results"] if isinstance(doc["results"], list) else [doc["results"]]
+    cards = doc["results"]
     gpus = sum(n["gpu_count"] for n in doc["cluster"])
     lines = [
         f"trace `{doc['trace']}`, mode `{doc['mode']}`, tick {doc['tick_s']:g} s, {gpus} GPUs",
@@ -40,10 +43,11 @@ def table(doc: dict) -> str:
     for m in models:
         cells = []
         for c in cards:
-            p95 = c["per_model"][m]["p95_latency_s"]
-            cells.append("-" if p95 is None else f"{p95:.2f}")
-        slo = cards[0]["per_model"][m]["slo_latency_s"]
-        lines.append(f"| p95 latency s, {m} (SLO {slo:g} s) | " + " | ".join(cells) + " |")
+            lat = c["per_model"][m]["latency_at_slo_percentile_s"]
+            cells.append("-" if lat is None else f"{lat:.2f}")
+        pm = cards[0]["per_model"][m]
+        lines.append(f"| latency at p{pm['slo_percentile']:g} s, {m} (SLO {pm['slo_latency_s']:g} s) | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

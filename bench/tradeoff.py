@@ -5,8 +5,8 @@ Each swept policy (``hpa``, ``kpa``, ``predictive``) runs at every value of its 
 cluster (built exactly as ``slotwise simulate`` builds them). A run gives a point (GPU-hours,
 violating requests), where violating requests = the scorecard's ``violating_requests``: the requests of
 the model-minutes that missed their declared percentile (an SLO on a percentile is judged per window;
-fractional in fluid mode, where they are expected counts). ``late`` (requests beyond the latency bound,
-which a 95 % SLO allows 5 % of) is recorded next to it.
+whole numbers, the fluid engine's expected counts rounded by the scorecard). ``late`` (requests beyond the
+latency bound, which a 95 % SLO allows 5 % of) is recorded next to it.
 
 Target: *the slotwise point lies below every curve — at equal GPU-hours at most 1/3 of their violating
 requests, or at equal violations at least 25 % fewer GPU-hours.* Per swept policy the curve is its
@@ -169,16 +169,16 @@ def _init(workload: SimWorkload, nodes: list[NodeSpec], cfg: SimConfig) -> None:
 
 def _point(result: SimResult, knob: float | None) -> dict[str, Any]:
     card = scorecard(result)
-    requests = float(result.minute_arrivals.sum())
     return {
         "policy": result.policy,
         "knob": knob,
         "gpu_hours": result.gpu_hours,
         "violating": card["violating_requests"],
-        "late": requests - float(result.minute_within.sum()),
-        "requests": requests,
+        "late": card["late_requests"],
+        "requests": card["requests"],
         "slo_attainment": card["slo_attainment"],
-        "slo_windows_met": card["slo_windows_met"],
+        "requests_within_latency": card["requests_within_latency"],
+        "slo_minutes_met": card["slo_minutes_met"],
         "unplaced_replica_minutes": result.unplaced_replica_minutes,
         "scale_events": result.scale_events,
         "sim_wall_s": result.sim_wall_s,
@@ -256,7 +256,7 @@ def curves(points: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def print_table(points: Sequence[dict[str, Any]], oracle_h: float | None) -> None:
     head_ = (f"{'policy':<12}{'knob':>6}{'GPU-h':>10}{'vs oracle':>11}{'violating':>12}{'requests':>11}"
-             f"{'attain':>9}{'unplaced min':>14}{'scale ev':>10}{'wall s':>8}")
+             f"{'SLO att':>9}{'unplaced min':>14}{'scale ev':>10}{'wall s':>8}")
     print(head_)
     print("-" * len(head_))
     for p in points:

@@ -34,7 +34,7 @@ from autoscaler.sim.harness import (
     shipped_scenarios,
 )
 from autoscaler.sim.run import SimConfig
-from autoscaler.sim.scorecard import COLUMNS, LENDING_COLUMNS
+from autoscaler.sim.scorecard import COLUMNS, EPS, LABELS, LENDING_COLUMNS
 from autoscaler.sim.training import BUNDLED, DEFAULT_CHECKPOINT_EVERY_S, DEFAULT_GRACE_S, load_training
 from autoscaler.sim.workload import build_workload
 from forecasting.traces import resolve_trace
@@ -159,11 +159,27 @@ def arbitration_modes(arg: str) -> list[str]:
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
+    if isinstance(v, bool):
+        return str(v)
     if isinstance(v, float):
-        if v != 0 and abs(v) < 0.01:
+        if abs(v) < EPS:
+            return "0"  # float noise is 0 (the JSON stores it as 0 too)
+        if abs(v) < 0.01:
             return f"{v:.2e}"
         return f"{v:.4f}" if abs(v) < 10 else f"{v:,.1f}"
     return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def table_rows(cards: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+    """``(label, field, cells)`` per printed row, the headline first: the label says what the number is, the field
+    is its name in the JSON (``--json``) and in ``slotwise report``."""
+    keys = COLUMNS + (LENDING_COLUMNS if any(c.get("lending") is not None for c in cards) else ())
+    return [(LABELS.get(k, k), k, [_money(c.get(k)) if k.endswith("_usd") else _fmt(c.get(k)) for c in cards])
+            for k in keys]
+
+
+def _money(v: Any) -> str:
+    return "-" if v is None else f"{v:,.2f}"
 
 
 def print_table(cards: list[dict[str, Any]], title: str) -> None:
@@ -172,12 +188,31 @@ def print_table(cards: list[dict[str, Any]], title: str) -> None:
 
     table = Table(title=title)
     table.add_column("metric")
+    table.add_column("JSON field", style="dim")
     for c in cards:
         table.add_column(c["policy"], justify="right")
-    keys = COLUMNS + (LENDING_COLUMNS if any(c.get("lending") is not None for c in cards) else ())
-    for key in keys:
-        table.add_row(key, *[_fmt(c[key]) for c in cards])
-    Console(width=max(100, 22 + 16 * len(cards))).print(table)
+    for label, key, cells in table_rows(cards):
+        table.add_row(label, key, *cells)
+    Console(width=max(120, 80 + 14 * len(cards))).print(table)
+
+
+def json_doc(trace: str, mode: str, tick_s: float, nodes: list[Any], training: str | None,
+             cards: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``--json`` writes: the run's setting and ``results``, a list of scorecards (one per policy, also for
+    one policy), each with the fields of :mod:`autoscaler.sim.scorecard`."""
+    return {
+        "trace": trace,
+        "mode": mode,
+        "tick_s": tick_s,
+        "cluster": [n.__dict__ | {"labels": dict(n.labels)} for n in nodes],
+        "training": training,
+        "results": list(cards),
+    }
+
+
+def write_json(doc: dict[str, Any], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2, default=str)
 
 
 def run_scenario(args: argparse.Namespace) -> int:
@@ -290,17 +325,10 @@ def run(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
         json_path = json_path or os.path.join(args.out, "scorecard.json")
         plot_path = plot_path or os.path.join(args.out, "simulation.png")
-    doc = {
-        "trace": args.trace,
-        "mode": args.mode,
-        "tick_s": args.tick,
-        "cluster": [n.__dict__ | {"labels": dict(n.labels)} for n in nodes],
-        "training": args.training if (args.lending or args.static_training_gpus) else None,
-        "results": cards if len(cards) > 1 else cards[0],
-    }
+    doc = json_doc(args.trace, args.mode, args.tick, nodes,
+                   args.training if (args.lending or args.static_training_gpus) else None, cards)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(doc, f, indent=2, default=str)
+        write_json(doc, json_path)
         print(f"wrote {json_path}")
     if plot_path:
         from autoscaler.sim.plot import plot_results

@@ -12,7 +12,10 @@ Prometheus client, their PromQL in :func:`autoscaler.live.prometheus.promql.repo
 - idle reserved GPU-hours per kind: ``increase(slotwise_gpu_idle_seconds_total)``, priced with the exported
   ``slotwise_gpu_price_dollars_per_hour`` (last value; the catalog's default where absent);
 - requests and late requests per model: ``increase(slotwise_requests_total)`` and
-  ``increase(slotwise_requests_late_total)``; the SLO objective ``slotwise_slo_objective_ratio`` (last value);
+  ``increase(slotwise_requests_late_total)``, rounded to whole requests: ``requests_within_latency`` (the raw share
+  within the latency target; SLO attainment, per model-minute, is not in the counters and stays None); the SLO
+  percentile = 100 x ``slotwise_slo_objective_ratio`` (last value);
+- cost = serving (the models') + idle (the idle GPU-hours priced), as the scorecard's;
 - fragmentation: the mean of ``slotwise_fragmentation_ratio``; lent GPU-hours: the mean of
   ``slotwise_gpu_slots{state="lent"}`` times the hours. Gauges are read from the LEADER only
   (``and on(instance, job) slotwise_is_leader == 1``): a standby replica keeps the last values it had as
@@ -23,12 +26,13 @@ Counters are summed over replicas: only the leader ticks, so a standby's counter
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from autoscaler.accounting.cost import price_table
-from autoscaler.report.data import LENT_NOTE, ModelRow, Section, override_prices
+from autoscaler.report.data import LENT_NOTE, ModelRow, Section, override_prices, priced
 from sharing.catalog import load_catalog
 
 Values = dict[tuple[str, ...], float]  # label values (in the query's label order) -> number
@@ -86,24 +90,29 @@ def section_from_prometheus(r: PrometheusReadings, prices: dict[str, float] | No
     models = []
     for model, row in rows.items():
         by_kind = row["by_kind"]
-        cost = sum(h * table.get(k, 0.0) for k, h in by_kind.items()) if over else row["usd"]
-        n = r.requests.get((model,))
+        cost = priced(by_kind, table) if over else row["usd"]
+        n = _whole(r.requests.get((model,)))
+        late = min(_whole(r.late.get((model,), 0.0)) or 0, n) if n is not None else None
+        objective = r.objective.get((model,))
         models.append(
             ModelRow(
                 model=model,
                 team=row["team"],
                 namespace=row["namespace"],
-                gpu_hours=sum(by_kind.values()),
+                gpu_hours=math.fsum(by_kind.values()),
                 gpu_hours_by_kind=by_kind,
                 cost_usd=cost,
                 requests=n,
-                late_requests=r.late.get((model,), 0.0) if n is not None else None,
-                slo_objective=r.objective.get((model,)),
+                late_requests=late,
+                requests_within_latency=(n - late) / n if n and late is not None else None,
+                slo_percentile=100.0 * objective if objective is not None else None,
             )
         )
     notes = [
-        "waiting: the share of requests settled beyond the SLO latency (slotwise_requests_late_total); "
-        "latency percentiles are the model servers' own histograms",
+        "SLO attainment (requests in model-minutes that met their percentile) needs per-minute counts the exported "
+        "counters do not have: '-'; requests within the latency target = 1 - slotwise_requests_late_total / "
+        "slotwise_requests_total, the raw share (counts rounded to whole requests); latency percentiles are the "
+        "model servers' own histograms",
     ]
     if not r.lent_gpus:
         notes.insert(0, LENT_NOTE)
@@ -112,14 +121,45 @@ def section_from_prometheus(r: PrometheusReadings, prices: dict[str, float] | No
     end_txt = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(r.end))
     kinds = ({k[0] for k in r.idle_seconds} | {k for row in rows.values() for k in row["by_kind"]}
              | {k[0] for k in r.lent_gpus} | {k[0] for k in r.prices})
+    idle_by_kind = {k[0]: v / 3600.0 for k, v in r.idle_seconds.items()}
+    lent_by_kind = {k[0]: v * r.hours for k, v in r.lent_gpus.items()}
+    serving = math.fsum(m.cost_usd for m in models)
+    idle = priced(idle_by_kind, table)
+    reqs = [m.requests for m in models if m.requests is not None]
+    lates = [m.late_requests or 0 for m in models if m.requests is not None]
+    n_all = sum(reqs) if reqs else None
+    late_all = sum(lates) if reqs else None
     return Section(
         title=f"Prometheus {r.url}: {r.hours:g} h to {end_txt}",
         source="prometheus",
         hours=r.hours,
         prices={k: table[k] for k in sorted(kinds) if k in table},
         models=models,
-        idle_gpu_hours_by_kind={k[0]: v / 3600.0 for k, v in r.idle_seconds.items()},
+        slo_attainment=None,
+        slo_attainment_attainable=None,
+        violating_requests=None,
+        unattainable_requests=None,
+        requests=n_all,
+        slo_minutes_met=None,
+        requests_within_latency=(n_all - late_all) / n_all if n_all and late_all is not None else None,
+        late_requests=late_all,
+        gpu_hours=math.fsum(m.gpu_hours for m in models),
+        gpu_hours_vs_lower_bound=None,
+        gpu_hours_vs_oracle=None,
+        cost_usd=serving + idle,
+        serving_cost_usd=serving,
+        idle_cost_usd=idle,
+        idle_gpu_hours=math.fsum(idle_by_kind.values()),
+        idle_gpu_hours_by_kind=idle_by_kind,
+        idle_reserved_gpu_hours=None,
+        lent_gpu_hours=math.fsum(lent_by_kind.values()),
+        lent_gpu_hours_by_kind=lent_by_kind,
+        lent_value_usd=priced(lent_by_kind, table),
         fragmentation=r.fragmentation.get(()),
-        lent_gpu_hours_by_kind={k[0]: v * r.hours for k, v in r.lent_gpus.items()},
         notes=notes,
     )
+
+
+def _whole(x: float | None) -> int | None:
+    """A counter's increase as a whole count (Prometheus extrapolates increase() to fractions)."""
+    return None if x is None else max(0, round(x))

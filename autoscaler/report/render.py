@@ -1,7 +1,7 @@
 """How a report looks: rich tables on the terminal, ``report.json``, ``report.png`` and a self-contained
 ``report.html`` (tables plus the PNG inlined as base64, so the one file can be mailed or attached to a ticket).
 
-All four show the same numbers, from :meth:`Section.to_dict`.
+All four show the same numbers: the section's fields, which for a simulation are its scorecard's (the JSON's).
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import base64
 import html
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoscaler.report.data import Section
+from autoscaler.sim.scorecard import LABELS
 
-TOP_MODELS_PLOT = 20  # SLO attainment bars: the busiest models (a 50-model fleet would be unreadable)
+TOP_MODELS_PLOT = 20  # per-model SLO bars: the busiest models (a 50-model fleet would be unreadable)
 TOP_MODELS_LEGEND = 10  # cost stacks: the most expensive models get a colour each, the rest are "other"
 
 
@@ -32,49 +33,87 @@ def pct(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def num(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
 def secs(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
+
+
+def count(x: int | None) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _by_kind(d: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:,.2f}" for k, v in sorted(d.items()) if v > 0) or "-"
 
 
+Row = tuple[str, str, Callable[[Any], str]]  # (label, the scorecard field, how it is shown)
+
+# The summary, the headline first; the labels are the scorecard's (autoscaler.sim.scorecard.LABELS) so the report
+# and `slotwise simulate` say the same thing about the same field.
+SUMMARY_ROWS: tuple[Row, ...] = (
+    (LABELS["slo_attainment"], "slo_attainment", pct),
+    (LABELS["slo_attainment_attainable"], "slo_attainment_attainable", pct),
+    (LABELS["violating_requests"], "violating_requests", count),
+    (LABELS["unattainable_requests"], "unattainable_requests", count),
+    (LABELS["requests"], "requests", count),
+    (LABELS["slo_minutes_met"], "slo_minutes_met", pct),
+    (LABELS["requests_within_latency"], "requests_within_latency", pct),
+    (LABELS["late_requests"], "late_requests", count),
+    ("period (h)", "hours", hours),
+    (LABELS["gpu_hours"], "gpu_hours", hours),
+    (LABELS["gpu_hours_vs_lower_bound"], "gpu_hours_vs_lower_bound", ratio),
+    (LABELS["gpu_hours_vs_oracle"], "gpu_hours_vs_oracle", ratio),
+    ("cost (serving + idle)", "cost_usd", usd),
+    ("serving cost (GPU-hours held x price)", "serving_cost_usd", usd),
+    ("idle cost (free GPUs on nodes holding replicas)", "idle_cost_usd", usd),
+    ("idle GPU-hours on nodes holding replicas", "idle_gpu_hours", hours),
+    (LABELS["idle_reserved_gpu_hours"], "idle_reserved_gpu_hours", hours),
+    (LABELS["lent_gpu_hours"], "lent_gpu_hours", hours),
+    ("lent value", "lent_value_usd", usd),
+    (LABELS["fragmentation"], "fragmentation", lambda v: pct(v, 1)),
+)
+TEAM_COLUMNS: tuple[Row, ...] = (
+    ("team", "team", str),
+    ("models", "models", str),
+    ("GPU-hours", "gpu_hours", hours),
+    ("cost", "cost_usd", usd),
+    ("share of serving cost", "cost_share", lambda v: pct(v, 1)),
+    ("requests", "requests", count),
+    ("violating requests", "violating_requests", count),
+    ("SLO attainment", "slo_attainment", pct),
+    ("within latency target", "requests_within_latency", pct),
+)
+MODEL_COLUMNS: tuple[Row, ...] = (
+    ("model", "model", str),
+    ("team", "team", str),
+    ("namespace", "namespace", str),
+    ("GPU-hours by kind", "gpu_hours_by_kind", _by_kind),
+    ("cost", "cost_usd", usd),
+    ("requests", "requests", count),
+    ("violating requests", "violating_requests", count),
+    ("SLO attainment", "slo_attainment", pct),
+    ("within latency target", "requests_within_latency", pct),
+    ("SLO percentile", "slo_percentile", lambda v: "-" if v is None else f"p{v:g}"),
+    ("latency at SLO percentile (s)", "latency_at_slo_percentile_s", secs),
+    ("latency target (s)", "slo_latency_s", secs),
+)
+TEAM_HEADER = tuple(h for h, _, _ in TEAM_COLUMNS)
+MODEL_HEADER = tuple(h for h, _, _ in MODEL_COLUMNS)
+
+
 def summary_rows(s: Section) -> list[tuple[str, str]]:
-    return [
-        ("period (h)", hours(s.hours)),
-        ("GPU-hours held", hours(s.gpu_hours)),
-        ("cost", usd(s.cost_usd)),
-        ("idle reserved GPU-hours", hours(s.idle_gpu_hours)),
-        ("idle reserved cost", usd(s.idle_cost_usd)),
-        ("lent GPU-hours", hours(s.lent_gpu_hours)),
-        ("lent value", usd(s.lent_value_usd)),
-        ("requests", num(s.requests)),
-        ("late requests", num(s.late_requests)),
-        ("SLO attainment (requests)", pct(s.slo_attainment)),
-        ("SLO windows met", pct(s.slo_windows_met)),
-        ("fragmentation", pct(s.fragmentation, 1)),
-    ]
-
-
-TEAM_HEADER = ("team", "models", "GPU-hours", "cost", "share", "requests", "SLO attainment")
-MODEL_HEADER = ("model", "team", "namespace", "GPU-hours by kind", "cost", "requests", "late", "SLO attainment",
-                "objective", "p95 latency (s)", "SLO (s)")
+    return [(label, f(getattr(s, key))) for label, key, f in SUMMARY_ROWS]
 
 
 def team_rows(s: Section) -> list[tuple[str, ...]]:
-    return [(t.team, str(t.models), hours(t.gpu_hours), usd(t.cost_usd), pct(t.cost_share, 1),
-             num(t.requests), pct(t.slo_attainment)) for t in s.teams]
+    return [tuple(f(getattr(t, key)) for _, key, f in TEAM_COLUMNS) for t in s.teams]
 
 
 def model_table(s: Section) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """Header and rows of the per-model table; columns the source has no numbers for (p95 latency and SLO
+    """Header and rows of the per-model table; columns the source has no numbers for (SLO attainment and latency
     from Prometheus) are left out."""
     rows = model_rows(s)
     keep = [i for i, _ in enumerate(MODEL_HEADER) if i < 3 or any(r[i] != "-" for r in rows)]
@@ -82,13 +121,8 @@ def model_table(s: Section) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
 
 
 def model_rows(s: Section) -> list[tuple[str, ...]]:
-    rows = []
-    for m in sorted(s.models, key=lambda m: (-m.cost_usd, m.model)):
-        late = None if not m.requests or m.late_requests is None else m.late_requests / m.requests
-        rows.append((m.model, m.team, m.namespace, _by_kind(m.gpu_hours_by_kind), usd(m.cost_usd), num(m.requests),
-                     pct(late), pct(m.slo_attainment), pct(m.slo_objective, 1), secs(m.p95_latency_s),
-                     secs(m.slo_latency_s)))
-    return rows
+    return [tuple(f(getattr(m, key)) for _, key, f in MODEL_COLUMNS)
+            for m in sorted(s.models, key=lambda m: (-m.cost_usd, m.model))]
 
 
 # -- terminal --------------------------------------------------------------------------------------------
@@ -96,7 +130,7 @@ def print_report(sections: Sequence[Section], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = console or Console(width=max(120, 30 + 18 * len(sections)))
+    con = console or Console(width=max(170, 30 + 18 * len(sections)))
     if len(sections) > 1:  # side by side first: the comparison a PoC is about
         table = Table(title="slotwise report: summary")
         table.add_column("")
@@ -142,8 +176,8 @@ def write_json(sections: Sequence[Section], meta: dict[str, Any], path: str) -> 
 
 
 def write_png(sections: Sequence[Section], path: str) -> None:
-    """Per section: cost per team stacked by model (left), SLO attainment per model against its objective
-    (right)."""
+    """Per section: serving cost per team stacked by model (left); per model (right) its SLO attainment (bars),
+    its requests within the latency target (dots) and its declared percentile (|)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,32 +205,45 @@ def write_png(sections: Sequence[Section], path: str) -> None:
             ax_cost.bar(teams, other, bottom=bottom, label="other models", color="0.7", width=0.6)
         ax_cost.set_ylabel("USD")
         # "$" would start matplotlib's mathtext: escape it
-        ax_cost.set_title(f"{s.title}\ncost per team, by model (total {usd(s.cost_usd)}; idle reserved "
-                          f"{usd(s.idle_cost_usd)})".replace("$", r"\$"), fontsize=9)
+        ax_cost.set_title(f"{s.title}\nserving cost per team, by model (cost {usd(s.cost_usd)} = serving "
+                          f"{usd(s.serving_cost_usd)} + idle {usd(s.idle_cost_usd)})".replace("$", r"\$"),
+                          fontsize=9)
         if named or other.any():
             ax_cost.legend(fontsize=7, loc="upper right")
 
-        busy = sorted([m for m in s.models if m.slo_attainment is not None],
-                      key=lambda m: (-(m.requests or 0.0), m.model))[:TOP_MODELS_PLOT]
+        busy = sorted([m for m in s.models if m.requests], key=lambda m: (-(m.requests or 0), m.model))
+        busy = busy[:TOP_MODELS_PLOT]
         if busy:
             names = [m.model for m in busy][::-1]
-            att = [100 * (m.slo_attainment or 0.0) for m in busy][::-1]
-            obj = [100 * m.slo_objective if m.slo_objective is not None else np.nan for m in busy][::-1]
             y = np.arange(len(names))
-            ax_slo.barh(y, att, color=["tab:green" if a >= o - 1e-9 or np.isnan(o) else "tab:red"
-                                       for a, o in zip(att, obj, strict=True)])
-            ax_slo.scatter(obj, y, marker="|", s=300, color="black", zorder=3)
+
+            att, raw = (_percent_of(busy, key) for key in ("slo_attainment", "requests_within_latency"))
+            obj = [np.nan if m.slo_percentile is None else m.slo_percentile for m in busy][::-1]
+            if not all(np.isnan(att)):
+                ax_slo.barh(y, np.nan_to_num(att), height=0.5, color="tab:blue",
+                            label="SLO attainment: requests in SLO-meeting model-minutes")
+            ax_slo.scatter(raw, y, marker="o", s=18, color="tab:orange", zorder=3,
+                           label="requests within the latency target (raw share)")
+            ax_slo.scatter(obj, y, marker="|", s=300, color="black", zorder=4, label="declared percentile")
             ax_slo.set_yticks(y, names, fontsize=7)
-            lo = min(att + [o for o in obj if not np.isnan(o)])
-            ax_slo.set_xlim(max(0.0, min(90.0, lo - 2.0)), 100.5)
+            shown = [v for v in (*att, *raw, *obj) if not np.isnan(v)]
+            lo = min(shown, default=90.0)
+            ax_slo.set_xlim(0.0 if lo < 50.0 else min(90.0, lo - 2.0), 100.5)
+            # under the axes: inside, it would cover the bars
+            ax_slo.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
         else:
             ax_slo.text(0.5, 0.5, "no request counts", ha="center", va="center", transform=ax_slo.transAxes)
-        ax_slo.set_xlabel("% of requests within the SLO latency")
+        ax_slo.set_xlabel("% of the model's requests")
         busiest = f", busiest {TOP_MODELS_PLOT}" if len(s.models) > TOP_MODELS_PLOT else ""
-        ax_slo.set_title(f"SLO attainment per model (| = objective; red: below it{busiest})", fontsize=9)
+        ax_slo.set_title(f"per model: SLO attainment and requests within the latency target{busiest}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _percent_of(models: Sequence[Any], key: str) -> list[float]:
+    """``key`` of each model in %, bottom-up (the plot's order); NaN where unknown."""
+    return [float("nan") if getattr(m, key) is None else 100 * getattr(m, key) for m in models][::-1]
 
 
 _CSS = """
@@ -230,7 +277,8 @@ def render_html(sections: Sequence[Section], meta: dict[str, Any], png: bytes | 
         rows = [[label, *[summary_rows(s)[i][1] for s in sections]] for i, label in enumerate(labels)]
         parts.append("<h2>summary</h2>" + _table(["", *[s.policy or s.title for s in sections]], rows))
     if png:
-        parts.append(f"<img alt='cost per team and SLO attainment per model' "
+        parts.append("<img alt='serving cost per team; SLO attainment and requests within the latency target per "
+                     f"model' "
                      f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
     for s in sections:
         parts.append(f"<h2>{e(s.title)}</h2>")

@@ -1,13 +1,61 @@
-"""The scorecard: the numbers every simulation reports (printed, and written as JSON).
+"""The scorecard: the numbers every simulation reports -- printed by ``slotwise simulate``, written by ``--json``
+as ``{"results": [card, ...]}`` (a list for one policy or many) and read back, field for field, by ``slotwise
+report``. Every field is defined here, once; docs/scorecard.md is the same list for users. One module: the
+definitions and the code that computes them stay side by side, so they cannot drift apart.
+
+**The SLO.** Each model declares a latency target and a percentile (p99 <= 2 s). A *model-minute* (one model, one
+scored minute) *meets its SLO* when its declared percentile of latency is within the target -- equivalently, when
+the share of its requests within the latency target is >= percentile / 100. Minutes without requests do not count.
+
+- ``slo_attainment`` (**the headline**): requests in SLO-meeting model-minutes / requests
+  = (requests - violating_requests) / requests (1.0 without requests);
+- ``violating_requests``: requests in model-minutes that missed (a missed minute charges all of its requests; a
+  met p95 minute is not charged for the 5 % it allows to be slow);
+- ``slo_minutes_met``: SLO-meeting model-minutes / model-minutes with requests (1.0 when none has requests);
+- ``requests_within_latency``: requests whose latency was within the target / requests, whatever their minute did:
+  the raw share, which is *not* SLO attainment and is never labelled so; ``late_requests`` = requests - those;
+- ``success_rate``: requests completed (wait + whole service) within ``SimConfig.request_timeout_s`` / requests.
+
+**References.** ``gpu_hours``: GPU-equivalent hours the replicas held (starting, serving or draining) over the scored
+period (the unit of :mod:`autoscaler.accounting.cost`). ``lower_bound_gpu_hours`` / ``gpu_hours_vs_lower_bound``: the
+clairvoyant lower bound's GPU-hours (it meets every attainable model-minute, cold starts included) and gpu_hours /
+it; None without a bound. ``oracle_gpu_hours`` / ``gpu_hours_vs_oracle``: the same against the per-tick,
+zero-cold-start oracle -- a second, named reference, *not* a lower bound (a policy can come out below it).
+The ``attainable`` mask (an argument of :func:`scorecard`, from the lower bound; None: every minute) marks the
+model-minutes the bound could meet: ``unattainable_requests`` = requests in the others; ``slo_attainment_attainable``
+= requests in SLO-meeting attainable minutes / requests in attainable minutes (= slo_attainment when every minute
+is attainable; 1.0 when none is).
+
+**Latency.** Per model, ``latency_at_slo_percentile_s``: the latency (queue wait + service) at the model's own
+declared percentile over the run, the serving engine's quantile (``SimResult.latency_at_slo_percentile_s``, from
+``engine.latency_quantile`` at each model's percentile; the whole run, burn-in included). While a SimResult does not
+carry it, only a p95 model has it (``SimResult.latency_p95_s`` is exactly that quantile); other models are None --
+``minute_latency`` is a per-tick maximum and cannot give the run's quantile exactly. None: no requests.
+
+**Cost.** ``cost_usd`` = ``serving_cost_usd`` + ``idle_cost_usd`` (so idle <= total, always).
+``serving_cost_usd``: the GPU-equivalent hours the replicas held x the price of their GPU kind = the models'
+``cost_usd`` summed (idle capacity is no model's); ``idle_cost_usd``: ``idle_gpu_hours`` -- free GPU-equivalents on
+nodes holding replicas (:func:`autoscaler.accounting.cost.idle_reserved`, what a live controller can attribute) --
+x price. The ``cost`` block has the same by GPU kind and team, and ``total_gpu_hours`` = ``serving_gpu_hours`` +
+``idle_gpu_hours``. (``idle_reserved_gpu_hours`` below is another number: the whole inference pool less what replicas
+held, every node counted.)
+
+**Counts are integers**: requests, violating_requests, unattainable_requests, late_requests (per model, per team and
+in total), scale_events, preemptions, reclaims, reclaims_late, training jobs. The fluid engine's arrivals are
+expected (fractional) counts: the scorecard rounds them once per model -- the four parts of a model's requests
+(minutes met or missed x attainable or not) by cumulative rounding, so the parts are whole, add up to the model's
+rounded requests and each is within 1 of its unrounded value; the within-latency and within-timeout counts round
+the same way; totals are the per-model sums and every ratio is computed from these integers. The discrete-event
+engine's counts are whole already. **Float noise**: a float within 1e-9 of 0 is stored (and printed) as 0.
 
 Lending (issue 8; :func:`lending_card`), all over the scored period, in whole-GPU hours:
 
 - ``idle_reserved_gpu_hours``: GPU-hours inference reserved but did not use = the inference pool's GPUs (every
   GPU of the simulated cluster except a static split's) less the GPU-equivalents its replicas held (starting,
   serving or draining) = **lent + idle not lent**. The simulated cluster is all inference's, so every node
-  counts: :func:`autoscaler.accounting.cost.idle_reserved` (the ``cost`` block's ``idle_gpu_hours``) counts only nodes
-  holding a replica, because a live controller cannot tell which replica-free nodes are inference's, and counts a
-  lent GPU as used; the two agree on nodes with replicas and no lent GPUs.
+  counts: ``idle_gpu_hours`` (above) counts only nodes holding a replica, because a live controller cannot tell
+  which replica-free nodes are inference's, and counts a lent GPU as used; the two agree on nodes with replicas
+  and no lent GPUs.
 - ``lent_gpu_hours``: whole GPUs lent x hours (from the LendGpus until the GPU is back, grace period included);
   ``lending_efficiency`` = lent / idle reserved;
 - ``reclaims`` (ReclaimGpus decided in the scored period that took back at least one GPU), ``reclaim_p50_s`` /
@@ -22,11 +70,12 @@ Lending (issue 8; :func:`lending_card`), all over the scored period, in whole-GP
 Per team (issue 9; :func:`team_card`, the PoC scorecard platform teams evaluate with), and the same numbers over
 all teams in :func:`scorecard`:
 
-- ``success_rate``: requests completed (wait + whole service) within ``SimConfig.request_timeout_s`` / requests
-  (:mod:`autoscaler.sim.queueing`); ``slo_attainment``: requests within their SLO latency / requests;
+- ``requests``, ``violating_requests``, ``late_requests``, ``slo_attainment``, ``requests_within_latency``,
+  ``success_rate``: as above, over the team's models;
 - ``gpu_hours_allocated``: GPU-equivalent hours its replicas held (starting, serving, draining; the ``cost`` block's
   unit); ``gpu_hours_busy``: the same x the replicas' utilisation (busy servers / the servers of every replica
-  holding a slot); ``utilization_busy`` = busy / allocated;
+  holding a slot); ``utilization_busy`` = busy / allocated; ``cost_usd``: its models' cost (the "all" row:
+  ``serving_cost_usd`` = the teams' summed, ``idle_cost_usd``, and ``cost_usd`` = their sum, as in the scorecard);
 - ``replica_wait_minutes``: replica-minutes its models asked for and did not get yet, any cause (the run's
   ``unplaced_replica_minutes`` summed over teams); ``shortfall_minutes_by_cause``: the same by
   :class:`autoscaler.api.plan.ShortfallCause` (``none``: a Shortfall without a known cause);
@@ -43,7 +92,9 @@ all teams in :func:`scorecard`:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,17 +102,24 @@ import numpy as np
 from autoscaler.decision.arbitration import TeamQuota
 from autoscaler.sim.run import SimResult
 
-# The keys, in the order the table prints them.
+EPS = 1e-9  # float noise: a float within EPS of 0 is stored and printed as 0
+
+# The keys, in the order the table prints them: the headline first.
 COLUMNS = (
-    "requests",
     "slo_attainment",
-    "success_rate",
-    "slo_windows_met",
-    "slo_requests_met",
+    "slo_attainment_attainable",
     "violating_requests",
+    "unattainable_requests",
+    "requests",
+    "slo_minutes_met",
+    "requests_within_latency",
+    "late_requests",
+    "success_rate",
     "gpu_hours",
+    "gpu_hours_vs_lower_bound",
     "gpu_hours_vs_oracle",
     "cost_usd",
+    "serving_cost_usd",
     "idle_cost_usd",
     "lent_gpu_hours",
     "scale_events",
@@ -81,68 +139,181 @@ LENDING_COLUMNS = (
     "training_goodput_gpu_hours",
     "training_lost_gpu_hours",
 )
+# What each printed number is (the table's first column; the field name is printed next to it). Only the headline's
+# label says "SLO attainment".
+LABELS: dict[str, str] = {
+    "slo_attainment": "SLO attainment: requests in SLO-meeting model-minutes",
+    "slo_attainment_attainable": "SLO attainment over attainable model-minutes",
+    "violating_requests": "violating requests (in model-minutes that missed)",
+    "unattainable_requests": "requests in model-minutes the lower bound cannot meet",
+    "requests": "requests",
+    "slo_minutes_met": "model-minutes that met the SLO (share of those with requests)",
+    "requests_within_latency": "requests within the latency target (raw share)",
+    "late_requests": "requests beyond the latency target",
+    "success_rate": "requests completed within the timeout (share)",
+    "gpu_hours": "GPU-hours held by replicas",
+    "gpu_hours_vs_lower_bound": "GPU-hours / lower bound",
+    "gpu_hours_vs_oracle": "GPU-hours / per-tick zero-cold-start oracle (not a bound)",
+    "cost_usd": "cost USD (serving + idle)",
+    "serving_cost_usd": "serving cost USD (GPU-hours held x price)",
+    "idle_cost_usd": "idle cost USD (free GPUs on nodes holding replicas)",
+    "lent_gpu_hours": "GPU-hours lent to training",
+    "scale_events": "scale events",
+    "unplaced_replica_minutes": "replica-minutes asked for and not placed",
+    "preemptions": "replicas preempted",
+    "fragmentation": "fragmentation (stranded share of free GPU memory)",
+    "sim_wall_s": "simulation wall time (s)",
+    "idle_reserved_gpu_hours": "idle reserved GPU-hours (inference pool less replicas)",
+    "lending_efficiency": "lending efficiency (lent / idle reserved)",
+    "reclaims": "reclaims",
+    "reclaim_p50_s": "reclaim p50 (s)",
+    "reclaim_p99_s": "reclaim p99 (s)",
+    "reclaims_late": "reclaims late",
+    "training_goodput_gpu_hours": "training goodput GPU-hours",
+    "training_lost_gpu_hours": "training GPU-hours lost to preemption",
+}
 
 
-def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[str, Any]:
-    arrivals = result.minute_arrivals
-    within = result.minute_within
-    total = float(arrivals.sum())
-    attainment = float(within.sum() / total) if total > 0 else 1.0
-    # A model-minute meets its SLO when at least the declared percentile of its requests were in time
-    # (equivalently: the percentile latency is within the target). Minutes without requests do not count.
-    has = arrivals > 0
-    frac = np.divide(within, arrivals, out=np.ones_like(within), where=has)
-    met = frac >= (result.slo_percentile[:, None] / 100.0) - 1e-9
-    windows_met = float(met[has].mean()) if has.any() else 1.0
-    # An SLO on a percentile is judged per window: a request is served within the SLO when its model-minute
-    # met the declared percentile, and "violating" when that minute missed it (so a 95 % SLO is not
-    # charged for the 5 % of requests it allows to be slow, but a missed minute charges all of its requests).
-    violating = float(arrivals[has & ~met].sum())
+@dataclass(frozen=True)
+class Counts:
+    """Per model (M,), whole numbers (module docstring: how the fluid engine's fractions are rounded), and the
+    ratios computed from them."""
+
+    requests: np.ndarray
+    violating: np.ndarray  # in model-minutes that missed
+    unattainable: np.ndarray  # in model-minutes the lower bound cannot meet
+    violating_attainable: np.ndarray  # in attainable model-minutes that missed
+    late: np.ndarray  # beyond the latency target
+    successful: np.ndarray  # completed within the request timeout
+    minutes: np.ndarray  # model-minutes with requests
+    minutes_met: np.ndarray  # ... that met the SLO
+
+    def ratios(self, sel: np.ndarray | slice = slice(None)) -> dict[str, float]:
+        """The ratios over the models ``sel`` (an index array or a slice) together."""
+        n = int(self.requests[sel].sum())
+        att = n - int(self.unattainable[sel].sum())
+        mins = int(self.minutes[sel].sum())
+        return {
+            "slo_attainment": _share(n - int(self.violating[sel].sum()), n),
+            "slo_attainment_attainable": _share(att - int(self.violating_attainable[sel].sum()), att),
+            "slo_minutes_met": _share(int(self.minutes_met[sel].sum()), mins),
+            "requests_within_latency": _share(n - int(self.late[sel].sum()), n),
+            "success_rate": _share(int(self.successful[sel].sum()), n),
+        }
+
+
+def _share(num: int, den: int) -> float:
+    return num / den if den > 0 else 1.0
+
+
+def _whole(parts: np.ndarray) -> np.ndarray:
+    """(M, P) non-negative fractional counts -> whole ones by cumulative rounding along P: each row's parts add up
+    to its rounded total and each part is within 1 of its own value."""
+    cum = np.rint(np.cumsum(np.maximum(parts, 0.0), axis=1))
+    return np.diff(cum, axis=1, prepend=0.0).astype(np.int64)
+
+
+def model_counts(result: SimResult, attainable: np.ndarray | None = None) -> Counts:
+    """The whole-number counts of every model (module docstring); ``attainable``: (M, n_minutes) bool, None = all."""
+    arrivals = np.asarray(result.minute_arrivals, dtype=np.float64)
+    within = np.asarray(result.minute_within, dtype=np.float64)
+    if attainable is None:
+        att = np.ones(arrivals.shape, dtype=bool)
+    else:
+        att = np.asarray(attainable, dtype=bool)
+        if att.shape != arrivals.shape:
+            raise ValueError(f"attainable has shape {att.shape}, the run's model-minutes {arrivals.shape}")
+    has = arrivals > EPS
+    share = np.divide(within, arrivals, out=np.ones_like(within), where=has)
+    met = has & (share >= result.slo_percentile[:, None] / 100.0 - EPS)
+    missed = has & ~met
+    # Minutes without requests hold (almost) no arrivals: they join "met", so the parts cover every request.
+    parts = np.stack([(arrivals * m).sum(axis=1) for m in (~missed & att, missed & att, ~missed & ~att,
+                                                          missed & ~att)], axis=1)
+    p = _whole(parts)
+    requests = p.sum(axis=1)
+    success = result.minute_success if result.minute_success is not None else np.zeros_like(arrivals)
+    # within and successful are parts of the requests: rounded, and never more than the rounded requests
+    ok = np.minimum(np.rint(within.sum(axis=1)).astype(np.int64), requests)
+    done = np.minimum(np.rint(np.asarray(success, dtype=np.float64).sum(axis=1)).astype(np.int64), requests)
+    return Counts(
+        requests=requests,
+        violating=p[:, 1] + p[:, 3],
+        unattainable=p[:, 2] + p[:, 3],
+        violating_attainable=p[:, 1],
+        late=requests - ok,
+        successful=done,
+        minutes=has.sum(axis=1).astype(np.int64),
+        minutes_met=met.sum(axis=1).astype(np.int64),
+    )
+
+
+def latency_at_slo_percentile(result: SimResult) -> list[float | None]:
+    """Per model, the run's latency at its declared percentile (module docstring: where it comes from)."""
+    own = getattr(result, "latency_at_slo_percentile_s", None)
+    if own is not None:
+        return [_num(x) for x in np.asarray(own, dtype=np.float64)]
+    p95 = np.asarray(result.latency_p95_s, dtype=np.float64)
+    return [_num(p95[i]) if abs(float(pct) - 95.0) < EPS else None for i, pct in enumerate(result.slo_percentile)]
+
+
+def scorecard(
+    result: SimResult,
+    oracle_gpu_hours: float | None = None,
+    *,
+    lower_bound_gpu_hours: float | None = None,
+    attainable: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """The run's scorecard (module docstring: every field). ``oracle_gpu_hours``: the per-tick zero-cold-start
+    oracle's GPU-hours; ``lower_bound_gpu_hours``: the clairvoyant lower bound's; ``attainable``: (M, n_minutes)
+    bool, the model-minutes that bound can meet (None: all)."""
+    counts = model_counts(result, attainable)
     cost = cost_card(result)
     lend = lending_card(result)
-    teams = team_card(result)
-    overall = teams["all"]
-    success = _per_model(result.minute_success, len(result.models))
+    overall = team_card(result)["all"]
     busy_h = _per_model(result.minute_busy_gpu_s, len(result.models)) / 3600.0
+    latency = latency_at_slo_percentile(result)
     per_model = {}
     for i, name in enumerate(result.models):
-        a = float(arrivals[i].sum())
         per_model[name] = {
-            "requests": a,
-            "late_requests": a - float(within[i].sum()),
-            "slo_attainment": float(within[i].sum() / a) if a > 0 else 1.0,
-            "success_rate": float(success[i] / a) if a > 0 else 1.0,
+            "requests": int(counts.requests[i]),
+            "violating_requests": int(counts.violating[i]),
+            "unattainable_requests": int(counts.unattainable[i]),
+            "late_requests": int(counts.late[i]),
+            **counts.ratios(np.array([i])),
             "gpu_hours_busy": float(busy_h[i]),
             "shortfall_minutes_by_cause": dict(result.shortfalls.get(name, {})),
             "slo_percentile": float(result.slo_percentile[i]),
-            "p95_latency_s": _num(result.latency_p95_s[i]),
+            "latency_at_slo_percentile_s": latency[i],
             "slo_latency_s": float(result.slo_latency_s[i]),
             "mean_replicas": float(result.minute_replicas[i].mean()) if result.minute_replicas.size else 0.0,
             **cost["per_model"].get(name, {}),
         }
-    return {
+    card = {
         "policy": result.policy,
         "mode": result.mode,
-        "requests": total,
-        "slo_attainment": attainment,
-        # requests completed within the request timeout / requests (1.0 with no requests, like slo_attainment)
-        "success_rate": overall["success_rate"] if overall["success_rate"] is not None else 1.0,
+        **counts.ratios(),
+        "requests": int(counts.requests.sum()),
+        "violating_requests": int(counts.violating.sum()),
+        "unattainable_requests": int(counts.unattainable.sum()),
+        "late_requests": int(counts.late.sum()),
         "request_timeout_s": result.request_timeout_s,
-        "slo_windows_met": windows_met,
-        "slo_requests_met": 1.0 - violating / total if total > 0 else 1.0,
-        "violating_requests": violating,
-        "late_requests": total - float(within.sum()),
         "gpu_hours": result.gpu_hours,
-        "gpu_hours_vs_oracle": (result.gpu_hours / oracle_gpu_hours) if oracle_gpu_hours else None,
-        "cost_usd": cost["total_usd"],
-        "idle_cost_usd": cost["idle_usd"],
+        "lower_bound_gpu_hours": lower_bound_gpu_hours,
+        "gpu_hours_vs_lower_bound": _ratio(result.gpu_hours, lower_bound_gpu_hours or 0.0),
+        "oracle_gpu_hours": oracle_gpu_hours,
+        "gpu_hours_vs_oracle": _ratio(result.gpu_hours, oracle_gpu_hours or 0.0),
+        "cost_usd": cost["cost_usd"],
+        "serving_cost_usd": cost["serving_cost_usd"],
+        "idle_cost_usd": cost["idle_cost_usd"],
+        "idle_gpu_hours": cost["idle_gpu_hours"],
         "lent_gpu_hours": lend["lent_gpu_hours"],
         **{k: lend[k] for k in LENDING_COLUMNS},
         "reclaims_within_deadline": lend["reclaims_within_deadline"],
         "reclaim_max_late_s": lend["reclaim_max_late_s"],
         "lending": lend["lending"],
-        "scale_events": result.scale_events,
-        "decisions_by_reason": result.reasons,
+        "scale_events": int(result.scale_events),
+        "decisions_by_reason": {k: int(v) for k, v in result.reasons.items()},
         "unplaced_replica_minutes": result.unplaced_replica_minutes,
         "gpu_hours_busy": overall["gpu_hours_busy"],
         "utilization_busy": overall["utilization_busy"],
@@ -150,7 +321,7 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
         "refusals_within_guarantee": overall["refusals_within_guarantee"],
         "preemptions": len(result.preemptions),
         "preemptions_by_reason": overall["preemptions_by_reason"],
-        "unreasoned": result.unreasoned,
+        "unreasoned": int(result.unreasoned),
         **{k: overall[k] for k in TRAINING_KEYS if k not in LENDING_COLUMNS},  # (goodput is there already)
         "fragmentation": result.fragmentation,
         "gpus_total": result.gpus_total,
@@ -160,54 +331,82 @@ def scorecard(result: SimResult, oracle_gpu_hours: float | None = None) -> dict[
         "per_model": per_model,
         "cost": {k: v for k, v in cost.items() if k != "per_model"},
     }
+    return clean(card)
+
+
+def clean(x: Any) -> Any:
+    """JSON-ready: numpy scalars to Python numbers, floats within EPS of 0 to 0.0, recursively."""
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [clean(v) for v in x]
+    if isinstance(x, bool | np.bool_):
+        return bool(x)
+    if isinstance(x, int | np.integer):
+        return int(x)
+    if isinstance(x, float | np.floating):
+        return _z(float(x))
+    return x
+
+
+def _z(x: float) -> float:
+    return 0.0 if abs(x) < EPS else x
 
 
 def cost_card(result: SimResult) -> dict[str, Any]:
-    """Cost attribution of a run (scored time only, like ``gpu_hours``), priced with ``result.prices``.
+    """Cost attribution of a run (scored time only, like ``gpu_hours``), priced with ``result.prices`` (module
+    docstring: cost).
 
-    ``per_model``: team, namespace, GPU-equivalent hours by GPU kind and in total, and their cost;
-    ``by_team``: the same summed per team; ``idle_gpu_hours_by_kind`` / ``idle_usd``: idle reserved capacity
-    (free GPU-equivalents on nodes holding replicas). The models' GPU-hours sum to the run's ``gpu_hours``.
+    ``per_model``: team, namespace, GPU-equivalent hours by GPU kind and in total, and their cost (``cost_usd``);
+    ``by_team``: the same summed per team; ``idle_gpu_hours_by_kind`` / ``idle_cost_usd``: idle reserved capacity
+    (free GPU-equivalents on nodes holding replicas). Sums are exact (``math.fsum``), so they do not depend on the
+    order of the models; noise within EPS of 0 is 0 before anything is added up.
     """
     kinds = result.gpu_kinds
     held = result.model_gpu_seconds
     idle = result.idle_gpu_seconds
     if held is None or idle is None:
         held, idle = np.zeros((len(result.models), len(kinds))), np.zeros(len(kinds))
-    prices = np.array([result.prices.get(k, 0.0) for k in kinds])
-    hours = held / 3600.0
-    usd = hours * prices[None, :]
+    prices = [float(result.prices.get(k, 0.0)) for k in kinds]
+    hours = np.asarray(held, dtype=np.float64) / 3600.0
     per_model: dict[str, dict[str, Any]] = {}
     by_team: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(result.models):
         team = result.teams[i] if result.teams else "default"
+        h = [_z(float(x)) for x in hours[i]]
         row = {
             "team": team,
             "namespace": result.namespaces[i] if result.namespaces else "default",
-            "gpu_hours": float(hours[i].sum()),
-            "gpu_hours_by_kind": {k: float(hours[i, j]) for j, k in enumerate(kinds) if hours[i, j] > 0},
-            "cost_usd": float(usd[i].sum()),
+            "gpu_hours": math.fsum(h),
+            "gpu_hours_by_kind": {k: h[j] for j, k in enumerate(kinds) if h[j] > 0},
+            "cost_usd": _z(math.fsum(x * p for x, p in zip(h, prices, strict=True))),
         }
         per_model[name] = row
-        t = by_team.setdefault(team, {"gpu_hours": 0.0, "cost_usd": 0.0, "models": []})
-        t["gpu_hours"] += row["gpu_hours"]
-        t["cost_usd"] += row["cost_usd"]
+        t = by_team.setdefault(team, {"models": []})
         t["models"].append(name)
-    idle_h = idle / 3600.0
+    for t in by_team.values():
+        t["gpu_hours"] = math.fsum(per_model[m]["gpu_hours"] for m in t["models"])
+        t["cost_usd"] = math.fsum(per_model[m]["cost_usd"] for m in t["models"])
+    idle_h = [_z(float(x) / 3600.0) for x in idle]
     lent = result.lent_gpu_seconds if result.lent_gpu_seconds is not None else np.zeros(len(kinds))
-    lent_h = lent / 3600.0
+    lent_h = [_z(float(x) / 3600.0) for x in lent]
+    serving_h = math.fsum(r["gpu_hours"] for r in per_model.values())
+    serving_usd = math.fsum(r["cost_usd"] for r in per_model.values())
+    idle_usd = _z(math.fsum(x * p for x, p in zip(idle_h, prices, strict=True)))
     return {
         "currency": "USD",
         "hours": result.scored_s / 3600.0,
-        "prices_usd_per_gpu_hour": {k: float(p) for k, p in zip(kinds, prices, strict=True)},
-        "total_usd": float(usd.sum()),
-        "gpu_hours": float(hours.sum()),
-        "idle_gpu_hours_by_kind": {k: float(h) for k, h in zip(kinds, idle_h, strict=True)},
-        "idle_gpu_hours": float(idle_h.sum()),
-        "idle_usd": float((idle_h * prices).sum()),
-        "lent_gpu_hours": float(lent_h.sum()),
-        "lent_gpu_hours_by_kind": {k: float(h) for k, h in zip(kinds, lent_h, strict=True) if h > 0},
-        "lent_usd": float((lent_h * prices).sum()),
+        "prices_usd_per_gpu_hour": dict(zip(kinds, prices, strict=True)),
+        "cost_usd": serving_usd + idle_usd,
+        "serving_cost_usd": serving_usd,
+        "idle_cost_usd": idle_usd,
+        "total_gpu_hours": serving_h + math.fsum(idle_h),
+        "serving_gpu_hours": serving_h,
+        "idle_gpu_hours": math.fsum(idle_h),
+        "idle_gpu_hours_by_kind": dict(zip(kinds, idle_h, strict=True)),
+        "lent_gpu_hours": math.fsum(lent_h),
+        "lent_gpu_hours_by_kind": {k: h for k, h in zip(kinds, lent_h, strict=True) if h > 0},
+        "lent_value_usd": _z(math.fsum(x * p for x, p in zip(lent_h, prices, strict=True))),
         "by_team": by_team,
         "per_model": per_model,
     }
@@ -282,7 +481,10 @@ TEAM_KEYS = (
     "borrowing_limit_gpus",
     "models",
     "requests",
+    "violating_requests",
+    "late_requests",
     "slo_attainment",
+    "requests_within_latency",
     "success_rate",
     "gpu_hours_allocated",
     "gpu_hours_busy",
@@ -301,11 +503,12 @@ TRAINING_KEYS = (
     "training_wait_p95_s",
     "training_goodput_gpu_hours",
 )
-# ... and the "all" row's extra keys.
+# ... and the "all" row's extra keys (its cost_usd is serving + idle, as in the scorecard).
 ALL_KEYS = (
     "gpus_total",
     "fragmentation",
-    "idle_reserved_cost_usd",
+    "serving_cost_usd",
+    "idle_cost_usd",
     "lent_gpu_hours",
     "lent_value_usd",
     *TRAINING_KEYS,
@@ -328,39 +531,34 @@ def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, 
     Teams: those of ``quotas`` (in their order, with or without models), then the models' teams (from their specs)
     in model order. ``guaranteed_gpus`` / ``borrowing_limit_gpus`` come from ``quotas`` (a team without one: 0 and
     None = no limit). Ratios are None for a team with nothing to divide (no requests, no GPU-hours). The "all" row
-    sums the teams' (``borrowing_limit_gpus`` None when any team has no limit; ``models`` every model) and adds the
-    run-wide numbers (``ALL_KEYS``). Every key of ``TEAM_KEYS`` is in every row.
+    sums the teams' (``borrowing_limit_gpus`` None when any team has no limit; ``models`` every model; ``cost_usd``
+    serving + idle, the teams' sum being ``serving_cost_usd``) and adds the run-wide numbers (``ALL_KEYS``). Every key
+    of ``TEAM_KEYS`` is in every row. Counts are the scorecard's whole numbers (:func:`model_counts`).
     """
     models = result.models
     m = len(models)
     model_team = list(result.teams) if result.teams else ["default"] * m
     quota = {q.name: q for q in quotas}
     names = list(dict.fromkeys([*(q.name for q in quotas), *model_team]))
-    arrivals = result.minute_arrivals.sum(axis=1) if m else np.zeros(0)
-    within = result.minute_within.sum(axis=1) if m else np.zeros(0)
-    success = _per_model(result.minute_success, m)
+    counts = model_counts(result)
     busy_h = _per_model(result.minute_busy_gpu_s, m) / 3600.0
     cost = cost_card(result)
     team_of = dict(zip(models, model_team, strict=True))
 
     rows: dict[str, dict[str, Any]] = {}
+    index: dict[str, list[int]] = {name: [] for name in names}
     for name in names:
         q = quota.get(name, TeamQuota(name))
         rows[name] = {
             "team": name, "guaranteed_gpus": float(q.guaranteed_gpus), "borrowing_limit_gpus": q.borrowing_limit_gpus,
-            "models": [], "requests": 0.0, "_within": 0.0, "_success": 0.0, "gpu_hours_allocated": 0.0,
-            "gpu_hours_busy": 0.0, "cost_usd": 0.0, "replica_wait_minutes": 0.0, "shortfall_minutes_by_cause": {},
+            "models": [], "gpu_hours_busy": 0.0, "replica_wait_minutes": 0.0, "shortfall_minutes_by_cause": {},
             "refusals_within_guarantee": 0.0, "preemptions_by_reason": {}, "preemptions_caused": 0,
         }
     for i, x in enumerate(models):
         r = rows[model_team[i]]
         r["models"].append(x)
-        r["requests"] += float(arrivals[i])
-        r["_within"] += float(within[i])
-        r["_success"] += float(success[i])
-        r["gpu_hours_allocated"] += cost["per_model"][x]["gpu_hours"]
+        index[model_team[i]].append(i)
         r["gpu_hours_busy"] += float(busy_h[i])
-        r["cost_usd"] += cost["per_model"][x]["cost_usd"]
         by_cause = result.shortfalls.get(x, {})
         r["replica_wait_minutes"] += sum(by_cause.values())
         _add(r["shortfall_minutes_by_cause"], by_cause)
@@ -380,31 +578,40 @@ def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, 
         "borrowing_limit_gpus": None if not limits or None in limits else sum(limits),
         "models": list(models), "shortfall_minutes_by_cause": {}, "preemptions_by_reason": {},
     }
-    for key in ("requests", "_within", "_success", "gpu_hours_allocated", "gpu_hours_busy", "cost_usd",
-                "replica_wait_minutes", "refusals_within_guarantee", "preemptions_caused"):
+    for key in ("gpu_hours_busy", "replica_wait_minutes", "refusals_within_guarantee", "preemptions_caused"):
         total[key] = sum(r[key] for r in rows.values())
     for r in rows.values():
         _add(total["shortfall_minutes_by_cause"], r["shortfall_minutes_by_cause"])
         _add(total["preemptions_by_reason"], r["preemptions_by_reason"])
 
-    def finish(r: dict[str, Any]) -> dict[str, Any]:
-        r["slo_attainment"] = _ratio(r.pop("_within"), r["requests"])
-        r["success_rate"] = _ratio(r.pop("_success"), r["requests"])
+    def finish(r: dict[str, Any], sel: list[int]) -> dict[str, Any]:
+        idx = np.array(sel, dtype=np.int64)
+        n = int(counts.requests[idx].sum())
+        r["requests"] = n
+        r["violating_requests"] = int(counts.violating[idx].sum())
+        r["late_requests"] = int(counts.late[idx].sum())
+        ratios = counts.ratios(idx)
+        for key in ("slo_attainment", "requests_within_latency", "success_rate"):
+            r[key] = ratios[key] if n > 0 else None
+        held = [cost["per_model"][models[i]] for i in sel]
+        r["gpu_hours_allocated"] = math.fsum(h["gpu_hours"] for h in held)
+        r["cost_usd"] = math.fsum(h["cost_usd"] for h in held)
         r["utilization_busy"] = _ratio(r["gpu_hours_busy"], r["gpu_hours_allocated"])
         return {k: r[k] for k in TEAM_KEYS}
 
     lend = lending_card(result)
     stats = result.lending
     waits = np.array(stats.job_waits_s if stats is not None else [], dtype=np.float64)
-    total = finish(total)
+    total = finish(total, list(range(m)))
     total.update({
+        "cost_usd": cost["cost_usd"],  # serving + idle, as the scorecard's
         "gpus_total": result.gpus_total,
         "fragmentation": result.fragmentation,
-        # the report's "idle reserved cost": free GPU-equivalents on nodes holding replicas
-        # (autoscaler/accounting/cost.py)
-        "idle_reserved_cost_usd": cost["idle_usd"],
+        "serving_cost_usd": cost["serving_cost_usd"],
+        # free GPU-equivalents on nodes holding replicas (autoscaler/accounting/cost.py)
+        "idle_cost_usd": cost["idle_cost_usd"],
         "lent_gpu_hours": cost["lent_gpu_hours"],
-        "lent_value_usd": cost["lent_usd"],
+        "lent_value_usd": cost["lent_value_usd"],
         "training_jobs_started": int(waits.size),
         "training_jobs_completed": stats.jobs_finished_scored if stats is not None else 0,
         "training_wait_p50_s": float(np.quantile(waits, 0.5, method="inverted_cdf")) if waits.size else None,
@@ -412,4 +619,4 @@ def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, 
         "training_goodput_gpu_hours": lend["training_goodput_gpu_hours"],
         "unreasoned": result.unreasoned,
     })
-    return {"teams": [finish(r) for r in rows.values()], "all": total}
+    return clean({"teams": [finish(r, index[name]) for name, r in rows.items()], "all": total})

@@ -307,8 +307,10 @@ def test_static_run_costs_replicas_times_fraction_times_price() -> None:
     assert cost["hours"] == pytest.approx(hours)
     # attributed GPU-hours are exactly what gpu_hours counts; held + idle = the node, all the time
     assert a["gpu_hours"] + b["gpu_hours"] == pytest.approx(res.gpu_hours)
-    assert card["cost_usd"] == pytest.approx(res.gpu_hours * price)
-    assert cost["gpu_hours"] + cost["idle_gpu_hours"] == pytest.approx(8 * hours)
+    assert card["serving_cost_usd"] == pytest.approx(res.gpu_hours * price)
+    # cost is serving + idle: here the whole node, all the time
+    assert card["cost_usd"] == card["serving_cost_usd"] + card["idle_cost_usd"] == pytest.approx(8 * hours * price)
+    assert cost["serving_gpu_hours"] + cost["idle_gpu_hours"] == cost["total_gpu_hours"] == pytest.approx(8 * hours)
 
 
 def test_idle_counts_only_nodes_holding_replicas() -> None:

@@ -486,7 +486,7 @@ def test_scorecard_lending_numbers() -> None:
     for key in LENDING_COLUMNS:
         assert full[key] == card[key] and key not in COLUMNS
     assert full["cost"]["lent_gpu_hours"] == 3.0
-    assert full["cost"]["lent_usd"] == pytest.approx(3.0 * res.prices["H100-80GB"])
+    assert full["cost"]["lent_value_usd"] == pytest.approx(3.0 * res.prices["H100-80GB"])
     json.dumps(full)  # the JSON the CLI writes
 
 
@@ -513,7 +513,7 @@ def test_cli_static_split_shows_the_lending_rows(tmp_path: Path, capsys: pytest.
                "--static-training-gpus", "4", "--json", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0 and "training_goodput_gpu_hours" in printed and "reclaim_p99_s" in printed
-    card = json.loads(out.read_text())["results"]
+    [card] = json.loads(out.read_text())["results"]
     assert card["lending"]["static_training_gpus"] == 4 and card["training_goodput_gpu_hours"] > 0
 
 
@@ -530,7 +530,7 @@ def test_cli_simulate_with_lending_end_to_end(tmp_path: Path, capsys: pytest.Cap
                "--lending-mode", "kueue", "--max-reclaim-s", "90", "--json", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0 and "lending_efficiency" in printed
-    card = json.loads(out.read_text())["results"]
+    [card] = json.loads(out.read_text())["results"]
     assert card["lending"]["policy"]["max_reclaim_s"] == 90.0 and card["lending"]["policy"]["mode"] == "kueue"
     assert card["lent_gpu_hours"] > 0 and 0 < card["lending_efficiency"] <= 1.0
     assert card["lent_gpu_hours"] <= card["idle_reserved_gpu_hours"] + 1e-9
@@ -556,7 +556,7 @@ def _bench():  # type: ignore[no-untyped-def]
 
 def _card(**kw: object) -> dict:
     base = {"lending_efficiency": 0.0, "reclaims": 0, "reclaims_within_deadline": None, "reclaim_max_late_s": 0.0,
-            "slo_attainment": 0.99, "slo_requests_met": 0.98, "training_goodput_gpu_hours": 0.0}
+            "requests_within_latency": 0.99, "slo_attainment": 0.98, "training_goodput_gpu_hours": 0.0}
     return base | kw
 
 
@@ -564,8 +564,8 @@ def test_bench_verdicts_follow_the_issue_targets() -> None:
     verdicts = _bench().verdicts
     off = _card()
     good = _card(lending_efficiency=0.7, reclaims=200, reclaims_within_deadline=0.99, reclaim_max_late_s=30.0,
-                 slo_attainment=0.989, slo_requests_met=0.979, training_goodput_gpu_hours=10.0)
-    static = _card(training_goodput_gpu_hours=8.0, slo_attainment=0.98)
+                 requests_within_latency=0.989, slo_attainment=0.979, training_goodput_gpu_hours=10.0)
+    static = _card(training_goodput_gpu_hours=8.0, requests_within_latency=0.98)
     v = verdicts({"no lending": off, "lending": good, "static split": static}, grace_s=30.0)
     assert {k: x["verdict"] for k, x in v.items()} == {
         "efficiency": "PASS", "reclaims": "PASS", "attainment": "PASS", "goodput_vs_static": "REPORTED"}
@@ -575,8 +575,8 @@ def test_bench_verdicts_follow_the_issue_targets() -> None:
         dict(lending_efficiency=0.69),
         dict(reclaims_within_deadline=0.985),
         dict(reclaim_max_late_s=30.5),
-        dict(slo_attainment=0.9888),  # -0.12 pp
-        dict(slo_requests_met=0.9788),
+        dict(requests_within_latency=0.9888),  # -0.12 pp
+        dict(slo_attainment=0.9788),
     ]
     names = ["efficiency", "reclaims", "reclaims", "attainment", "attainment"]
     for change, name in zip(bad, names, strict=True):

@@ -92,9 +92,12 @@ def test_team_rows_sum_to_the_overall_and_match_the_run() -> None:
     assert rows["research"]["slo_attainment"] is None and rows["research"]["utilization_busy"] is None
     assert sorted(every["models"]) == ["big", "small"]
 
-    for key in ("requests", "gpu_hours_allocated", "gpu_hours_busy", "cost_usd", "replica_wait_minutes",
-                "refusals_within_guarantee", "preemptions_caused"):
+    for key in ("requests", "violating_requests", "late_requests", "gpu_hours_allocated", "gpu_hours_busy",
+                "replica_wait_minutes", "refusals_within_guarantee", "preemptions_caused"):
         assert every[key] == pytest.approx(sum(r[key] for r in card["teams"])), key
+    # the teams' costs are the serving cost; the "all" row's cost adds the idle cost, as the scorecard's does
+    assert every["serving_cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in card["teams"]))
+    assert every["cost_usd"] == every["serving_cost_usd"] + every["idle_cost_usd"]
     causes: dict[str, float] = {}
     for r in card["teams"]:
         for c, v in r["shortfall_minutes_by_cause"].items():
@@ -105,9 +108,11 @@ def test_team_rows_sum_to_the_overall_and_match_the_run() -> None:
     sc = scorecard(res)
     assert every["requests"] == pytest.approx(sc["requests"]) and 0.8 * len(log) < every["requests"] < len(log)
     assert every["gpu_hours_allocated"] == pytest.approx(res.gpu_hours)
-    assert every["cost_usd"] == pytest.approx(sc["cost_usd"])
+    assert every["cost_usd"] == sc["cost_usd"] and every["serving_cost_usd"] == sc["serving_cost_usd"]
+    assert every["violating_requests"] == sc["violating_requests"]
     assert every["replica_wait_minutes"] == pytest.approx(res.unplaced_replica_minutes)
-    assert every["slo_attainment"] == pytest.approx(sc["slo_attainment"])
+    assert every["slo_attainment"] == sc["slo_attainment"]
+    assert every["requests_within_latency"] == sc["requests_within_latency"]
     assert every["success_rate"] == pytest.approx(sc["success_rate"])
     assert every["gpus_total"] == 3 and every["unreasoned"] == sc["unreasoned"] == 0
     # The search team is the one short of GPUs, and the waiting shows there, not on assist.
