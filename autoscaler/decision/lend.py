@@ -35,7 +35,7 @@ from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindo
 from autoscaler.api.spec import slot_request
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.state import ControllerState, LendState, NeedSoon
-from autoscaler.estimation.capacity import min_replicas_for_slo, quantize_up
+from autoscaler.estimation.capacity import batch_replicas, min_replicas_for_slo, quantize_up
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Forecast
 from sharing.lending import (
@@ -94,8 +94,6 @@ def need_soon(
         return NeedSoon(floor, request, True, next_at, spec)
     q = config.upper_quantile if learning is None else learning.quantile.quantile
     profile = ms.profile()
-    if ms.arrival_scv != 1.0:
-        profile = profile.with_arrival_scv(ms.arrival_scv)
     # (profiles are cached objects, replaced when what they say changes: compared by identity)
     sized_for = (values.tobytes(), q, profile)
     if same_spec and last is not None and last.sized_for is not None and last.sized_for[2] is profile \
@@ -106,6 +104,8 @@ def need_soon(
         return NeedSoon(floor, request, True, next_at, spec)
     # (rounded up on the sizing policy's grid, so that sizing hits its memo as the policy's own calls do)
     sized = min_replicas_for_slo(quantize_up(rate), profile, spec.max_replicas) if rate > 0 else 0
+    # bursts as the policy charges them: a batch of the arrivals' measured dispersion, served in time
+    sized = max(sized, batch_replicas(rate, ms.arrival_scv, profile))
     replicas = min(max(sized, spec.min_replicas), spec.max_replicas)
     return NeedSoon(replicas, request, False, next_at, spec, sized_for)
 

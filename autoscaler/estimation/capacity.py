@@ -302,6 +302,26 @@ def quantize_up(rate: float) -> float:
     return _RATE_GRID ** math.ceil(math.log(rate) / _LOG_RATE_GRID - 1e-9)
 
 
+def batch_replicas(rate: float, batch: float, profile: ServiceProfile) -> int:
+    """Fewest replicas that serve a batch of ``batch`` requests arriving together, on top of the load ``rate``,
+    with the SLO's percentile of the batch within the latency target.
+
+    Bursty arrivals are modelled as compound Poisson: the index of dispersion of the per-sample counts is the
+    size-biased mean batch (E[B^2]/E[B]), so ``batch`` is what a request typically arrives with. A batch finds
+    the slots the base load leaves free (``n c - rate mean_s``) and each of them turns over ``budget / mean_s``
+    more times within the median budget (SLO latency less the latency part), so the percentile of the batch is
+    in time when ``(n c - rate mean_s) (1 + budget / mean_s) >= percentile x batch``. Unlike stretching the
+    Poisson wait by the dispersion (Allen-Cunneen with ca^2 = 64 asked for 201 replicas of the Azure code model,
+    whose bursts three replicas serve), this charges a burst once, for its size.
+    """
+    if not batch > 1.0:
+        return 0
+    budget = max(float(np.median(profile.budget_s)), 0.0)
+    per_replica = profile.concurrency * (1.0 + budget / profile.mean_s)
+    need = (profile.percentile / 100.0) * batch + max(rate, 0.0) * profile.mean_s * (1.0 + budget / profile.mean_s)
+    return max(1, math.ceil(need / per_replica - 1e-9))
+
+
 def min_replicas_for_slo(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> int:
     """Fewest replicas whose steady-state attainment at ``rate`` meets ``profile.percentile``.
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autoscaler.api.snapshot import ModelMetrics, ModelObservation, window_mean
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.capacity import ServiceProfile
@@ -157,9 +159,25 @@ class ModelLearning:
         n = max(1, min(m.rate.size, round(tick_s / step_s)))
         rate = window_mean(m.rate, step_s, n * step_s)
         in_flight = window_mean(m.in_flight, step_s, n * step_s)
-        if rate is not None and in_flight is not None:
+        if rate is not None and in_flight is not None and not _draining(m.in_flight, n, rate,
+                                                                      self.capacity.profile(self.kind).mean_s):
             self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s, kind=ready_kind)
         if m.within_rate is not None and rate is not None:
             last = m.within_rate[-n:].tolist()
             within = sum(v for v in last if math.isfinite(v)) * step_s
             self.quantile.update(rate * n * step_s, min(within, rate * n * step_s))
+
+
+def _draining(in_flight: np.ndarray, n: int, rate: float, mean_s: float) -> bool:
+    """Whether the window's last ``n`` samples show a backlog draining: over twice the requests in flight that
+    the arrivals keep in service at the current service time (Little's law), and fewer than one tick earlier.
+    Little's law holds only in steady state; a backlog that a burst left behind, served at a low arrival rate,
+    reads as a service ten times slower than it is (the Azure code model's factor went to the ceiling after its
+    first burst, and it was sized at max replicas for minutes). A growing queue is kept: it says the replicas are
+    too few, which is true."""
+    if in_flight.size <= n:
+        return False
+    now, before = float(in_flight[-1]), float(in_flight[-1 - n])
+    if not (math.isfinite(now) and math.isfinite(before)):
+        return False
+    return now > 2.0 * rate * mean_s and now < 0.9 * before

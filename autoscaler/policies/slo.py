@@ -15,6 +15,10 @@ What it adds, each tick:
 
 1. **Plan**: desired = fewest replicas meeting the SLO at max(forecast quantile, observed load over the
    stable window) -- the observed floor because a forecast that lags a ramp must not shed busy replicas.
+   The forecast quantile is of the arrival intensity (its spread less the Poisson noise of a minute's count,
+   which the queueing model charges again), and bursts are charged as batches of the arrivals' measured
+   dispersion that must be served within the SLO (not as a Poisson wait stretched by it: that asked for 201
+   replicas of a model whose bursts three serve). docs/benchmarks.md section 10 lists what was measured.
 2. **Panic** (as KPA's): the load over the short panic window, and a queue already built (sized to drain
    within the SLO latency), are a floor under the plan; reason ``panic`` when that floor is above the
    current count.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -40,7 +45,7 @@ from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation import capacity as capacity_model
 from autoscaler.estimation.capacity import ServiceProfile, quantize_up
 from autoscaler.estimation.learning import SloQuantile
-from autoscaler.policies.base import NMinus1, PolicyContext, PolicyResult, ScalingBehavior
+from autoscaler.policies.base import Forecast, NMinus1, PolicyContext, PolicyResult, ScalingBehavior
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,10 @@ class SloPolicy:
     Knobs: ``tick_s`` (how often it decides), ``stable_window_s`` (observed-load floor),
     ``panic_window_s``, ``scale_down_stabilization_s``, ``max_scale_down_fraction`` (per tick; at least one
     replica), ``down_margin`` (scale-down's quantile leaves this fraction of scale-up's tail: 0.5 sizes
-    the N-1 check at 1 - (1 - q) / 2), ``burstiness`` (size with the arrivals' measured dispersion),
+    the N-1 check at 1 - (1 - q) / 2), ``burstiness`` (a floor for bursts: a batch of the arrivals' measured
+    dispersion served in time, :func:`autoscaler.estimation.capacity.batch_replicas`), ``deflate_poisson``
+    (size for the quantile of the arrival intensity: the forecast's spread less a minute count's Poisson noise,
+    :func:`intensity_quantile`),
     ``drain_s`` (clear a built-up queue within this long; None = the model's SLO latency).
     """
 
@@ -77,6 +85,7 @@ class SloPolicy:
         down_margin: float = 0.5,
         burstiness: bool = True,
         drain_s: float | None = None,
+        deflate_poisson: bool = True,
     ) -> None:
         for knob, value in (("tick_s", tick_s), ("stable_window_s", stable_window_s),
                             ("panic_window_s", panic_window_s), ("drain_s", 1.0 if drain_s is None else drain_s)):
@@ -96,6 +105,7 @@ class SloPolicy:
         self.down_margin = down_margin
         self.burstiness = burstiness
         self.drain_s = drain_s
+        self.deflate_poisson = deflate_poisson
         self.behavior = ScalingBehavior(stabilization_s=scale_down_stabilization_s, warm_up=True,
                                         step_fraction=max_scale_down_fraction, n_minus_1=True)
 
@@ -121,11 +131,11 @@ class SloPolicy:
 
         profile = ctx.capacity
         dispersion, dispersion_at = state.dispersion, state.dispersion_at
-        if self.burstiness:
-            if now - dispersion_at >= self.stable_window_s:
-                dispersion, dispersion_at = arrival_dispersion(ctx.metrics.rate, step), now
-            profile = profile.with_arrival_scv(dispersion)
+        if self.burstiness and now - dispersion_at >= self.stable_window_s:
+            dispersion, dispersion_at = arrival_dispersion(ctx.metrics.rate, step), now
         forecast = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
+        if self.deflate_poisson and math.isfinite(forecast):
+            forecast = intensity_quantile(ctx.forecast, q, FORECAST_STEP_S)
         if math.isfinite(forecast):
             load = max(forecast, stable)
             reason = Reason.SLO_BURN if q > first_q + 1e-6 and ctx.burn > 1.0 else Reason.FORECAST
@@ -133,6 +143,9 @@ class SloPolicy:
             # Without a forecast this is a reactive policy; say so rather than claim a forecast.
             load, reason = stable, Reason.REACTIVE
         raw = self._size(load, ctx, profile)
+        batch = capacity_model.batch_replicas(load, dispersion, profile) if self.burstiness else 0
+        if batch > raw:
+            raw = min(batch, ctx.spec.max_replicas + 1)
         detail = f"q{q:.3g} forecast {forecast:.2f}, observed {stable:.2f} req/s ({short:.2f} short): {raw}"
         # A queue already built (after a burst, or a jump the forecast missed) must drain, not only stop
         # growing: size for the arrivals plus the backlog spread over ``drain_s`` (Little's law: the
@@ -167,6 +180,25 @@ class SloPolicy:
             n_minus_1 = NMinus1(lambda: self._size(floor_load, ctx, profile), f"the SLO at q{q_down:.3g}")
         return PolicyResult(raw, new_state, reason, detail, n_minus_1=n_minus_1,
                             arrival_scv=dispersion if self.burstiness else None)
+
+
+FORECAST_STEP_S = 60.0  # the fleet forecaster's step: its quantiles are of per-minute mean rates
+
+
+def intensity_quantile(forecast: Forecast, q: float, step_s: float) -> float:
+    """The ``q`` quantile of the arrival *intensity* the forecast implies: its spread above the median less the
+    Poisson noise of a count over ``step_s`` (variance ``rate / step_s``), which the queueing model charges
+    again when it sizes for Poisson arrivals at that rate. The two are normal-approximated: at the level
+    ``q`` (z standard deviations) the spread ``s`` keeps ``sqrt(s^2 - (z sd_poisson)^2)``. Never below the
+    median: where the spread is no wider than the Poisson part it is all noise, and the median is the intensity."""
+    value = forecast.at(q)
+    median = forecast.at(0.5)
+    spread = value - median
+    if not (spread > 0 and median > 0 and q > 0.5):
+        return value
+    z = NormalDist().inv_cdf(min(q, 1.0 - 1e-9))
+    noise = z * math.sqrt(median / step_s)
+    return median + math.sqrt(max(spread * spread - noise * noise, 0.0))
 
 
 def arrival_dispersion(rate: np.ndarray, step_s: float, cap: float = 64.0) -> float:

@@ -98,3 +98,31 @@ def test_predicted_latency_meets_slo_exactly_at_the_sized_replicas() -> None:
     assert predicted_latency_s(50.0, n + 3, prof) <= predicted_latency_s(50.0, n, prof)
     assert predicted_latency_s(0.0, 1, prof) <= prof.slo_s
     assert predicted_latency_s(1000.0, 1, prof) == float("inf")
+
+
+# -- bursts as batches (issue 15) ------------------------------------------------------------------
+
+
+def test_batch_replicas_serves_the_percentile_of_a_batch_within_the_budget() -> None:
+    from autoscaler.estimation.capacity import batch_replicas
+
+    # 0.1 s service, one slot, SLO 1 s (budget 0.9 s at every point): a replica's slot turns over 1 + 9 times
+    # within the budget, so 10 requests of a batch per replica are in time.
+    prof = ServiceProfile(occupancy_s=np.full(8, 0.1), latency_part_s=np.full(8, 0.1), concurrency=1, slo_s=1.0,
+                          percentile=95.0)
+    assert batch_replicas(0.0, 1.0, prof) == 0  # Poisson: no batch to charge
+    assert batch_replicas(0.0, 40.0, prof) == 4  # 0.95 x 40 = 38 -> 4 replicas of 10
+    # the base load holds slots too: 20 req/s x 0.1 s = 2 busy slots, over 10 turnovers each = 20 more
+    assert batch_replicas(20.0, 40.0, prof) == 6
+    # a bigger batch never needs fewer replicas
+    counts = [batch_replicas(5.0, float(b), prof) for b in range(1, 200)]
+    assert all(a <= b for a, b in itertools.pairwise(counts))
+
+
+def test_batch_replicas_of_the_azure_code_model_is_a_handful_not_the_ceiling() -> None:
+    # the bursts that Allen-Cunneen at ca^2 = 64 sized at 201 replicas: a batch of 64 at 6 req/s, 0.86 s service
+    from autoscaler.estimation.capacity import batch_replicas
+
+    prof = ServiceProfile(occupancy_s=np.full(8, 0.86), latency_part_s=np.full(8, 0.5), concurrency=8, slo_s=2.0,
+                          percentile=95.0)
+    assert 2 <= batch_replicas(6.0, 64.0, prof) <= 5

@@ -814,3 +814,23 @@ def test_declare_speed_later_equals_declaring_it_up_front() -> None:
     assert later.profile("L4/whole").mean_s == pytest.approx(2.0 * before.mean_s, rel=0.01)  # not reused (1 % grid)
     with pytest.raises(ValueError, match="L4"):
         later.declare_speed("L4/whole", 0.0)
+
+
+def test_a_draining_backlog_does_not_teach_a_slower_service() -> None:
+    # A burst left 300 requests on one replica; they drain while few arrive (Little's law would read W = 375 s,
+    # a service "ten times slower"). The factor stays put; a steady reading afterwards still teaches.
+    from autoscaler.api.snapshot import ModelMetrics
+    from autoscaler.estimation.model_learning import ModelLearning
+
+    spec = ModelSpec(name="m", concurrency=8, service_time_ms=1000.0, min_replicas=1, max_replicas=10)
+    learning = ModelLearning.start(spec, profile_from_spec(spec), 10.0)
+    obs = _obs(_rep("r0", True, 0.0))
+    for now, before, after, rate in [(10.0, 420.0, 300.0, 0.8), (20.0, 300.0, 180.0, 0.8), (30.0, 180.0, 110.0, 1.0)]:
+        m = ModelMetrics(rate=np.array([rate, rate]), in_flight=np.array([before, after]))
+        learning.observe(obs, m, now, 10.0, 10.0)
+    assert learning.capacity.scale == pytest.approx(1.0)
+    # a queue that grows says the replicas are too few: that is kept
+    for now in (40.0, 50.0, 60.0):
+        m = ModelMetrics(rate=np.array([20.0, 20.0]), in_flight=np.array([100.0 + now, 110.0 + now]))
+        learning.observe(obs, m, now, 10.0, 10.0)
+    assert learning.capacity.count > 0

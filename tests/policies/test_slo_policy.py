@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from autoscaler.estimation.learning import SloQuantile
 from autoscaler.policies import SloPolicy, SloState, make_policy
 from autoscaler.policies import slo as slo_module
 from autoscaler.policies.base import Forecast, PolicyContext, PolicyResult, ScalingBehavior
-from autoscaler.policies.slo import arrival_dispersion
+from autoscaler.policies.slo import FORECAST_STEP_S, arrival_dispersion, intensity_quantile
 from sharing.cluster import nodes_from_spec
 from sharing.packer import FirstFitPacker
 from sharing.slots import Inventory, Slot
@@ -263,10 +264,16 @@ def test_sizes_for_the_forecast_at_the_sizing_quantile(fake_slo: list[Any]) -> N
     low = metrics(5.0)
     # No sizing quantile given: the SLO's initial one (p95 -> 0.995), in the tail above the top level (0.99).
     res = run(p, context(p, low, current=1, fc=forecast()))
-    load = forecast().at(Q95)
-    assert load == pytest.approx(50.0 + 20.0 * math.log10(2.0))
+    assert forecast().at(Q95) == pytest.approx(50.0 + 20.0 * math.log10(2.0))
+    # ... less the Poisson noise of a minute's count, which the queueing model charges again
+    load = intensity_quantile(forecast(), Q95, FORECAST_STEP_S)
+    assert forecast().at(0.5) < load < forecast().at(Q95)
     assert (res.desired, res.reason) == (fake_count(load), Reason.FORECAST) == (6, Reason.FORECAST)
     assert fake_slo[0] == (load, PROFILE, SPEC.max_replicas + 1)  # one past the ceiling: BOUNDS shows
+    fake_slo.clear()
+    raw = SloPolicy(deflate_poisson=False)
+    run(raw, context(raw, low, current=1, fc=forecast()))
+    assert fake_slo[0] == (forecast().at(Q95), PROFILE, SPEC.max_replicas + 1)
     assert run(p, context(p, low, current=1, fc=forecast(), q=0.99)).desired == 5  # the top level: 50
     assert run(p, context(p, low, current=1, fc=forecast(), q=0.9)).desired == 3
     assert run(p, context(p, low, current=1, fc=forecast(), q=0.7)).desired == 2  # interpolated: 20
@@ -693,17 +700,15 @@ def test_burstier_arrivals_never_need_fewer_replicas(name: str, rate: float, a: 
         assert capacity.attainment(rate, n, bursty) <= capacity.attainment(rate, n, smooth) + 1e-12
 
 
-def test_policy_sizes_with_the_arrivals_dispersion(fake_slo: list[Any]) -> None:
+def test_policy_charges_bursts_as_batches_not_as_a_longer_poisson_wait(fake_slo: list[Any]) -> None:
     on_off = list(np.tile([100.0] * 5 + [0.0] * 5, 12))  # mean 50 in both windows, dispersion 19.03
     scv = arrival_dispersion(np.asarray(on_off), 1.0)
     assert scv > 1.0
     p = SloPolicy()
-    run(p, context(p, metrics(on_off), current=1, fc=forecast()))
-    assert fake_slo and all(prof is PROFILE.with_arrival_scv(scv) for _, prof, _ in fake_slo)
-    fake_slo.clear()
-    plain = SloPolicy(burstiness=False)
-    run(plain, context(plain, metrics(on_off), current=1, fc=forecast()))
+    res = run(p, context(p, metrics(on_off), current=1, fc=forecast()))
+    # sizing asks the queueing model at Poisson arrivals only; the burst is a floor of its own
     assert fake_slo and all(prof is PROFILE for _, prof, _ in fake_slo)
+    assert res.arrival_scv == scv
 
 
 def test_real_capacity_bursty_traffic_gets_more_replicas_than_smooth_at_the_same_mean() -> None:
@@ -713,7 +718,7 @@ def test_real_capacity_bursty_traffic_gets_more_replicas_than_smooth_at_the_same
     assert smooth == capacity.min_replicas_for_slo(50.0, PROFILE, SPEC.max_replicas + 1)
     bursty = run(p, context(p, metrics(on_off), current=1)).desired
     scv = arrival_dispersion(np.asarray(on_off), 1.0)
-    assert bursty == capacity.min_replicas_for_slo(50.0, PROFILE.with_arrival_scv(scv), SPEC.max_replicas + 1)
+    assert bursty == max(smooth, capacity.batch_replicas(50.0, scv, PROFILE))
     assert bursty > smooth
     assert run(plain, context(plain, metrics(on_off), current=1)).desired == smooth
 
@@ -1034,3 +1039,17 @@ def test_quantize_rounds_up_by_at_most_half_a_percent(rate: float) -> None:
     q = capacity.quantize_up(rate)
     assert rate * (1 - 1e-9) <= q <= rate * 1.005 * (1 + 1e-9)
     assert capacity.quantize_up(q) == pytest.approx(q, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(median=st.floats(0.01, 1e4), spread=st.floats(0.0, 1e4), q=st.sampled_from([0.6, 0.9, 0.99, 0.995, 0.999]))
+def test_intensity_quantile_lies_between_the_median_and_the_raw_quantile(
+    median: float, spread: float, q: float
+) -> None:
+    fc = Forecast(quantiles=(0.5, q), values=np.array([median, median + spread]), horizon_s=60.0)
+    value = intensity_quantile(fc, q, FORECAST_STEP_S)
+    assert median - 1e-9 <= value <= median + spread + 1e-9
+    # all Poisson noise (spread no wider than z sd of a minute's count): the intensity is the median
+    z = NormalDist().inv_cdf(q)
+    if spread <= z * math.sqrt(median / FORECAST_STEP_S):
+        assert value == pytest.approx(median)
