@@ -30,7 +30,8 @@ is attainable; 1.0 when none is).
 declared percentile over the run, the serving engine's quantile (``SimResult.latency_at_slo_percentile_s``, from
 ``engine.latency_quantile`` at each model's percentile; the whole run, burn-in included). While a SimResult does not
 carry it, only a p95 model has it (``SimResult.latency_p95_s`` is exactly that quantile); other models are None --
-``minute_latency`` is a per-tick maximum and cannot give the run's quantile exactly. None: no requests.
+``minute_latency`` is a per-tick maximum and cannot give the run's quantile exactly. None: no requests, or the
+percentile falls on requests that never met a replica (infinitely late; JSON has no infinity).
 
 **Cost.** ``cost_usd`` = ``serving_cost_usd`` + ``idle_cost_usd`` (so idle <= total, always).
 ``serving_cost_usd``: the GPU-equivalent hours the replicas held x the price of their GPU kind = the models'
