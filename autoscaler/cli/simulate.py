@@ -211,6 +211,7 @@ def json_doc(trace: str, mode: str, tick_s: float, nodes: list[Any], training: s
 
 
 def write_json(doc: dict[str, Any], path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, default=str)
 
