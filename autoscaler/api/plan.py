@@ -19,7 +19,9 @@ class Reason(StrEnum):
     FORECAST = "forecast"  # sized for the forecast load
     REACTIVE = "reactive"  # sized for observed load (baseline policies)
     PANIC = "panic"  # short-window load above plan
-    STABLE = "stable"  # within tolerance / stabilization window holds the count
+    STABLE = "stable"  # the policy asks for the count in place
+    STABILIZING = "stabilizing"  # the policy asks for another count; the stabilization window holds this one
+    SLO_UNATTAINABLE = "slo_unattainable"  # more replicas stop helping: sized at the knee (the service alone is slow)
     SLO_BURN = "slo_burn"
     N_MINUS_1 = "n_minus_1_check_failed"
     UNPLACEABLE = "unplaceable"
@@ -201,6 +203,9 @@ Action = (
 class Plan:
     now: float
     actions: list[Action] = field(default_factory=list)
+    # Every decision of this tick, model -> why its count is what it is (including those that leave it unchanged;
+    # the simulator counts them as ``decisions_by_reason``).
+    decisions: dict[str, Reason] = field(default_factory=dict)
 
     def of_type(self, kind: type) -> list:
         return [a for a in self.actions if isinstance(a, kind)]

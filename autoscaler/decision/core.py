@@ -331,6 +331,7 @@ def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfall
         reason = Reason.PREEMPTED
         detail = f"{len(preempted)} replica(s) preempted for {', '.join(sorted({r.preempted_by for r in preempted}))}"
     target = current + len(placed) - len(removed) if s.target >= current else s.target - len(preempted)
+    plan.decisions[obs.name] = reason
     if target != current:
         plan.actions.append(ScaleModel(obs.name, target, current, reason, detail))
     if config.report_every_decision or target != ms.last_desired or reason is not ms.last_reason:
@@ -351,6 +352,8 @@ def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfall
                 message=detail,
                 predicted_latency_ms=predicted_ms,
                 slo_latency_ms=spec.slo_latency_ms,
+                # an SLO out of reach is a problem the owner must see (a Warning Event, conditionOk false)
+                condition_ok=reason is not Reason.SLO_UNATTAINABLE,
             )
         )
     ms.last_desired, ms.last_reason = target, reason
@@ -364,6 +367,7 @@ def _finish_victim(obs: ModelObservation, ms: ModelState, victims: list[RemoveRe
     target = current - len(victims)
     detail = f"{len(victims)} replica(s) preempted for {', '.join(sorted({r.preempted_by for r in victims}))}"
     plan.actions.extend(victims)
+    plan.decisions[obs.name] = Reason.PREEMPTED
     plan.actions.append(ScaleModel(obs.name, target, current, Reason.PREEMPTED, detail))
     plan.actions.append(UpdateStatus(obs.name, desired=target, current=obs.ready_replicas, reason=Reason.PREEMPTED,
                                      message=detail, slo_latency_ms=spec.slo_latency_ms))

@@ -143,7 +143,11 @@ def _behave(
     if b.bounds_in_limits:
         desired = _bounded(desired, spec)
     if desired == current:
-        return desired, Reason.STABLE, detail, new_state
+        # A standing condition keeps its name (the knee of an unattainable SLO is held, not "stable"); a count the
+        # window holds against the policy's wish says so.
+        if result.reason is Reason.SLO_UNATTAINABLE:
+            return desired, result.reason, detail, new_state
+        return desired, Reason.STABLE if raw == current else Reason.STABILIZING, detail, new_state
     if desired < current:
         detail += f"; down to {desired}"
     return desired, result.reason, detail, new_state

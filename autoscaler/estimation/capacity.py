@@ -67,6 +67,11 @@ class ServiceProfile:
         """Per sample point, how long a request may wait and still meet the SLO."""
         return self.slo_s - self.latency_part_s
 
+    @cached_property
+    def attainable(self) -> float:
+        """Share of the sample points whose latency part alone fits the SLO (see :func:`attainable_share`)."""
+        return float(np.mean(self.budget_s >= 0.0))
+
     def with_arrival_scv(self, arrival_scv: float) -> ServiceProfile:
         """This profile under arrivals of variability ``arrival_scv``; the variants are kept, so that
         sizing keeps its memo per variant (callers should round the value to a coarse grid)."""
@@ -302,6 +307,26 @@ def quantize_up(rate: float) -> float:
     return _RATE_GRID ** math.ceil(math.log(rate) / _LOG_RATE_GRID - 1e-9)
 
 
+def attainable_share(profile: ServiceProfile) -> float:
+    """The share of requests within the SLO latency with no wait at all (as many replicas as it takes): the
+    points of the profile whose latency part alone fits. No replica count does better."""
+    return profile.attainable
+
+
+def knee_target(profile: ServiceProfile) -> float | None:
+    """The attainment to size for when the SLO's percentile is out of reach of any replica count (None: it is
+    within reach). The share the service time allows, times the percentile: the SLO asked of the requests
+    that can meet it -- the knee, where more replicas stop helping (the rest are late however many serve)."""
+    ceiling = attainable_share(profile)
+    target = profile.percentile / 100.0
+    return None if ceiling >= target else ceiling * target
+
+
+def latency_part_at_percentile(profile: ServiceProfile) -> float:
+    """The latency part alone (prefill for a TTFT SLO) at the SLO's percentile: what no replica count lowers."""
+    return float(np.quantile(profile.latency_part_s, profile.percentile / 100.0))
+
+
 def batch_replicas(rate: float, batch: float, profile: ServiceProfile) -> int:
     """Fewest replicas that serve a batch of ``batch`` requests arriving together, on top of the load ``rate``,
     with the SLO's percentile of the batch within the latency target.
@@ -340,8 +365,25 @@ def min_replicas_for_slo(rate: float, profile: ServiceProfile, max_replicas: int
     return memo[key]
 
 
-def _min_replicas_search(rate: float, profile: ServiceProfile, max_replicas: int) -> int:
-    target = profile.percentile / 100.0
+def knee_replicas(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> int:
+    """Fewest replicas at ``rate`` that reach :func:`knee_target` (the SLO's percentile of the requests whose
+    service allows it); :func:`min_replicas_for_slo` when the SLO is within reach."""
+    target = knee_target(profile)
+    if target is None:
+        return min_replicas_for_slo(rate, profile, max_replicas)
+    if rate <= 0:
+        return 0
+    memo = profile._memo
+    key = (-rate, max_replicas)  # (negative: the knee's answers live beside the SLO's in the memo)
+    if key not in memo:
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = _min_replicas_search(rate, profile, max_replicas, target)
+    return memo[key]
+
+
+def _min_replicas_search(rate: float, profile: ServiceProfile, max_replicas: int, target: float | None = None) -> int:
+    target = profile.percentile / 100.0 if target is None else target
     mean_s = profile.mean_s
     # Below this count the replicas are overloaded: attainment is 0 there, no need to evaluate.
     lo = max(1, math.floor(rate * mean_s / profile.concurrency) + 1)

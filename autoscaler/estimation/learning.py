@@ -457,11 +457,13 @@ class SloQuantile:
             return 1.0
         return (self._missed + prior) / denominator
 
-    def update(self, requests: float, requests_within: float) -> float:
+    def update(self, requests: float, requests_within: float, target: float | None = None) -> float:
         """One tick's requests and how many met the latency target; returns the quantile to size for now.
 
         Invalid counts (non-finite, negative) are ignored; ``requests_within`` is clipped to
         ``[0, requests]``. A window without requests does not count and does not move the quantile.
+        ``target``: the share a window must have in time to count as met, when not the SLO's percentile (an SLO
+        out of reach is judged at its knee: windows that no replica count could save burn no budget).
         """
         r = float(requests)
         w = float(requests_within)
@@ -482,7 +484,8 @@ class SloQuantile:
         self._late = g * self._late + (r - w)
         self._windows = g * self._windows + 1.0
         self._served = g * self._served + r
-        self._missed = g * self._missed + (r if w < self.target * r - 1e-9 else 0.0)
+        goal = self.target if target is None else target
+        self._missed = g * self._missed + (r if w < goal * r - 1e-9 else 0.0)
         log_burn = max(min(math.log(self.burn), self._log_max_burn), -self._log_max_burn)
         dz = (self._up if log_burn > 0 else self._down) * log_burn
         self._z = min(max(self._z + dz, self._zlo), self._zhi)

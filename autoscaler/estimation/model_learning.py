@@ -15,7 +15,7 @@ import numpy as np
 
 from autoscaler.api.snapshot import ModelMetrics, ModelObservation, window_mean
 from autoscaler.api.spec import ModelSpec
-from autoscaler.estimation.capacity import ServiceProfile
+from autoscaler.estimation.capacity import ServiceProfile, knee_target
 from autoscaler.estimation.cold_start import ColdStartEstimator, ReadyTracker
 from autoscaler.estimation.learning import CapacityLearner, SloQuantile
 from sharing.catalog import load_catalog
@@ -165,7 +165,8 @@ class ModelLearning:
         if m.within_rate is not None and rate is not None:
             last = m.within_rate[-n:].tolist()
             within = sum(v for v in last if math.isfinite(v)) * step_s
-            self.quantile.update(rate * n * step_s, min(within, rate * n * step_s))
+            self.quantile.update(rate * n * step_s, min(within, rate * n * step_s),
+                                 knee_target(self.capacity.profile(self.kind)))
 
 
 def _draining(in_flight: np.ndarray, n: int, rate: float, mean_s: float) -> bool:

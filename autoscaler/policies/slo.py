@@ -116,8 +116,9 @@ class SloPolicy:
         if not rate > 0:
             return 0
         rate = quantize_up(rate)
-        # One past the ceiling, so that "needs more than allowed" still shows as BOUNDS in the rails.
-        return capacity_model.min_replicas_for_slo(rate, profile, ctx.spec.max_replicas + 1)
+        # One past the ceiling, so that "needs more than allowed" still shows as BOUNDS in the rails. An SLO no
+        # count reaches is sized at its knee (capacity.knee_replicas), not at the ceiling.
+        return capacity_model.knee_replicas(rate, profile, ctx.spec.max_replicas + 1)
 
     def decide(self, ctx: PolicyContext) -> PolicyResult:
         state: SloState = ctx.state if isinstance(ctx.state, SloState) else SloState()
@@ -171,6 +172,14 @@ class SloPolicy:
             raw = panic
             detail = f"short-window load {short:.2f} req/s, backlog {max(backlog, 0.0):.0f}: {panic}"
 
+        knee = capacity_model.knee_target(profile)
+        if knee is not None:
+            # More replicas stop helping: the service alone is slower than the SLO for too many requests.
+            reason = Reason.SLO_UNATTAINABLE
+            detail = (f"p{spec.slo_percentile:g} {spec.slo_metric} service time "
+                      f"{capacity_model.latency_part_at_percentile(profile):.2f} s vs SLO {spec.slo_latency_s:g} s: "
+                      f"at most {profile.attainable:.1%} of requests can be in time however many replicas serve; "
+                      f"sized at the knee ({raw}, for {knee:.1%} within the SLO); {detail}")
         new_state = SloState(dispersion=dispersion, dispersion_at=dispersion_at)
         n_minus_1 = None
         if raw < current:

@@ -422,3 +422,34 @@ def test_plan_describe_covers_every_action() -> None:
     assert len(lines) == len(plan.actions)
     assert any(line.startswith("place w/") for line in lines)
     assert any(line.startswith("shortfall w: 2") for line in lines)
+
+
+# ------------------------------------------------------------------------------- every decision has a reason
+
+
+def test_every_decision_is_recorded_with_its_reason_also_when_nothing_changes() -> None:
+    inv = inventory()
+    reps = place_existing(inv, SLICE, [(0.0, True), (10.0, True)])
+    plan, _ = run([obs(SLICE, reps), obs(WHOLE)], FakePolicy({"a": 2, "w": 1}, reason=Reason.STABLE), inv)
+    assert not of_model(plan, ScaleModel, "a")  # unchanged: no scale action...
+    assert plan.decisions == {"a": Reason.STABLE, "w": Reason.STABLE}  # ...but a decision, with its reason
+    stale = metrics(["a"], stale=True, now=100.0)
+    plan, _ = run([obs(SLICE, reps)], FakePolicy({"a": 1}), inv, window=stale)
+    assert plan.decisions == {"a": Reason.METRICS_STALE}
+
+
+def test_an_unattainable_slo_is_sized_at_the_knee_with_a_warning_status() -> None:
+    # 2 s of prefill per request against a 500 ms TTFT SLO: no count helps, so slotwise does not buy max replicas.
+    spec = ModelSpec(name="slow", slo_latency_ms=500, slo_metric="ttft", service_time_ms=2500.0,
+                     prefill_ms_per_1k_tokens=2000.0, concurrency=8, max_replicas=40)
+    inv = inventory("64xH100-80GB")
+    reps = place_existing(inv, spec, [(0.0, True)])
+    plan, _ = run([obs(spec, reps)], make_policy("slotwise"), inv, window=metrics(["slow"], rate=20.0, now=100.0))
+    assert plan.decisions["slow"] is Reason.SLO_UNATTAINABLE
+    (status,) = of_model(plan, UpdateStatus, "slow")
+    assert status.reason is Reason.SLO_UNATTAINABLE and not status.condition_ok
+    assert "vs SLO 0.5 s" in status.message and "sized at the knee" in status.message
+    assert status.desired < spec.max_replicas
+    from autoscaler.live.kube.writes import status_event
+
+    assert status_event(status)[:2] == ("Warning", "SloUnattainable")

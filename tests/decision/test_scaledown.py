@@ -122,7 +122,7 @@ def test_scale_up_is_at_once_and_holding_is_stable() -> None:
 def test_warm_up_a_window_not_yet_seen_holds_the_current_count() -> None:
     p = Scripted(SLOTWISE_LIKE, wants=2)
     res = normalize(p, ctx(8, now=0.0))
-    assert (res.desired, res.reason) == (8, Reason.STABLE) and res.scale_down.started_at == 0.0
+    assert (res.desired, res.reason) == (8, Reason.STABILIZING) and res.scale_down.started_at == 0.0
     res = normalize(p, ctx(8, now=110.0), res.scale_down)
     assert res.desired == 8  # 110 s of a 120 s window seen
     res = normalize(p, ctx(8, now=120.0), res.scale_down)
@@ -210,7 +210,7 @@ def test_hpa_scale_down_limit_counts_the_changes_of_the_period() -> None:
     r1 = normalize(p, ctx(10, now=0.0), SETTLED)
     assert r1.desired == 8 and r1.scale_down.events == ((0.0, -2),)
     r2 = normalize(p, ctx(8, now=30.0), r1.scale_down)
-    assert (r2.desired, r2.reason) == (8, Reason.STABLE) and "scale-down limited to 8" in r2.detail
+    assert (r2.desired, r2.reason) == (8, Reason.STABILIZING) and "scale-down limited to 8" in r2.detail
     r3 = normalize(p, ctx(8, now=61.0), r2.scale_down)
     assert r3.desired == 6
 

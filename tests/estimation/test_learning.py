@@ -834,3 +834,12 @@ def test_a_draining_backlog_does_not_teach_a_slower_service() -> None:
         m = ModelMetrics(rate=np.array([20.0, 20.0]), in_flight=np.array([100.0 + now, 110.0 + now]))
         learning.observe(obs, m, now, 10.0, 10.0)
     assert learning.capacity.count > 0
+
+
+def test_windows_an_unattainable_slo_cannot_meet_burn_no_budget_at_their_knee() -> None:
+    strict, at_knee = SloQuantile(95.0), SloQuantile(95.0)
+    for _ in range(6 * 120):  # two hours of windows with 60 % of requests in time (the service allows 63 %)
+        strict.update(100.0, 60.0)
+        at_knee.update(100.0, 60.0, target=0.6)
+    assert strict.burn > 1.0 and strict.quantile > SloQuantile.initial(95.0)
+    assert at_knee.burn < 1.0 and at_knee.quantile < SloQuantile.initial(95.0)

@@ -215,7 +215,7 @@ def test_hpa_scale_down_waits_for_the_window_and_takes_its_max() -> None:
     assert all(by_t[t] == 5 for t in by_t if 390 <= t < 510)
     assert by_t[510.0] == 2
     held = [tk for tk in ticks if 100 <= tk.t < 390]
-    assert all(tk.reason == Reason.STABLE for tk in held)
+    assert all(tk.reason == Reason.STABILIZING for tk in held)
 
 
 def test_hpa_scales_up_immediately_even_inside_the_down_window() -> None:

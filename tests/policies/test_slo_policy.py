@@ -26,7 +26,7 @@ from autoscaler.decision.core import decide
 from autoscaler.decision.scaledown import Scaled, ScaleDownState, normalize
 from autoscaler.decision.state import fresh_state
 from autoscaler.estimation import capacity
-from autoscaler.estimation.capacity import ServiceProfile
+from autoscaler.estimation.capacity import ServiceProfile, quantize_up
 from autoscaler.estimation.learning import SloQuantile
 from autoscaler.policies import SloPolicy, SloState, make_policy
 from autoscaler.policies import slo as slo_module
@@ -315,14 +315,32 @@ def test_real_capacity_sizes_for_max_of_forecast_and_observed() -> None:
     assert (res.desired, res.reason) == (capacity.min_replicas_for_slo(33.0, PROFILE, 101), Reason.REACTIVE)
 
 
-def test_real_capacity_unreachable_slo_shows_as_bounds() -> None:
-    # Service alone (100 ms) exceeds a 50 ms SLO: the policy asks for one past the ceiling, the rails clamp.
+def test_real_capacity_unreachable_slo_is_sized_at_the_knee_and_says_so() -> None:
+    # Service alone (100 ms) exceeds a 50 ms SLO: no count meets it, so the policy does not buy the ceiling (it
+    # used to ask for one past max replicas); it keeps up with the load (the knee: more replicas stop helping).
     tight = replace(PROFILE, slo_s=0.05)
     p = SloPolicy()
-    spec = SPEC.with_(max_replicas=7)
+    spec = SPEC.with_(max_replicas=50, slo_latency_ms=50.0)
     res = run(p, context(p, metrics(5.0), current=1, spec=spec, fc=forecast(), profile=tight))
-    assert (res.desired, res.reason) == (7, Reason.BOUNDS)
-    assert res.detail == "wanted 8"
+    load = intensity_quantile(forecast(), Q95, FORECAST_STEP_S)
+    assert res.reason == Reason.SLO_UNATTAINABLE
+    assert res.desired == capacity.knee_replicas(quantize_up(load), tight, 51) < 50
+    assert "service time 0.10 s vs SLO 0.05 s" in res.detail and "at most 0.0% of requests" in res.detail
+
+
+def test_a_partly_attainable_slo_is_sized_for_its_percentile_of_the_requests_that_can_meet_it() -> None:
+    # Half the requests' service alone is over the SLO: the knee asks 95 % of the other half, 47.5 % in all.
+    half = replace(PROFILE, latency_part_s=np.array([0.1] * 4 + [2.0] * 4), slo_s=1.0)
+    assert capacity.attainable_share(half) == 0.5
+    assert capacity.knee_target(half) == pytest.approx(0.475)
+    n = capacity.knee_replicas(30.0, half, 100)
+    assert capacity.attainment(30.0, n, half) >= 0.475 > capacity.attainment(30.0, n - 1, half)
+    p = SloPolicy()
+    res = run(p, context(p, metrics(30.0), current=1, profile=half))
+    assert (res.desired, res.reason) == (n, Reason.SLO_UNATTAINABLE)
+    # within reach: the knee is the SLO's own count
+    assert capacity.knee_target(PROFILE) is None
+    assert capacity.knee_replicas(30.0, PROFILE, 100) == capacity.min_replicas_for_slo(30.0, PROFILE, 100)
 
 
 def test_capacity_comes_from_the_context(fake_slo: list[Any]) -> None:
@@ -448,10 +466,10 @@ def test_the_backlog_threshold_counts_the_ready_replicas_not_the_current_count(f
     res = run(p, context(p, m, current=3, ready=1))
     assert (res.desired, res.reason) == (fake_count(20.0 + 10.01), Reason.PANIC) == (4, Reason.PANIC)
     res = run(p, context(p, m, current=3, ready=3))
-    assert (res.desired, res.reason) == (3, Reason.STABLE)  # all 3 Ready: not a backlog
+    assert (res.desired, res.reason) == (3, Reason.STABILIZING)  # all 3 Ready: not a backlog (the window holds 3)
     # No Ready replica at all (all starting): the threshold is one replica's, not zero.
     res = run(p, context(p, _with_backlog(20.0, 9.99), current=3, ready=0))
-    assert (res.desired, res.reason) == (3, Reason.STABLE)
+    assert (res.desired, res.reason) == (3, Reason.STABILIZING)
     res = run(p, context(p, m, current=3, ready=0))
     assert (res.desired, res.reason) == (4, Reason.PANIC)
 
@@ -756,7 +774,7 @@ def test_scale_down_only_after_the_stabilization_window(fake_slo: list[Any]) -> 
     by_t = {tk.t: tk for tk in ticks}
     # The last "10" is at t=40: it holds the count until it leaves the 120 s window, at t=160.
     assert all(by_t[t].desired == 10 for t in by_t if t < 160)
-    assert all(by_t[t].reason == Reason.STABLE for t in by_t if 50 <= t < 160)
+    assert all(by_t[t].reason == Reason.STABILIZING for t in by_t if 50 <= t < 160)
     # Then down by at most half per tick: 10 -> 5 -> 3 -> 2 (the recommendation).
     assert [by_t[t].desired for t in (160.0, 170.0, 180.0, 190.0, 200.0)] == [5, 3, 2, 2, 2]
     assert by_t[160.0].reason == Reason.REACTIVE
@@ -766,7 +784,7 @@ def test_first_window_counts_as_current(fake_slo: list[Any]) -> None:
     # Before the controller has seen a whole window, it does not scale down: a restart must not shed.
     p = SloPolicy(scale_down_stabilization_s=120.0)
     ticks = drive(p, lambda t: 20.0, current=10, t_end=130.0)
-    assert all(tk.desired == 10 and tk.reason == Reason.STABLE for tk in ticks if tk.t < 120)
+    assert all(tk.desired == 10 and tk.reason == Reason.STABILIZING for tk in ticks if tk.t < 120)
     assert {tk.t: tk.desired for tk in ticks}[120.0] == 5
 
 

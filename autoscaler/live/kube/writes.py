@@ -100,6 +100,7 @@ _STATUS_REASONS = {
     Reason.INVALID_SPEC: "InvalidAnnotation",
     Reason.UNPLACEABLE: "Unplaceable",
     Reason.METRICS_STALE: "MetricsStale",
+    Reason.SLO_UNATTAINABLE: "SloUnattainable",
 }
 _WARNING_REASONS = {Reason.UNPLACEABLE, Reason.METRICS_STALE}
 
