@@ -3,8 +3,8 @@
 MIG geometry comes from ``data/mig_profiles.json`` (a copy of the project's ``shared/data`` file,
 shipped inside the package so an installed controller needs nothing else). GPUs without MIG (T4,
 L4, A10, V100, P100 and the anonymised G2/G3 of the Alibaba GPU trace) come from a small table
-below. Prices and speeds are rough, documented defaults: every deployment should override prices
-with its own (:meth:`Catalog.with_prices`), and speeds are only good enough to rank GPU kinds.
+below. Prices are rough, documented defaults: every deployment should override them with its own
+(:meth:`Catalog.with_prices`). Speeds are published relative throughputs (``data/slot_speeds.json``, with sources).
 
 Memory figures are GiB. NVIDIA's names say "gb" for what are really GiB-ish rounded figures and
 the usable memory is a little lower (H100 ``7g.80gb`` reports 79.25 GiB); the live controller should
@@ -51,30 +51,12 @@ DEFAULT_PRICES: Mapping[str, float] = MappingProxyType(
     }
 )
 
-# Serving throughput relative to H100-80GB = 1.0: a rough blend of dense FP16 tensor throughput and
-# memory bandwidth (LLM decode is bandwidth-bound, prefill compute-bound). Good enough to rank kinds
-# and to scale a prior capacity curve; a model's measured curve on the kind always wins.
+# Serving throughput relative to H100-80GB = 1.0, from ``data/slot_speeds.json``: published relative throughputs
+# (MLPerf Inference ratios, or datasheet compute and bandwidth), each with its source. sharing/slot_speed.py derives
+# MIG instances and time-slice shares from these; a model's measured curve on the kind always wins.
+_SPEEDS = Path(__file__).resolve().parent / "data" / "slot_speeds.json"
 DEFAULT_RELATIVE_SPEED: Mapping[str, float] = MappingProxyType(
-    {
-        "B300-288GB": 2.50,
-        "GB200-186GB": 2.30,
-        "B200-180GB": 2.20,
-        "H200-141GB": 1.30,
-        "H100-96GB": 1.10,
-        "H100-NVL-94GB": 1.00,
-        "H100-80GB": 1.00,
-        "A100-80GB": 0.50,
-        "A100-40GB": 0.45,
-        "A30-24GB": 0.25,
-        "A10-24GB": 0.20,
-        "L4-24GB": 0.15,
-        "V100-32GB": 0.20,
-        "V100-16GB": 0.20,
-        "P100-16GB": 0.07,
-        "T4-16GB": 0.08,
-        "G2": 0.20,
-        "G3": 0.20,
-    }
+    {k: float(v["speed"]) for k, v in json.loads(_SPEEDS.read_text())["gpus"].items()}
 )
 
 # Fallbacks for a kind that a newer JSON file adds before these tables know it: price scales with

@@ -1,4 +1,5 @@
-"""The simulated cluster: GPU nodes, replicas on slots, cold start and drain.
+"""The simulated cluster: GPU nodes, replicas on slots, cold start and drain. One module: placement, readiness,
+drain, lending and node loss all move the same accounting (held, routable, capacity, idle), kept incrementally here.
 
 It is both the simulated Cluster port (``snapshot``) and the simulated Actuator (``apply``), so the
 decision core drives it exactly as it drives Kubernetes. A placed replica becomes Ready after its
@@ -15,6 +16,13 @@ their grace period, and go back to the queue with what they kept) and gives each
 job has stopped. A static split (``reserve_static_training``) takes GPUs out of the inference pool up front for
 training that is never preempted. The accounting (:class:`LendingStats`) is exact in time (event-driven), clipped
 to the scored period from ``score_from`` (the records: :mod:`autoscaler.sim.lending`).
+
+Speed (issue 15): each replica serves at its slot's speed relative to the reference GPU the model's service profile
+describes (:func:`sharing.slot_speed.speed_of`: the model's ``slot-speeds`` annotation, else the published table), fixed
+when it is placed. ``capacity`` keeps, per model, the routable replicas' speeds summed (reference-speed replicas), and
+:meth:`speeds_of` lists them, both updated only when a replica starts or stops being routable, as ``routable`` is;
+the engines serve at them (:mod:`autoscaler.sim.queueing`). ``at_reference_speed`` is true while every routable
+replica runs at speed 1, where the engines take their old path: such a run is unchanged by speeds.
 
 What the plans said (issue 9), for the scorecard: the replicas each model is short, by :class:`ShortfallCause`
 (``shortfall_by_cause``; a model's shortfall stands until a status update for it comes without one, since the core
@@ -54,6 +62,7 @@ from autoscaler.decision.node_actions import Layout, slot_template
 from autoscaler.sim.lending import LendingStats, Reclaim, TrainingRun
 from autoscaler.sim.training import TrainingQueue
 from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
+from sharing.slot_speed import speed_of
 from sharing.slots import Inventory, NodeSpec, Slot
 
 # Event kinds, in the order events due at the same time are handled: a training job that stops frees its GPUs
@@ -87,6 +96,8 @@ class SimReplica:
     started_at: float
     ready_at: float
     release_at: float | None = None  # set when draining
+    speed: float = 1.0  # serving speed relative to the model's reference GPU (sharing.slot_speed)
+    routable: bool = False  # Ready and not draining: the engines route to it
 
 
 class SimCluster:
@@ -124,6 +135,12 @@ class SimCluster:
         self.reasons: dict[str, int] = {}
         self._obs: list[ModelObservation | None] = [None] * len(self.models)
         self.routable = np.zeros(len(self.models), dtype=int)
+        # Routable capacity in reference-speed replicas (module docstring), and how many routable replicas are not at
+        # speed 1 (0: the engines need no speeds).
+        self.capacity = np.zeros(len(self.models))
+        self._off_reference = 0
+        self._entries = [s.slot_speeds if isinstance(s, ModelSpec) else () for s in (specs[x] for x in self.models)]
+        self._speeds: dict[tuple[int, str, str, str | None, float], float] = {}  # memo of speed_of per model + slot
         self._gpus_held = 0.0  # sum of gpu_fraction over held slots, kept incrementally
         # Cost accounting, also incremental (updated on allocate/release only, so a tick reads arrays):
         # GPU-equivalents held per (model, GPU kind), and per node what replicas hold there, for the idle
@@ -214,7 +231,8 @@ class SimCluster:
                     self.inventory.allocate(a.slot, a.replica_id)
                     self._hold(i, a.slot, 1)
                     ready_at = now if self.instant_start else now + spec.cold_start_s
-                    self.replicas[i][a.replica_id] = SimReplica(a.replica_id, a.slot, now, ready_at)
+                    self.replicas[i][a.replica_id] = SimReplica(a.replica_id, a.slot, now, ready_at,
+                                                                speed=self._speed(i, a.slot))
                     heapq.heappush(self._events, (ready_at, _READY, i, a.replica_id))
                     touched.add(i)
                 case RemoveReplica():
@@ -235,7 +253,8 @@ class SimCluster:
                         self._release(i, r)
                     else:
                         # Stop routing now; keep the slot until in-flight requests are done.
-                        self.routable[i] -= 1
+                        if r.routable:
+                            self._route(i, r, -1)
                         r.release_at = now + (0.0 if self.instant_start else self.drain_s[i])
                         heapq.heappush(self._events, (r.release_at, _RELEASE, i, r.replica_id))
                     touched.add(i)
@@ -282,6 +301,31 @@ class SimCluster:
         for i in touched:
             self._obs[i] = None
 
+    def _speed(self, i: int, slot: Slot) -> float:
+        key = (i, slot.gpu_model, str(slot.kind), slot.profile, slot.compute_fraction)
+        hit = self._speeds.get(key)
+        if hit is None:
+            hit = self._speeds[key] = speed_of(slot, self._entries[i], self.inventory.catalog)
+        return hit
+
+    def _route(self, i: int, r: SimReplica, sign: int) -> None:
+        """Replica ``r`` of model ``i`` starts (+1) or stops (-1) being routable."""
+        r.routable = sign > 0
+        self.routable[i] += sign
+        # exactly 0 once nothing is routable (speeds like 0.463 leave float residue)
+        self.capacity[i] = self.capacity[i] + sign * r.speed if self.routable[i] else 0.0
+        if r.speed != 1.0:
+            self._off_reference += sign
+
+    @property
+    def at_reference_speed(self) -> bool:
+        """Every routable replica serves at speed 1: ``capacity`` equals ``routable``."""
+        return self._off_reference == 0
+
+    def speeds_of(self, i: int) -> list[float]:
+        """The speeds of model ``i``'s routable replicas, in the order they were placed (``len == routable[i]``)."""
+        return [r.speed for r in self.replicas[i].values() if r.routable]
+
     def _release(self, i: int, r: SimReplica) -> None:
         self.inventory.release(r.slot, r.replica_id)
         self._hold(i, r.slot, -1)
@@ -316,8 +360,8 @@ class SimCluster:
             r = self.replicas[i].get(rid)
             if r is None:
                 continue
-            if kind == _READY and r.release_at is None:
-                self.routable[i] += 1
+            if kind == _READY and r.release_at is None and not r.routable:
+                self._route(i, r, 1)
             elif kind == _RELEASE:
                 self._release(i, r)
             self._obs[i] = None
@@ -511,8 +555,8 @@ class SimCluster:
         lost = 0
         for i, reps in enumerate(self.replicas):
             for r in [r for r in reps.values() if r.slot.node == node]:
-                if r.ready_at <= now and r.release_at is None:
-                    self.routable[i] -= 1
+                if r.routable:
+                    self._route(i, r, -1)
                 self._release(i, r)  # pending readiness/release events find no replica and are skipped
                 self._obs[i] = None
                 lost += 1
@@ -560,8 +604,8 @@ class SimCluster:
             rid = f"{model}-init{n}"
             self.inventory.allocate(slot, rid, model=model)  # a name the inventory cannot read the model from
             self._hold(i, slot, 1)
-            self.replicas[i][rid] = SimReplica(rid, slot, now, now)
-            self.routable[i] += 1
+            r = self.replicas[i][rid] = SimReplica(rid, slot, now, now, speed=self._speed(i, slot))
+            self._route(i, r, 1)
         self.desired[i] = len(self.replicas[i])
         self._obs[i] = None
         if slots:  # the running Deployment's template asks for the slots it runs on

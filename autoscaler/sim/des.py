@@ -13,6 +13,11 @@ requests but keeps serving its queue. With no routable replica, arrivals wait in
 and are dispatched in arrival order, at the start of the first tick that has a routable replica, as if
 they had arrived then (their latency still counts from their real arrival).
 
+Speed (issue 15; :mod:`autoscaler.sim.queueing`): each replica has the speed of its slot, and a request dispatched to
+a replica of speed ``s`` occupies its server ``occupancy / s`` and has latency part ``latency part / s``. When a
+model's routable replicas change, the engine keeps the oldest replicas whose speeds are still listed and adds empty
+ones for the rest (with all speeds 1, the same as keeping the oldest ``n``).
+
 Success and busy time (issue 9; :mod:`autoscaler.sim.queueing`): a settled request succeeds when it completes
 (start - arrival + occupancy) within the request timeout; busy is each tick's exact busy server time (the overlap of
 every request's [start, finish) with the tick, removed replicas' queues included) / dt.
@@ -21,10 +26,11 @@ every request's [start, finish) with the tick, removed replicas' queues included
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 
 import numpy as np
 
-from autoscaler.sim.queueing import DEFAULT_REQUEST_TIMEOUT_S, TickStats, Workload
+from autoscaler.sim.queueing import DEFAULT_REQUEST_TIMEOUT_S, RoutableSpeeds, TickStats, Workload
 
 
 class DesEngine:
@@ -37,6 +43,9 @@ class DesEngine:
         self._m = workload.n_models
         self._rng = np.random.default_rng(seed)
         self._servers: list[list[list[float]]] = [[] for _ in range(self._m)]  # per model, per replica heap
+        self._speed: list[list[float]] = [[] for _ in range(self._m)]  # per model, each replica's speed
+        self._capacity = np.zeros(self._m)  # per model, the capacity last matched (to notice a change of speeds)
+        self._off_speed = [False] * self._m  # per model: some replica not at speed 1
         self._waiting: list[list[int]] = [[] for _ in range(self._m)]  # request ids with no replica yet
         self._slo = workload.slo_s
         self._pct = workload.percentile
@@ -59,6 +68,7 @@ class DesEngine:
             self._tail = np.empty(0)
         self._start = np.full(n, np.inf)
         self._latency = np.full(n, np.inf)
+        self._req_speed = np.ones(n)  # the speed of the replica each request was dispatched to
         # Requests still in the system (not finished before the current tick): ids.
         self._active = np.empty(0, dtype=np.int64)
         self._next = 0  # first request id not yet arrived
@@ -89,10 +99,31 @@ class DesEngine:
         self._tail = np.concatenate([self._tail, occ - lat])
         self._start = np.concatenate([self._start, np.full(total, np.inf)])
         self._latency = np.concatenate([self._latency, np.full(total, np.inf)])
+        self._req_speed = np.concatenate([self._req_speed, np.ones(total)])
 
     # -- engine interface ------------------------------------------------------------------------------
 
-    def step(self, t0: float, dt: float, routable: np.ndarray) -> TickStats:
+    def _match(self, m: int, target: list[float], t0: float) -> None:
+        """Make model ``m``'s replicas those of speeds ``target``: keep the oldest whose speed is still wanted (the
+        others keep serving their queue, outside our view), add empty ones for the rest."""
+        c = int(self.workload.concurrency[m])
+        need = Counter(target)
+        reps: list[list[float]] = []
+        speed: list[float] = []
+        for heap, s in zip(self._servers[m], self._speed[m], strict=True):
+            if need[s] > 0:
+                need[s] -= 1
+                reps.append(heap)
+                speed.append(s)
+        for s in target:
+            if need[s] > 0:
+                need[s] -= 1
+                reps.append([t0] * c)  # a new replica starts empty
+                speed.append(s)
+        self._servers[m], self._speed[m] = reps, speed
+        self._off_speed[m] = any(s != 1.0 for s in speed)
+
+    def step(self, t0: float, dt: float, routable: np.ndarray, speeds: RoutableSpeeds | None = None) -> TickStats:
         t1 = t0 + dt
         if not self.workload.is_request_log:
             self._generate(t0, t1)
@@ -101,10 +132,24 @@ class DesEngine:
         for m in range(self._m):
             reps = self._servers[m]
             want = int(n_new[m])
-            c = int(self.workload.concurrency[m])
-            while len(reps) < want:
-                reps.append([t0] * c)  # a new replica starts empty
-            del reps[want:]  # removed replicas keep serving their queue, outside our view
+            if speeds is not None:
+                cap = float(speeds.capacity[m])
+                if want != len(reps) or cap != self._capacity[m]:
+                    target = list(speeds.speeds_of(m))
+                    assert len(target) == want, f"model {m}: {want} routable replicas but {len(target)} speeds"
+                    self._match(m, target, t0)
+                    self._capacity[m] = cap
+            elif self._off_speed[m]:
+                self._match(m, [1.0] * want, t0)
+                self._capacity[m] = float(want)
+            elif want != len(reps):
+                c = int(self.workload.concurrency[m])
+                while len(reps) < want:
+                    reps.append([t0] * c)  # a new replica starts empty
+                del reps[want:]  # removed replicas keep serving their queue, outside our view
+                self._speed[m] = [1.0] * want
+                self._capacity[m] = float(want)
+            reps = self._servers[m]
             if want and self._waiting[m]:
                 for i in self._waiting[m]:
                     self._dispatch(i, m, t0)
@@ -124,19 +169,27 @@ class DesEngine:
                 if not reps:
                     self._waiting[m].append(i)
                     continue
-                self._dispatch(i, m, float(t_arr[i]), reps[int(u[j] * len(reps))])
+                self._dispatch(i, m, float(t_arr[i]), int(u[j] * len(reps)))
                 settled.append(i)
         return self._stats(t0, t1, i0, i1, np.asarray(settled, dtype=np.int64))
 
-    def _dispatch(self, i: int, m: int, now: float, heap: list[float] | None = None) -> None:
-        if heap is None:
-            reps = self._servers[m]
-            heap = reps[int(self._rng.random() * len(reps))]
+    def _dispatch(self, i: int, m: int, now: float, rep: int | None = None) -> None:
+        """Request ``i`` of model ``m`` goes to replica ``rep`` (None: a uniformly random one)."""
+        reps = self._servers[m]
+        if rep is None:
+            rep = int(self._rng.random() * len(reps))
+        heap = reps[rep]
+        s = self._speed[m][rep]
         free = heapq.heappop(heap)
         start = now if now > free else free
-        heapq.heappush(heap, start + float(self._occ[i]))
+        if s == 1.0:
+            heapq.heappush(heap, start + float(self._occ[i]))
+            self._latency[i] = start - float(self._t[i]) + float(self._lat[i])
+        else:
+            heapq.heappush(heap, start + float(self._occ[i]) / s)
+            self._latency[i] = start - float(self._t[i]) + float(self._lat[i]) / s
+            self._req_speed[i] = s
         self._start[i] = start
-        self._latency[i] = start - float(self._t[i]) + float(self._lat[i])
 
     def _stats(self, t0: float, t1: float, i0: int, i1: int, settled: np.ndarray) -> TickStats:
         m_count = self._m
@@ -147,14 +200,14 @@ class DesEngine:
         ok = lat_s <= self._slo[mi_s] + 1e-9
         within = np.bincount(mi_s[ok], minlength=m_count).astype(np.float64)
         # completed: start - arrival + occupancy = the SLO latency + (occupancy - latency part)
-        ok_to = lat_s + self._tail[settled] <= self.request_timeout_s + 1e-9
+        ok_to = lat_s + self._tail[settled] / self._req_speed[settled] <= self.request_timeout_s + 1e-9
         within_to = np.bincount(mi_s[ok_to], minlength=m_count).astype(np.float64)
 
         active = np.concatenate([self._active, new])
         a_t = self._t[active]
         a_m = self._mi[active]
         start = self._start[active]
-        fin = start + self._occ[active]  # inf while undispatched
+        fin = start + self._occ[active] / self._req_speed[active]  # inf while undispatched
         end = np.minimum(fin, t1)
         overlap = end - np.maximum(a_t, t0)
         np.maximum(overlap, 0.0, out=overlap)

@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from autoscaler.estimation.capacity import wait_params, within_prob
-from autoscaler.sim.queueing import DEFAULT_REQUEST_TIMEOUT_S, TickStats, Workload, cumulative_at, cumulative_rates
+from autoscaler.sim.queueing import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    RoutableSpeeds,
+    TickStats,
+    Workload,
+    cumulative_at,
+    cumulative_rates,
+)
 
 # Per-replica number-in-system grid for the inverse of the stationary relation x = L(rho).
 _X_GRID = np.logspace(-6, 8, 700)
@@ -134,6 +141,14 @@ class FluidEngine:
       -1.81 (the Lindley backlog over-states what a burst of dozens leaves queued on one replica);
       2 s ticks: oracle conv +2.4 (sizing on 2 s counts makes the schedule noise-driven).
 
+    5. Slot speeds (:mod:`autoscaler.sim.queueing`): a model whose routable replicas serve at speeds ``s_j`` is served
+       as ``n`` replicas of their mean speed ``s = sum(s_j) / n`` (capacity in reference replicas / replicas):
+       occupancy, latency part and so the service rate ``c s / mean_s`` all scale, which keeps the model's
+       throughput (``n s`` reference replicas) exact. The stationary relation ``x = L(rho)`` does not depend on
+       the service time's scale, so the tables stay as built. Mixed speeds are approximated by their mean (what
+       routing in proportion to speed would give; kube-proxy's uniform routing loads the slow replicas more, which
+       the DES models exactly). Without speeds (every replica at speed 1) the tick is the one before speeds.
+
     Whole-run latency quantiles come from a sketch: per model, the arrival-weighted CDF of the wait on a
     fixed grid (0 plus 64 log-spaced points from 1 ms to 10^4 s, ratio 1.29 between points), updated
     every tick with the tick's stationary wait, mixed over cohorts (the burst delays of 4. are not in
@@ -201,17 +216,40 @@ class FluidEngine:
             self._budget_pts = _PointBudgets(w.slo_s[:, None] - w.latency_pts)
         self._wcdf = np.zeros((self._m, len(_WAIT_GRID)))
         self._total = np.zeros(self._m)
+        # Arrivals x 1 / mean speed, for the latency part in the sketch; used once some tick had speeds (5.)
+        self._slow_w = np.zeros(self._m)
+        self._speeds_seen = False
+        # What a set of speeds implies for the (M, K) point arrays, kept until the speeds change (they change only
+        # when replicas do): (1 / mean speed, latency points, latency quantile, point budgets, timeout budgets).
+        self._at_speed: tuple[np.ndarray, np.ndarray, np.ndarray, _PointBudgets | None, _PointBudgets | None] | None
+        self._at_speed = None
         self.set_request_timeout(request_timeout_s)
 
     def set_request_timeout(self, timeout_s: float) -> None:
         """Success budgets: the timeout less the whole occupancy (module docstring), per request or per point
         (tiled once for two cohorts, so a tick pays for no copy)."""
         self.request_timeout_s = float(timeout_s)
+        self._at_speed = None  # its timeout budgets were for the old timeout
         w = self.workload
         if w.is_request_log:
             self._budget_to = self.request_timeout_s - self._occ
         else:
             self._budget_to_pts = _PointBudgets(self.request_timeout_s - w.occupancy_pts)
+
+    def _speed_arrays(
+        self, inv_s: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, _PointBudgets | None, _PointBudgets | None]:
+        """The latency points, latency quantile and (rate series) budgets at slowness ``inv_s``, memoised."""
+        hit = self._at_speed
+        if hit is None or not np.array_equal(hit[0], inv_s):
+            w = self.workload
+            lat_pts = w.latency_pts * inv_s[:, None]
+            pts = pts_to = None
+            if self._cum is not None:
+                pts = _PointBudgets(w.slo_s[:, None] - lat_pts)
+                pts_to = _PointBudgets(self.request_timeout_s - w.occupancy_pts * inv_s[:, None])
+            hit = self._at_speed = (inv_s.copy(), lat_pts, self._lat_q * inv_s, pts, pts_to)
+        return hit
 
     def _rho(self, x: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """rho(x) and d rho / dx per entry (``rows``: its model), by linear interpolation (log-spaced x)."""
@@ -308,13 +346,20 @@ class FluidEngine:
         self._x = np.where(live, self._x, 0.0)
         self._excess = np.where(live, self._excess, 0.0)
 
-    def step(self, t0: float, dt: float, routable: np.ndarray) -> TickStats:
+    def step(self, t0: float, dt: float, routable: np.ndarray, speeds: RoutableSpeeds | None = None) -> TickStats:
         w = self.workload
         m = self._m
         n = np.asarray(routable, dtype=np.float64)
         t1 = t0 + dt
         has = n > 0
         n_safe = np.where(has, n, 1.0)
+        # Mean speed of each model's routable replicas (class docstring, 5.); None: all at the reference speed.
+        inv_s = None
+        if speeds is not None:
+            cap = np.asarray(speeds.capacity, dtype=np.float64)
+            if not np.array_equal(cap, n):
+                inv_s = np.where(has & (cap > 0), n_safe / np.where(cap > 0, cap, 1.0), 1.0)
+                self._speeds_seen = True
         if not np.array_equal(n, self._n_a + self._n_b):
             self._rescale(n)
         # Only while some model has a young cohort do we pay for two (the common steady state has one).
@@ -346,6 +391,8 @@ class FluidEngine:
             self._svc_sum = a * self._svc_sum + occ_sum
             self._svc_n = a * self._svc_n + arrivals
             mean_s = (self._svc_sum + k0 * self._mean) / (self._svc_n + k0)
+        if inv_s is not None:
+            mean_s = mean_s * inv_s
         mu = self._c / mean_s
         mu_k = rep(mu)
         c_k = self._c2[:km]
@@ -387,12 +434,22 @@ class FluidEngine:
         # A request arriving with no routable replica is settled late (module docstring): frac is 0 then.
         if self._cum is not None:
             share = np.tile(arrivals, k) * frac
-            within = fold(share * self._budget_pts.mean_within(k, p_wait, decay))
-            within_to = fold(share * self._budget_to_pts.mean_within(k, p_wait, decay))
+            pts, pts_to = self._budget_pts, self._budget_to_pts
+            if inv_s is not None:  # the budgets of slower service
+                _, _, _, pts, pts_to = self._speed_arrays(inv_s)
+                assert pts is not None and pts_to is not None
+            within = fold(share * pts.mean_within(k, p_wait, decay))
+            within_to = fold(share * pts_to.mean_within(k, p_wait, decay))
         else:
             mi_k = mi if k == 1 else np.concatenate([mi, mi + m])
-            budget = rep(self._budget[i0:i1])
-            budget_to = rep(self._budget_to[i0:i1])
+            if inv_s is None:
+                budget = rep(self._budget[i0:i1])
+                budget_to = rep(self._budget_to[i0:i1])
+            else:
+                assert w.latency_part_s is not None
+                slow = inv_s[mi]
+                budget = rep(w.slo_s[mi] - w.latency_part_s[i0:i1] * slow)
+                budget_to = rep(self.request_timeout_s - self._occ[i0:i1] * slow)
             if self._per_request and i1 > i0:
                 tm = self._t[i0:i1] - t0
                 add = 1.0 / n_safe[mi]
@@ -425,6 +482,7 @@ class FluidEngine:
         cdf = within_prob(_WAIT_GRID[None, :], p_wait[:, None], decay[:, None]) * frac[:, None]
         self._wcdf += arrivals[:, None] * (cdf if k == 1 else cdf[:m] + cdf[m:])
         self._total += arrivals
+        self._slow_w += arrivals if inv_s is None else arrivals * inv_s
 
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             # Latency at the SLO percentile: the exponential tail of W + L solved in closed form (exact
@@ -432,14 +490,15 @@ class FluidEngine:
             # percentile. With two cohorts, the larger of the two solutions (each cohort's tail weighted
             # by its share alone: low by at most log(2)/decay). No replica / saturated gives inf.
             # log E[exp(decay * L)] over the K points, shifted by the max (scipy's logsumexp costs ~60 µs).
-            lat_pts = w.latency_pts if k == 1 else np.tile(w.latency_pts, (k, 1))
+            lat_pts, lat_q = (w.latency_pts, self._lat_q) if inv_s is None else self._speed_arrays(inv_s)[1:3]
+            lat_pts = lat_pts if k == 1 else np.tile(lat_pts, (k, 1))
             z = decay[:, None] * lat_pts
             z_max = z.max(axis=1)
             log_mgf = np.log(np.mean(np.exp(z - z_max[:, None]), axis=1)) + z_max
             x_tail = (np.log(p_wait * frac) + log_mgf - np.log(rep(self._q_frac))) / decay
             x_tail = np.where(np.isnan(x_tail), np.inf, x_tail)
             x_tail = x_tail if k == 1 else np.maximum(x_tail[:m], x_tail[m:])
-            lat_pct = np.where(has, np.maximum(x_tail, self._lat_q), np.inf)
+            lat_pct = np.where(has, np.maximum(x_tail, lat_q), np.inf)
         lat_pct = np.where(arrivals > 0, lat_pct, np.nan)
         rho_end, _ = self._rho(x, rows)
         queued = fold(np.maximum(x - c_k * rho_end, 0.0) * n_c)
@@ -457,7 +516,8 @@ class FluidEngine:
     def latency_quantile(self, q: float) -> np.ndarray:
         """Per model, the q-quantile of latency over the run so far, from the wait sketch (NaN: no requests).
 
-        Requests that met no routable replica count as infinitely late.
+        Requests that met no routable replica count as infinitely late. After ticks at other speeds, the latency
+        part is scaled by its arrival-weighted mean slowness (1 / speed): exact while a model's speed is constant.
         """
         out = np.full(self._m, np.nan)
         lat_pts = self.workload.latency_pts
@@ -468,7 +528,8 @@ class FluidEngine:
             if tot <= 0:
                 continue
             fw = self._wcdf[m] / tot  # P(W <= grid), non-decreasing, may stop below 1 (infinite waits)
-            r = xs[None, :] - lat_pts[m][:, None]  # F(x) = mean_k P(W <= x - L_k)
+            pts = lat_pts[m] * (self._slow_w[m] / tot) if self._speeds_seen else lat_pts[m]
+            r = xs[None, :] - pts[:, None]  # F(x) = mean_k P(W <= x - L_k)
             with np.errstate(divide="ignore"):
                 lr = np.log(np.where(r > 0, r, 1e-300))
             f_pos = np.interp(lr, logw, fw[1:], left=fw[0], right=fw[-1])

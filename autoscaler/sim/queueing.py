@@ -29,6 +29,13 @@ the timeout. It is settled as within-SLO is (``TickStats.within_timeout``), with
 the budget; a request that met no routable replica fails in the fluid engine, as it is late. The timeout is not
 abandonment: a request past it still holds its server (what a client that gives up does not cancel).
 
+Speed (issue 15): the workload's service times are those of a replica on the model's reference GPU (one whole
+H100-80GB unless the model's ``slot-speeds`` say otherwise: :mod:`sharing.slot_speed`). A replica of speed ``s`` takes
+``1/s`` times as long per request, occupancy and latency part alike. ``step`` gets the speeds as a
+:class:`RoutableSpeeds` (the simulated cluster): per model the routable capacity in reference-speed replicas and the
+routable replicas' speeds. Without it (None) every routable replica serves at speed 1, exactly as before speeds: the
+cluster passes none while that holds.
+
 Busy (``TickStats.busy``): mean busy servers over the tick, per model -- the DES's exact busy server time / dt
 (replicas draining included); the fluid engine's utilisation of its state ``rho(x)`` x servers (the offered load /
 capacity, capped at 1, in steady state; after a surge the carried backlog keeps it at 1 until it is served).
@@ -65,8 +72,23 @@ class TickStats:
     busy: np.ndarray  # mean busy servers over the tick (module docstring)
 
 
+class RoutableSpeeds(Protocol):
+    """How fast the routable replicas serve (module docstring), as the simulated cluster keeps it."""
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """(M,) the routable replicas' speeds summed per model: capacity in reference-speed replicas."""
+        ...
+
+    def speeds_of(self, i: int) -> list[float]:
+        """The speeds of model ``i``'s routable replicas, oldest first (as many as it has routable)."""
+        ...
+
+
 class QueueEngine(Protocol):
-    def step(self, t0: float, dt: float, routable: np.ndarray) -> TickStats: ...
+    def step(self, t0: float, dt: float, routable: np.ndarray, speeds: RoutableSpeeds | None = None) -> TickStats:
+        """Serve the tick ``[t0, t0 + dt)`` with ``routable`` replicas per model, at ``speeds`` (None: speed 1)."""
+        ...
 
     def set_request_timeout(self, timeout_s: float) -> None:
         """The client timeout ``within_timeout`` counts against (before the first step)."""

@@ -336,7 +336,10 @@ def simulate(
             routable = cluster.advance(now)  # instant-start replicas serve this tick
         else:
             routable = cluster.routable
-        stats = engine.step(now, dt, routable)
+        if cluster.at_reference_speed:
+            stats = engine.step(now, dt, routable)
+        else:  # slot speeds (issue 15): only while some routable replica is not at speed 1
+            stats = engine.step(now, dt, routable, cluster)
         metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt)
         if k < first_scored:
             continue

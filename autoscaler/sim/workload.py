@@ -4,19 +4,27 @@ The per-request service times (occupancy, and the part that counts toward SLO la
 once, in :meth:`autoscaler.sim.queueing.Workload.from_request_log`. Per model, the resulting
 :class:`ServiceProfile` is what a controller would know from offline profiling: it warm-starts the
 capacity model and sizes the static and oracle baselines.
+
+Those service times are a replica's on the model's reference GPU (one whole H100-80GB: :mod:`sharing.slot_speed`);
+the engines serve each replica at its slot's speed. Sizing for a slot of speed ``s`` is sizing with the profile scaled
+by ``1 / s`` (``ServiceProfile.scaled``): :func:`peak_replicas` takes the speeds :func:`expected_speeds` finds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.api.spec import ModelSpec, SpecError
+from autoscaler.api.spec import ModelSpec, SpecError, slot_request
 from autoscaler.estimation.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
 from autoscaler.sim.queueing import Workload
 from forecasting.traces.model import RateSeries, RequestLog, Trace
+from sharing.packer import CostAwarePacker, Packer
+from sharing.slot_speed import speed_of
+from sharing.slots import Inventory, NodeSpec
 
 Specs = dict[str, ModelSpec | SpecError]
 
@@ -87,16 +95,36 @@ def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float =
     return SimWorkload(trace, specs, queue, history)
 
 
-def peak_replicas(workload: SimWorkload, dt: float, floor_s: float = 60.0) -> dict[str, int]:
+def expected_speeds(
+    workload: SimWorkload, nodes: Sequence[NodeSpec], packer: Packer | None = None
+) -> dict[str, float]:
+    """Per model, the speed of the slot the packer gives its first replica on an empty cluster of ``nodes``
+    (:func:`sharing.slot_speed.speed_of`; 1.0 where it does not fit): what sizing for that cluster divides the
+    service time by. A model spread over kinds gets other speeds too; this is the packer's first choice."""
+    packer = packer or CostAwarePacker()
+    empty = Inventory.from_nodes(nodes)
+    out: dict[str, float] = {}
+    for m, spec in served_as(workload.specs).items():
+        slot = packer.place(empty.copy(), slot_request(spec))
+        out[m] = 1.0 if slot is None else speed_of(slot, spec.slot_speeds, empty.catalog)
+    return out
+
+
+def peak_replicas(
+    workload: SimWorkload, dt: float, floor_s: float = 60.0, speeds: Mapping[str, float] | None = None
+) -> dict[str, int]:
     """Replicas each model needs at its peak load (the peak over windows of ``max(dt, floor_s)``):
-    the 'sized for the peak' static baseline."""
+    the 'sized for the peak' static baseline. ``speeds`` (per model, default 1): the speed of the slots it will
+    run on (:func:`expected_speeds`); a replica of speed ``s`` is sized with the profile scaled by ``1 / s``."""
     window = max(dt, floor_s)
     arr = workload.arrivals_per_tick(window) / window
     profiles = workload.profiles
     out: dict[str, int] = {}
     for i, m in enumerate(workload.models):
         spec = workload.specs[m]
-        n = min_replicas_for_slo(float(arr[i].max()) if arr.shape[1] else 0.0, profiles[m])
+        speed = (speeds or {}).get(m, 1.0)
+        prof = profiles[m] if speed == 1.0 else profiles[m].scaled(1.0 / speed)
+        n = min_replicas_for_slo(float(arr[i].max()) if arr.shape[1] else 0.0, prof)
         if isinstance(spec, ModelSpec):
             n = min(max(n, spec.min_replicas), spec.max_replicas)
         out[m] = n
