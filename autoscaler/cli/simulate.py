@@ -279,7 +279,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     if args.plot:
         from autoscaler.sim.plot import plot_results
 
-        plot_results(results, args.plot)
+        plot_results(results, args.plot, workload=workload)
         print(f"wrote {args.plot}")
     return 0
 
@@ -319,6 +319,9 @@ def run(args: argparse.Namespace) -> int:
     nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, cfg.tick_s)
     results, cards = run_policies(workload, nodes, names, cfg)
     gpus = sum(n.gpu_count for n in nodes)
+    from autoscaler.report.headline import headline
+
+    print("\n".join(headline(cards)), end="\n\n")  # first what it costs at the SLO; the table has every number
     print_table(cards, f"slotwise simulate — {args.trace} ({len(workload.models)} models, "
                        f"{workload.duration_s / 3600:.1f} h, {gpus} GPUs, {args.mode})")
     json_path, plot_path = args.json, args.plot
@@ -334,6 +337,6 @@ def run(args: argparse.Namespace) -> int:
     if plot_path:
         from autoscaler.sim.plot import plot_results
 
-        plot_results(results, plot_path)
+        plot_results(results, plot_path, workload=workload)
         print(f"wrote {plot_path}")
     return 0

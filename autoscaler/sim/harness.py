@@ -9,7 +9,9 @@ import dataclasses
 import math
 import os
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from autoscaler.api.spec import ModelSpec
 from autoscaler.policies import make_policy
@@ -64,9 +66,20 @@ def load_cluster(arg: str) -> list[NodeSpec]:
     return nodes_from_spec(arg)
 
 
-def progress_bar(label: str):  # type: ignore[no-untyped-def]
-    if not sys.stderr.isatty():
-        return None, None
+PROGRESS_STEP = 0.1  # without a terminal: a line every 10 % of a run ...
+PROGRESS_EVERY_S = 30.0  # ... or every 30 s, whichever comes first
+PROGRESS_QUIET_S = 2.0  # ... but 10 % lines at least 2 s apart: a run of a few seconds prints little more than 100 %
+
+
+def progress_bar(label: str, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic):  # type: ignore[no-untyped-def]
+    """``(bar, callback)`` for a run's progress (the callback takes the fraction done). On a terminal a rich bar
+    (``bar``: stop it when done); otherwise (CI, a log file) plain lines on stderr such as
+    ``simulating slotwise: 40% (12 s)`` every 10 % or 30 s, and ``bar`` None -- a long run in a log shows it is
+    alive, a short one prints one line."""
+    out = stream if stream is not None else sys.stderr
+    if not out.isatty():
+        return None, _progress_lines(label, out, clock)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -74,6 +87,25 @@ def progress_bar(label: str):  # type: ignore[no-untyped-def]
     task = bar.add_task(label, total=1.0)
     bar.start()
     return bar, (lambda f: bar.update(task, completed=f))
+
+
+def _progress_lines(label: str, out: TextIO, clock: Callable[[], float]) -> Callable[[float], None]:
+    start = clock()
+    last_t, last_step, done = start, 0, False
+
+    def report(fraction: float) -> None:
+        nonlocal last_t, last_step, done
+        if done:
+            return
+        now = clock()
+        step = int(fraction / PROGRESS_STEP + 1e-9)
+        done = fraction >= 1.0 - 1e-9
+        new_step = step > last_step and now - last_t >= PROGRESS_QUIET_S
+        if done or new_step or now - last_t >= PROGRESS_EVERY_S:
+            print(f"{label}: {min(fraction, 1.0):.0%} ({now - start:.0f} s)", file=out, flush=True)
+            last_t, last_step = now, step
+
+    return report
 
 
 def run_policies(
