@@ -77,14 +77,14 @@ def compare_gpu_hours(mine: float, theirs: float, name: str, verb: str = "uses")
     return f"{verb} {r:.1f}x the GPU-hours of {name}", 1
 
 
-def compare_violations(mine: int, theirs: int) -> tuple[str, int]:
+def compare_violations(mine: int, theirs: int, name: str) -> tuple[str, int]:
     """"80% fewer violating requests" and the direction: -1 fewer, 0 the same, 1 more (counts are whole)."""
     if mine == theirs:
         return ("no violating requests either" if mine == 0 else f"as many violating requests ({mine:,})"), 0
     if theirs == 0:
-        return f"{mine:,} violating requests where it has none", 1
+        return f"{mine:,} violating requests where {name} has none", 1
     if mine == 0:
-        return f"no violating requests (it has {theirs:,})", -1
+        return f"no violating requests ({name} has {theirs:,})", -1
     r = mine / theirs
     if r < 1.0:
         return f"{change_pct(1.0 - r)} fewer violating requests", -1
@@ -98,7 +98,7 @@ def comparison(mine: Card, theirs: Card) -> tuple[str, int, int]:
     and the two directions (GPU-hours, violating requests: -1 fewer, 0 the same, 1 more)."""
     name = str(theirs["policy"])
     gpu, g = compare_gpu_hours(float(mine["gpu_hours"]), float(theirs["gpu_hours"]), name)
-    viol, v = compare_violations(int(mine["violating_requests"]), int(theirs["violating_requests"]))
+    viol, v = compare_violations(int(mine["violating_requests"]), int(theirs["violating_requests"]), name)
     if g > 0 and v < 0:
         joint = ", with"  # pays GPU-hours for fewer violations
     elif g < 0 and v > 0:
@@ -162,7 +162,9 @@ def at_slo_line(cards: Sequence[Card]) -> str:
         return f"at the SLO: {SUBJECT} is the only policy that meets the objective"
     parts = [compare_gpu_hours(float(me["gpu_hours"]), float(c["gpu_hours"]), str(c["policy"]), "needs")[0]
              for c in others]
-    return f"at the SLO ({names} meet it): {SUBJECT} " + ", and ".join(parts)
+    parts[1:] = [p.removeprefix("needs ") for p in parts[1:]]  # one verb: "needs 10% fewer ... than hpa, 26% ..."
+    said = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"at the SLO ({names} meet it): {SUBJECT} {said}"
 
 
 def lower_bound_lines(cards: Sequence[Card]) -> list[str]:

@@ -23,6 +23,10 @@ BURN_IN_COLOR = "#f4e3c8"
 GPU_PANEL_TITLE = "GPUs in use (GPU-equivalents held by replicas, mean per minute)"
 
 
+def _gpu_h(h: float) -> str:  # as the headline prints them (autoscaler/report/headline.py)
+    return f"{h:,.1f}" if h >= 100 else f"{h:.2f}"
+
+
 def gpus_in_use(result: SimResult) -> np.ndarray:
     """Mean GPU-equivalents held per scored minute, all models together (the last minute may be shorter)."""
     held = result.minute_gpu_s
@@ -69,6 +73,23 @@ def _load(workload: SimWorkload | None, base: SimResult, i: int) -> tuple[np.nda
         x.insert(0, np.arange(rates.size) * h.step_s - h.duration_s)
         y.insert(0, rates)
     return np.concatenate(x), np.concatenate(y)
+
+
+def _plain_log_axis(ax: Any) -> None:
+    """Seconds on a log axis as plain numbers (0.5, 1, 2, 10), not 2x10^0; 2 and 5 between the decades when the
+    axis spans less than about one and a half, where the decades alone leave one tick or none."""
+    from matplotlib.ticker import FuncFormatter
+
+    def major(v: float, _: int) -> str:
+        return f"{v:g}"
+
+    def minor(v: float, _: int) -> str:
+        lo, hi = ax.get_ylim()
+        lead = round(v / 10 ** np.floor(np.log10(v)), 6) if v > 0 else 0.0
+        return f"{v:g}" if lo > 0 and hi / lo < 10**1.5 and lead in (2.0, 5.0) else ""
+
+    ax.yaxis.set_major_formatter(FuncFormatter(major))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _shade(ax: Any, history: float, burn_in: float) -> None:
@@ -146,11 +167,12 @@ def figure(results: Sequence[SimResult], top: int = 3, workload: SimWorkload | N
                         lw=1.0)
         ax_lat.axhline(base.slo_latency_s[i], color="black", ls="--", lw=1.0)
         ax_lat.set_yscale("log")
+        _plain_log_axis(ax_lat)
         ax_lat.set_title(f"{name}: p{base.slo_percentile[i]:g} latency (s), worst tick of each minute, vs SLO")
     for ax in (rows[-1] if rows else (ax_gpu,)):
         ax.set_xlabel(f"{unit} since the simulation start")
     handles: list[Any] = [plt.Line2D([], [], color=colors[r.policy], lw=2,
-                                     label=f"{r.policy} ({r.gpu_hours:.2f} GPU-h)") for r in results]
+                                     label=f"{r.policy} ({_gpu_h(r.gpu_hours)} GPU-h)") for r in results]
     handles += [Patch(color="0.82", label="load (req/s)"), plt.Line2D([], [], color="black", ls="--", label="SLO")]
     if history_s > 0:
         handles.append(Patch(color=HISTORY_COLOR, label=f"history: forecaster warm start ({duration(history_s)})"))
