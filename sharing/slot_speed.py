@@ -1,9 +1,10 @@
 """Slot speeds: how fast one replica serves on its slot, relative to the reference GPU.
 
-The reference is one whole H100-80GB (SXM), :data:`REFERENCE_GPU`: a model's service-time annotations
+The reference is the H100-80GB (SXM), :data:`REFERENCE_GPU`: a model's service-time annotations
 (``service-time-ms``, ``prefill-ms-per-1k-tokens``, ``decode-ms-per-token``) describe one replica on whole reference
-GPUs (as many as ``gpus-per-replica`` asks). A replica of speed ``s`` takes ``1/s`` times as long per request --
-occupancy and the latency part alike -- so ``s`` of them do the work of one reference replica.
+GPUs (as many as ``gpus-per-replica`` asks), or, for a model that asks for part of a GPU (``gpu-compute-share``
+``c < 1``), on that share of one. A replica of speed ``s`` takes ``1/s`` times as long per request -- occupancy and the
+latency part alike -- so ``s`` of them do the work of one reference replica.
 
 Where the numbers come from (``data/slot_speeds.json``, every entry with its source; docs/sharing.md "Slot speeds"):
 
@@ -18,8 +19,12 @@ Where the numbers come from (``data/slot_speeds.json``, every entry with its sou
 - a time-slice share ``s`` of a GPU: ``s`` x the GPU's speed; inside a MIG instance of compute fraction ``f``:
   ``s/f`` x the instance's speed (the co-tenants' idle time is not counted on).
 
-A model's ``slotwise.io/slot-speeds`` entries override the table for the kinds they match (:func:`declared_speed`:
-the whole kind key, else the slot type, else the GPU model), with the same meaning: relative to the reference.
+A replica's speed is its slot's table speed (in whole reference GPUs) over the share ``c`` its service times describe:
+``table_speed / c`` for a whole-GPU model (``c = 1``: an H200 serves it 1.2x faster), and ``min(1, table_speed / c)``
+for a fractional one -- served as declared on any slot that gives it at least its share of an H100, proportionally
+slower on one that gives it less (a 0.25 share of an L4: 0.0995), never faster (it asked for no more). A model's
+``slotwise.io/slot-speeds`` entries override all of this for the kinds they match (:func:`declared_speed`: the whole
+key, else the slot type, else the GPU model), with the same meaning: relative to what its service times describe.
 """
 
 from __future__ import annotations
@@ -125,9 +130,19 @@ def table_speed(slot: Slot, catalog: Catalog | None = None) -> float:
     return speed
 
 
-def speed_of(slot: Slot, entries: tuple[tuple[str, float], ...] = (), catalog: Catalog | None = None) -> float:
-    """How fast a replica serves on ``slot`` relative to the reference: the model's declared speed for the slot's
-    kind (``spec.slot_speeds``) if an entry matches, else :func:`table_speed`. Sizing for this slot is sizing with
-    the reference profile scaled by ``1 / speed`` (``ServiceProfile.scaled``)."""
+def speed_of(
+    slot: Slot,
+    entries: tuple[tuple[str, float], ...] = (),
+    catalog: Catalog | None = None,
+    compute_share: float = 1.0,
+) -> float:
+    """How fast a replica serves on ``slot`` relative to what its service times describe (module docstring): the
+    model's declared speed for the slot's kind (``spec.slot_speeds``) if an entry matches, else :func:`table_speed`
+    over ``compute_share`` (``spec.gpu_compute_share``; capped at 1 below a whole GPU). Sizing for this slot is sizing
+    with the model's profile scaled by ``1 / speed`` (``ServiceProfile.scaled``).
+    :func:`autoscaler.api.spec.replica_speed` passes a spec's two fields."""
     declared = declared_speed(f"{slot.gpu_model}/{slot_type(slot)}", entries, catalog)
-    return declared if declared is not None else table_speed(slot, catalog)
+    if declared is not None:
+        return declared
+    speed = table_speed(slot, catalog)
+    return speed if compute_share >= 1.0 else min(1.0, speed / compute_share)

@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sharing.slots import SlotRequest
+from sharing.catalog import Catalog
+from sharing.slot_speed import speed_of
+from sharing.slots import Slot, SlotRequest
 
 PREFIX = "slotwise.io/"
 
@@ -53,7 +55,8 @@ class ModelSpec:
     service time is ``service_time_ms`` or, with token counts, ``prefill_ms_per_1k_tokens * in/1000 +
     decode_ms_per_token * out``; ``concurrency`` requests share one replica at a time.
     ``slot_speeds`` says how fast slot kinds run relative to the hardware those service times were
-    measured on (``(("L4", 0.4), ("1g.10gb", 0.25))``; how keys match a replica's slot: ``docs/annotations.md``).
+    measured on (``(("L4", 0.4), ("1g.10gb", 0.25))``; how keys match a replica's slot: ``docs/annotations.md``);
+    kinds it does not name run at their published speed (:func:`replica_speed`).
     """
 
     name: str
@@ -298,3 +301,11 @@ def slot_request(spec: ModelSpec) -> SlotRequest:
         gpus=spec.gpus_per_replica,
         kinds=spec.slot_kinds,
     )
+
+
+def replica_speed(spec: ModelSpec, slot: Slot, catalog: Catalog | None = None) -> float:
+    """How fast one replica of ``spec`` serves on ``slot``, relative to what its service-time fields describe (one
+    whole H100-80GB, or its ``gpu-compute-share`` of one): its ``slot-speeds`` entry for the slot's kind, else the
+    published table (:func:`sharing.slot_speed.speed_of`). Size for that slot with the profile scaled by
+    ``1 / speed``."""
+    return speed_of(slot, spec.slot_speeds, catalog, spec.gpu_compute_share)

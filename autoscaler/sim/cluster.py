@@ -17,12 +17,12 @@ job has stopped. A static split (``reserve_static_training``) takes GPUs out of 
 training that is never preempted. The accounting (:class:`LendingStats`) is exact in time (event-driven), clipped
 to the scored period from ``score_from`` (the records: :mod:`autoscaler.sim.lending`).
 
-Speed (issue 15): each replica serves at its slot's speed relative to the reference GPU the model's service profile
-describes (:func:`sharing.slot_speed.speed_of`: the model's ``slot-speeds`` annotation, else the published table), fixed
-when it is placed. ``capacity`` keeps, per model, the routable replicas' speeds summed (reference-speed replicas), and
-:meth:`speeds_of` lists them, both updated only when a replica starts or stops being routable, as ``routable`` is;
-the engines serve at them (:mod:`autoscaler.sim.queueing`). ``at_reference_speed`` is true while every routable
-replica runs at speed 1, where the engines take their old path: such a run is unchanged by speeds.
+Speed (issue 15): each replica serves at its slot's speed relative to the hardware the model's service profile
+describes (:func:`autoscaler.api.spec.replica_speed`: the model's ``slot-speeds`` annotation, else the published
+table), fixed when it is placed. ``capacity`` keeps, per model, the routable replicas' speeds summed (reference-speed
+replicas), and :meth:`speeds_of` lists them, both updated only when a replica starts or stops being routable, as
+``routable`` is; the engines serve at them (:mod:`autoscaler.sim.queueing`). ``at_reference_speed`` is true while
+every routable replica runs at speed 1, where the engines take their old path: such a run is unchanged by speeds.
 
 What the plans said (issue 9), for the scorecard: the replicas each model is short, by :class:`ShortfallCause`
 (``shortfall_by_cause``; a model's shortfall stands until a status update for it comes without one, since the core
@@ -57,12 +57,11 @@ from autoscaler.api.plan import (
     UpdateStatus,
 )
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, SlotTemplate
-from autoscaler.api.spec import ModelSpec, SpecError
+from autoscaler.api.spec import ModelSpec, SpecError, replica_speed
 from autoscaler.decision.node_actions import Layout, slot_template
 from autoscaler.sim.lending import LendingStats, Reclaim, TrainingRun
 from autoscaler.sim.training import TrainingQueue
 from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
-from sharing.slot_speed import speed_of
 from sharing.slots import Inventory, NodeSpec, Slot
 
 # Event kinds, in the order events due at the same time are handled: a training job that stops frees its GPUs
@@ -139,8 +138,10 @@ class SimCluster:
         # speed 1 (0: the engines need no speeds).
         self.capacity = np.zeros(len(self.models))
         self._off_reference = 0
-        self._entries = [s.slot_speeds if isinstance(s, ModelSpec) else () for s in (specs[x] for x in self.models)]
-        self._speeds: dict[tuple[int, str, str, str | None, float], float] = {}  # memo of speed_of per model + slot
+        # the spec each model is served as (a model with invalid annotations: a default one, as the workload does)
+        self._served = [s if isinstance(s, ModelSpec) else ModelSpec(name=x) for x, s in
+                        ((x, specs[x]) for x in self.models)]
+        self._speeds: dict[tuple[int, str, str, str | None, float], float] = {}  # memo of replica_speed
         self._gpus_held = 0.0  # sum of gpu_fraction over held slots, kept incrementally
         # Cost accounting, also incremental (updated on allocate/release only, so a tick reads arrays):
         # GPU-equivalents held per (model, GPU kind), and per node what replicas hold there, for the idle
@@ -305,7 +306,7 @@ class SimCluster:
         key = (i, slot.gpu_model, str(slot.kind), slot.profile, slot.compute_fraction)
         hit = self._speeds.get(key)
         if hit is None:
-            hit = self._speeds[key] = speed_of(slot, self._entries[i], self.inventory.catalog)
+            hit = self._speeds[key] = replica_speed(self._served[i], slot, self.inventory.catalog)
         return hit
 
     def _route(self, i: int, r: SimReplica, sign: int) -> None:

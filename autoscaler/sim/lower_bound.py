@@ -167,7 +167,7 @@ def slot_options(spec: ModelSpec, nodes: Sequence[NodeSpec], with_speeds: bool =
                 found.append(SlotOption(f"{slot.gpu_model}/{slot.kind}", slot.gpu_fraction, 1.0))
             else:
                 found.append(SlotOption(f"{slot.gpu_model}/{slot_type(slot)}", slot.gpu_fraction,
-                                        speed_of(slot, spec.slot_speeds, inv.catalog)))
+                                        speed_of(slot, spec.slot_speeds, inv.catalog, spec.gpu_compute_share)))
     front: list[SlotOption] = []
     for o in sorted(found, key=lambda o: (o.fraction, -o.speed)):
         if not front or o.speed > front[-1].speed + 1e-12:

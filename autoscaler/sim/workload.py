@@ -18,12 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoscaler.api.spec import ModelSpec, SpecError, slot_request
+from autoscaler.api.spec import ModelSpec, SpecError, replica_speed, slot_request
 from autoscaler.estimation.capacity import ServiceProfile, min_replicas_for_slo, profile_from_spec
 from autoscaler.sim.queueing import Workload
 from forecasting.traces.model import RateSeries, RequestLog, Trace
 from sharing.packer import CostAwarePacker, Packer
-from sharing.slot_speed import speed_of
 from sharing.slots import Inventory, NodeSpec
 
 Specs = dict[str, ModelSpec | SpecError]
@@ -99,14 +98,14 @@ def expected_speeds(
     workload: SimWorkload, nodes: Sequence[NodeSpec], packer: Packer | None = None
 ) -> dict[str, float]:
     """Per model, the speed of the slot the packer gives its first replica on an empty cluster of ``nodes``
-    (:func:`sharing.slot_speed.speed_of`; 1.0 where it does not fit): what sizing for that cluster divides the
+    (:func:`autoscaler.api.spec.replica_speed`; 1.0 where it does not fit): what sizing for that cluster divides the
     service time by. A model spread over kinds gets other speeds too; this is the packer's first choice."""
     packer = packer or CostAwarePacker()
     empty = Inventory.from_nodes(nodes)
     out: dict[str, float] = {}
     for m, spec in served_as(workload.specs).items():
         slot = packer.place(empty.copy(), slot_request(spec))
-        out[m] = 1.0 if slot is None else speed_of(slot, spec.slot_speeds, empty.catalog)
+        out[m] = 1.0 if slot is None else replica_speed(spec, slot, empty.catalog)
     return out
 
 

@@ -36,3 +36,15 @@ def test_one_models_bad_speeds_do_not_touch_another_model() -> None:
     with pytest.raises(SpecError) as info:
         parse_annotations("a", {PREFIX + "slo-latency-ms": "500", PREFIX + "slot-speeds": "L4=x"})
     assert info.value.model == "default/a" and good.slot_speeds == (("L4", 0.4),)
+
+
+def test_replica_speed_reads_both_fields_of_the_spec() -> None:
+    from autoscaler.api.spec import ModelSpec, replica_speed
+    from sharing.catalog import load_catalog
+    from sharing.slots import Slot
+
+    l4 = load_catalog().get("L4")
+    share = Slot.share("n", 0, l4, 8.0, 0.25)
+    assert replica_speed(ModelSpec("m", gpu_compute_share=0.25), share) == pytest.approx(0.0995, abs=1e-4)
+    assert replica_speed(ModelSpec("m", gpu_compute_share=0.25, slot_speeds=(("share", 0.5),)), share) == 0.5
+    assert replica_speed(ModelSpec("m"), Slot.whole("n", 0, l4)) == pytest.approx(0.0995, abs=1e-4)

@@ -121,3 +121,23 @@ def test_the_annotation_overrides_the_table() -> None:
     assert speed_of(l4, (("A100", 0.25),)) == gpu_speeds()["L4-24GB"].speed  # another kind's entry: the table
     # An operator's catalog override of a kind's speed is the table for that cluster.
     assert speed_of(l4, catalog=CAT.with_overrides({"L4": {"relative_speed": 0.2}})) == 0.2
+
+
+def test_a_fractional_model_is_served_as_declared_on_at_least_its_share_of_the_reference() -> None:
+    """Its service times describe its share ``c`` of an H100: slot speed / c, never above 1 (it asked for no more)."""
+    h100, l4 = CAT.get("H100-80GB"), CAT.get("L4")
+    assert speed_of(Slot.share("n", 0, h100, 10.0, 0.25), compute_share=0.25) == 1.0
+    assert speed_of(_mig("H100-80GB", "2g"), compute_share=0.25) == 1.0  # 0.267 of an H100 >= 0.25: capped
+    assert speed_of(Slot.whole("n", 0, h100), compute_share=0.25) == 1.0
+    assert speed_of(Slot.share("n", 0, l4, 8.0, 0.25), compute_share=0.25) == pytest.approx(L4_SPEED)
+    assert speed_of(Slot.whole("n", 0, l4), compute_share=0.25) == pytest.approx(L4_SPEED / 0.25)
+    # a 0.1 share inside a 1g.10gb instance: 0.7 of the instance's 1/7 compute and 1/8 bandwidth
+    inside = Slot.share("n", 0, h100, 5.0, 0.1, "1g", 0)
+    assert speed_of(inside, compute_share=0.1) == pytest.approx(0.7 * math.sqrt(1 / 7 * 1 / 8) / 0.1)
+    # a whole-GPU model is not capped: a faster GPU serves it faster
+    assert speed_of(Slot.whole("n", 0, CAT.get("H200"))) == gpu_speeds()["H200-141GB"].speed > 1.0
+    # declared speeds are taken as they are
+    assert speed_of(Slot.share("n", 0, l4, 8.0, 0.25), (("L4", 0.7),), compute_share=0.25) == 0.7
+
+
+L4_SPEED = gpu_speeds()["L4-24GB"].speed

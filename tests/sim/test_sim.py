@@ -25,8 +25,6 @@ from sharing.slots import Inventory
 
 # ------------------------------------------------------------------------------------------------ helpers
 
-# Its service times are those of the slice it gets (slot speeds, issue 15: without the declaration an H100 MIG slice
-# would serve at its published share of the GPU's speed).
 SLICE = ModelSpec(
     name="a",
     slo_latency_ms=500,
@@ -35,7 +33,6 @@ SLICE = ModelSpec(
     service_time_ms=100,
     cold_start_s=60,
     concurrency=1,
-    slot_speeds=(("H100-80GB", 1.0),),
 )
 
 

@@ -39,9 +39,8 @@ from sharing.lending import LendingPolicy
 
 # One whole GPU per replica, one request at a time, 100 ms of service (exponential in a log without service times).
 WHOLE = ModelSpec(name="x", slo_latency_ms=500, service_time_ms=100, cold_start_s=60, concurrency=1)
-# ... on an H100 MIG slice, at the slice's own speed (declared: slot speeds, issue 15).
 SLICE = ModelSpec(name="x", slo_latency_ms=500, gpu_memory_gib=20, gpu_compute_share=0.25, service_time_ms=100,
-                  cold_start_s=60, concurrency=1, slot_speeds=(("H100-80GB", 1.0),))
+                  cold_start_s=60, concurrency=1)
 
 
 def run(trace, specs, policy, nodes_spec: str, **cfg) -> SimResult:  # type: ignore[no-untyped-def]

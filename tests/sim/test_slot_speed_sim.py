@@ -206,3 +206,18 @@ def test_the_peak_sized_baseline_sizes_for_the_slots_speed() -> None:
     assert speeds == {"m": L4}
     h100, l4 = peak_replicas(w, 10.0)["m"], peak_replicas(w, 10.0, speeds=speeds)["m"]
     assert l4 / h100 == pytest.approx(1.0 / L4, rel=0.2)
+
+
+def test_a_fractional_model_runs_as_declared_on_h100_slices_and_slower_on_an_l4_share() -> None:
+    spec = SPEC.with_(gpu_memory_gib=8.0, gpu_compute_share=0.25)
+    w = Workload.from_request_log(_light_log(), [spec])
+    lat = {}
+    for kind, slot in (("H100-80GB", "mig"), ("H100-80GB", "share"), ("L4", "share")):
+        nodes = nodes_from_spec(f"8x{kind}" + (":mig" if slot == "mig" else ""))
+        g = CAT.get(kind)
+        s = Slot.mig(nodes[0].name, 0, g, "2g", 0) if slot == "mig" else Slot.share(nodes[0].name, 0, g, 8.0, 0.25)
+        c = SimCluster(nodes, ["m"], {"m": spec}, drain_s=np.zeros(1))
+        c.preplace("m", [s])
+        lat[kind, slot] = _median_latency(_serve(DesEngine(w), c, 360))
+    assert lat["H100-80GB", "mig"] == lat["H100-80GB", "share"] == pytest.approx(0.01)  # its share of an H100, or more
+    assert lat["L4", "share"] == pytest.approx(0.01 / L4)  # a quarter of an L4: 0.0995 of a quarter of an H100
