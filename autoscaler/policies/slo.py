@@ -80,7 +80,7 @@ class SloPolicy:
         tick_s: float = 10.0,
         stable_window_s: float = 60.0,
         panic_window_s: float = 10.0,
-        scale_down_stabilization_s: float = 120.0,
+        scale_down_stabilization_s: float = 60.0,
         max_scale_down_fraction: float = 0.5,
         down_margin: float = 0.5,
         burstiness: bool = True,

@@ -67,7 +67,7 @@ from autoscaler.estimation.capacity import min_replicas_for_slo
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.fluid import FluidEngine
 from autoscaler.sim.queueing import QueueEngine, TickStats
-from autoscaler.sim.run import SimConfig, SimResult
+from autoscaler.sim.run import SimConfig, SimResult, scored_period
 from autoscaler.sim.workload import SimWorkload, served_as
 from sharing.slots import NodeSpec
 
@@ -98,21 +98,6 @@ class LowerBound:
     instant_start: bool
     wall_s: float
     engine_steps: int  # engine steps taken (forks included): what the bound cost
-
-
-def scored_period(workload: SimWorkload, config: SimConfig) -> tuple[float, int, int, int]:
-    """``(burn_in_s, first_scored_tick, n_ticks, n_minutes)`` exactly as :func:`autoscaler.sim.run.simulate`
-    computes them (mirrored; ``tests/sim/test_lower_bound.py`` checks they agree)."""
-    dt = config.tick_s
-    n_ticks = int(math.ceil(workload.duration_s / dt))
-    burn_in = config.burn_in_s
-    if burn_in is None:
-        good = served_as(workload.specs)
-        burn_in = config.warmup_s + max((s.cold_start_s for s in good.values()), default=0.0)
-    burn_in = min(math.ceil(burn_in / 60.0) * 60.0, max(0.0, (n_ticks * dt // 60.0 - 1) * 60.0))
-    first_scored = int(math.ceil(burn_in / dt - 1e-9))
-    n_min = int(math.ceil((n_ticks - first_scored) * dt / 60.0))
-    return burn_in, first_scored, n_ticks, n_min
 
 
 def warm_start_replicas(workload: SimWorkload, dt: float) -> np.ndarray:

@@ -119,11 +119,11 @@ class SimConfig:
     static_training_gpus: int = 0
     # The training backlog's jobs (None: the bundled Alibaba slice, loaded when lending or a static split needs it).
     training: tuple[TrainingJob, ...] | None = None
-    # Pods-mode lending placement options (issue 8; they apply only when whole nodes are lent): the packer ranks
-    # slots on nodes holding something first (``CostAwarePacker(prefer_open_nodes=True)``), and scale-down removes
-    # the replicas on the least occupied nodes first (``CoreConfig.consolidate_removals``); both default to on in
-    # pods mode (None), as measured in docs/benchmarks.md (azure-llm-2023 efficiency 0.380 -> 0.711). Device-level
-    # anti-affinity (replicas of a model may share a node) is opt-in only.
+    # Placement options (issue 8, on by default since issue 15): the packer ranks slots on nodes holding something
+    # first (``CostAwarePacker(prefer_open_nodes=True)``), and scale-down removes the replicas on the least occupied
+    # nodes first (``CoreConfig.consolidate_removals``), so that whole nodes go idle; None: on, False: off (measured
+    # in docs/benchmarks.md sections 7 and 10). Device-level anti-affinity (replicas of a model may share a node;
+    # pods-mode lending only) is opt-in only.
     lending_prefer_open_nodes: bool | None = None
     lending_consolidate_removals: bool | None = None
     lending_device_anti_affinity: bool | None = None  # anti-affinity across devices only (not nodes)
@@ -152,12 +152,13 @@ class SimResult:
     gpu_hours: float
     unplaced_replica_minutes: float
     scale_events: int
-    reasons: dict[str, int]
+    reasons: dict[str, int]  # the scale events by reason
     fragmentation: float
     latency_p95_s: np.ndarray
     gpus_total: int
     sim_wall_s: float
     invalid_models: dict[str, str] = field(default_factory=dict)
+    decisions: dict[str, int] = field(default_factory=dict)  # every decision of the scored period, by reason
     burn_in_s: float = 0.0  # the first seconds, not scored (see SimConfig.burn_in_s)
     # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/accounting/cost.py for the units):
     gpu_kinds: tuple[str, ...] = ()  # the cluster's GPU kinds (canonical names), the columns below
@@ -232,6 +233,22 @@ def _forecaster(
     return forecaster
 
 
+def scored_period(workload: SimWorkload, config: SimConfig) -> tuple[float, int, int, int]:
+    """``(burn_in_s, first_scored_tick, n_ticks, n_minutes)`` of a run: the burn-in (``SimConfig.burn_in_s``, by
+    default the metrics warm-up plus the longest cold start) in whole minutes and never the whole run. The lower
+    bound (:mod:`autoscaler.sim.lower_bound`) scores the same period."""
+    dt = config.tick_s
+    n_ticks = int(math.ceil(workload.duration_s / dt))
+    burn_in = config.burn_in_s
+    if burn_in is None:
+        good = served_as(workload.specs)
+        burn_in = config.warmup_s + max((s.cold_start_s for s in good.values()), default=0.0)
+    burn_in = min(math.ceil(burn_in / 60.0) * 60.0, max(0.0, (n_ticks * dt // 60.0 - 1) * 60.0))
+    first_scored = int(math.ceil(burn_in / dt - 1e-9))
+    n_min = int(math.ceil((n_ticks - first_scored) * dt / 60.0))
+    return burn_in, first_scored, n_ticks, n_min
+
+
 def sim_core(policy: Policy, cfg: SimConfig) -> CoreConfig:
     """The decision core's configuration for a simulated run: the controller's (:func:`build_core`) from the
     simulator's flags. Lending not enabled is no lending at all (None): nothing was lent before the run. Two
@@ -258,14 +275,7 @@ def simulate(
     specs = workload.specs
     good = served_as(specs)
     dt = cfg.tick_s
-    n_ticks = int(math.ceil(workload.duration_s / dt))
-    burn_in = cfg.burn_in_s
-    if burn_in is None:
-        burn_in = cfg.warmup_s + max((s.cold_start_s for s in good.values()), default=0.0)
-    # whole minutes, and never the whole run
-    burn_in = min(math.ceil(burn_in / 60.0) * 60.0, max(0.0, (n_ticks * dt // 60.0 - 1) * 60.0))
-    first_scored = int(math.ceil(burn_in / dt - 1e-9))
-    n_min = int(math.ceil((n_ticks - first_scored) * dt / 60.0))
+    burn_in, first_scored, n_ticks, n_min = scored_period(workload, cfg)
 
     profiles = workload.profiles
     drain = np.array([min(cfg.drain_timeout_s, float(profiles[x].occupancy_s.max())) for x in models])
@@ -312,6 +322,7 @@ def simulate(
     lent_s = np.zeros(len(cluster.gpu_kinds))
     idle_reserved_s = 0.0
     unplaced_s = 0.0
+    decisions: dict[str, int] = {}
     frag_sum, frag_n = 0.0, 0
     next_frag = 0.0
     report_every = max(1, n_ticks // 200)
@@ -343,6 +354,8 @@ def simulate(
         metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt)
         if k < first_scored:
             continue
+        for why in plan.decisions.values():  # every decision, also those that leave the count as it is
+            decisions[why] = decisions.get(why, 0) + 1
 
         j = min(int((now - burn_in) // 60.0), n_min - 1)
         arrivals[:, j] += stats.arrivals
@@ -390,6 +403,7 @@ def simulate(
         unplaced_replica_minutes=unplaced_s / 60.0,
         scale_events=cluster.scale_events,
         reasons=dict(cluster.reasons),
+        decisions={str(k): v for k, v in decisions.items()},
         fragmentation=frag_sum / max(frag_n, 1),
         latency_p95_s=engine.latency_quantile(0.95),
         gpus_total=cluster.inventory.gpus_total,

@@ -314,7 +314,10 @@ def scorecard(
         "reclaim_max_late_s": lend["reclaim_max_late_s"],
         "lending": lend["lending"],
         "scale_events": int(result.scale_events),
-        "decisions_by_reason": {k: int(v) for k, v in result.reasons.items()},
+        # every decision of the scored period by its reason (those that leave the count unchanged too: stable,
+        # stabilizing, metrics_stale, slo_unattainable, ...); the scale events alone by theirs
+        "decisions_by_reason": {k: int(v) for k, v in result.decisions.items()},
+        "scale_events_by_reason": {k: int(v) for k, v in result.reasons.items()},
         "unplaced_replica_minutes": result.unplaced_replica_minutes,
         "gpu_hours_busy": overall["gpu_hours_busy"],
         "utilization_busy": overall["utilization_busy"],

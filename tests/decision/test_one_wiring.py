@@ -147,8 +147,8 @@ def test_the_controller_and_the_simulator_configure_the_core_alike(lending: str)
     # The lend stage looks ahead by the reclaim deadline plus a cold start: the forecaster forecasts that far.
     horizon = ctl.core.forecaster_factory().horizon * 60.0
     assert horizon == (300.0 if lending == "off" else LENDING[lending].max_reclaim_s + 600.0)
-    # Pods mode lends whole nodes: pack onto nodes in use, empty the least used first.
-    assert sim.packer.prefer_open_nodes is sim.consolidate_removals is (lending == "pods")  # type: ignore[attr-defined]
+    # Every mode packs onto nodes in use and empties the least used first (the default since issue 15).
+    assert sim.packer.prefer_open_nodes is sim.consolidate_removals is True  # type: ignore[attr-defined]
     # The simulator's own two: no metric lag, a status only when a decision changes.
     assert (ctl.core.metric_lag_s, ctl.core.report_every_decision) == (15.0, True)
     assert (sim.metric_lag_s, sim.report_every_decision) == (0.0, False)

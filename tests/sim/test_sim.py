@@ -419,3 +419,17 @@ def test_burn_in_minutes_are_not_scored() -> None:
     assert default.minute_arrivals.shape[1] == full.minute_arrivals.shape[1] - skipped
     np.testing.assert_allclose(default.minute_arrivals, full.minute_arrivals[:, skipped:])
     assert default.gpu_hours < full.gpu_hours
+
+
+def test_decisions_by_reason_counts_every_decision_also_those_that_change_nothing() -> None:
+    # A static fleet scales once (to its fixed count), yet every model decides once a minute (its tick), and says why.
+    specs = {"a": SLICE.with_(name="a"), "b": SLICE.with_(name="b")}
+    r = run(poisson_log({"a": 3.0, "b": 1.0}, 600.0), specs, make_policy("static", replicas=2))
+    card = scorecard(r)
+    assert card["scale_events"] <= 2
+    # 2 models x 10 one-minute ticks; the first holds (no metrics history yet)
+    assert card["decisions_by_reason"] == {"metrics_stale": 2, "static": 2 * 9}
+    r = run(poisson_log({"a": 3.0, "b": 1.0}, 600.0), specs, make_policy("slotwise"))
+    card = scorecard(r)
+    assert sum(card["decisions_by_reason"].values()) == 2 * 60  # every 10 s tick of both models
+    assert sum(card["scale_events_by_reason"].values()) == card["scale_events"]
