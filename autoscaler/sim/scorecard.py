@@ -43,9 +43,10 @@ held, every node counted.)
 
 **Counts are integers**: requests, violating_requests, unattainable_requests, late_requests (per model, per team and
 in total), scale_events, preemptions, reclaims, reclaims_late, training jobs. The fluid engine's arrivals are
-expected (fractional) counts: the scorecard rounds them once per model -- the four parts of a model's requests
-(minutes met or missed x attainable or not) by cumulative rounding, so the parts are whole, add up to the model's
-rounded requests and each is within 1 of its unrounded value; the within-latency and within-timeout counts round
+expected (fractional) counts: the scorecard rounds them once per model -- the requests in minutes met and missed by
+cumulative rounding (whole, adding up to the model's rounded requests, each within 1 of its unrounded value), then
+each of the two split by attainability (so the violating count is the same with or without the lower bound's mask,
+and the team view agrees with the card to the request); the within-latency and within-timeout counts round
 the same way; totals are the per-model sums and every ratio is computed from these integers. The discrete-event
 engine's counts are whole already. **Float noise**: a float within 1e-9 of 0 is stored (and printed) as 0.
 
@@ -229,9 +230,16 @@ def model_counts(result: SimResult, attainable: np.ndarray | None = None) -> Cou
     met = has & (share >= result.slo_percentile[:, None] / 100.0 - EPS)
     missed = has & ~met
     # Minutes without requests hold (almost) no arrivals: they join "met", so the parts cover every request.
-    parts = np.stack([(arrivals * m).sum(axis=1) for m in (~missed & att, missed & att, ~missed & ~att,
-                                                          missed & ~att)], axis=1)
-    p = _whole(parts)
+    # Met and missed are rounded first, and then split by attainability, so that the violating count does not
+    # depend on the mask (the team view, without one, says the same number).
+    two = _whole(np.stack([(arrivals * ~missed).sum(axis=1), (arrivals * missed).sum(axis=1)], axis=1))
+    p = np.zeros((arrivals.shape[0], 4), dtype=np.int64)
+    for k, part in enumerate((~missed, missed)):
+        whole = (arrivals * part).sum(axis=1)
+        in_reach = (arrivals * (part & att)).sum(axis=1)
+        share = np.divide(in_reach, whole, out=np.ones_like(whole), where=whole > 0)
+        p[:, k] = np.minimum(np.rint(two[:, k] * share).astype(np.int64), two[:, k])  # attainable
+        p[:, k + 2] = two[:, k] - p[:, k]  # not attainable
     requests = p.sum(axis=1)
     success = result.minute_success if result.minute_success is not None else np.zeros_like(arrivals)
     # within and successful are parts of the requests: rounded, and never more than the rounded requests
@@ -271,7 +279,7 @@ def scorecard(
     counts = model_counts(result, attainable)
     cost = cost_card(result)
     lend = lending_card(result)
-    overall = team_card(result)["all"]
+    overall = team_card(result, attainable=attainable)["all"]
     busy_h = _per_model(result.minute_busy_gpu_s, len(result.models)) / 3600.0
     latency = latency_at_slo_percentile(result)
     per_model = {}
@@ -529,7 +537,9 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, Any]:
+def team_card(
+    result: SimResult, quotas: Sequence[TeamQuota] = (), attainable: np.ndarray | None = None
+) -> dict[str, Any]:
     """Per team and overall (module docstring): ``{"teams": [row, ...], "all": row}``.
 
     Teams: those of ``quotas`` (in their order, with or without models), then the models' teams (from their specs)
@@ -537,14 +547,15 @@ def team_card(result: SimResult, quotas: Sequence[TeamQuota] = ()) -> dict[str, 
     None = no limit). Ratios are None for a team with nothing to divide (no requests, no GPU-hours). The "all" row
     sums the teams' (``borrowing_limit_gpus`` None when any team has no limit; ``models`` every model; ``cost_usd``
     serving + idle, the teams' sum being ``serving_cost_usd``) and adds the run-wide numbers (``ALL_KEYS``). Every key
-    of ``TEAM_KEYS`` is in every row. Counts are the scorecard's whole numbers (:func:`model_counts`).
+    of ``TEAM_KEYS`` is in every row. Counts are the scorecard's whole numbers (:func:`model_counts`, with the same
+    ``attainable`` mask as the scorecard's, so that they round the same parts and agree to the request).
     """
     models = result.models
     m = len(models)
     model_team = list(result.teams) if result.teams else ["default"] * m
     quota = {q.name: q for q in quotas}
     names = list(dict.fromkeys([*(q.name for q in quotas), *model_team]))
-    counts = model_counts(result)
+    counts = model_counts(result, attainable)
     busy_h = _per_model(result.minute_busy_gpu_s, m) / 3600.0
     cost = cost_card(result)
     team_of = dict(zip(models, model_team, strict=True))
