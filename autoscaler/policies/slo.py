@@ -65,7 +65,8 @@ class SloPolicy:
     the N-1 check at 1 - (1 - q) / 2), ``burstiness`` (a floor for bursts: a batch of the arrivals' measured
     dispersion served in time, :func:`autoscaler.estimation.capacity.batch_replicas`), ``deflate_poisson``
     (size for the quantile of the arrival intensity: the forecast's spread less a minute count's Poisson noise,
-    :func:`intensity_quantile`),
+    :func:`intensity_quantile`), ``burst_memory_s`` (half-life of the measured dispersion: a quiet window lowers it
+    slowly),
     ``drain_s`` (clear a built-up queue within this long; None = the model's SLO latency).
     """
 
@@ -86,6 +87,7 @@ class SloPolicy:
         burstiness: bool = True,
         drain_s: float | None = None,
         deflate_poisson: bool = True,
+        burst_memory_s: float = 3600.0,
     ) -> None:
         for knob, value in (("tick_s", tick_s), ("stable_window_s", stable_window_s),
                             ("panic_window_s", panic_window_s), ("drain_s", 1.0 if drain_s is None else drain_s)):
@@ -97,6 +99,8 @@ class SloPolicy:
             raise ValueError("max_scale_down_fraction must be in (0, 1]")
         if not 0 < down_margin <= 1:
             raise ValueError("down_margin must be in (0, 1]")
+        if not burst_memory_s > 0:
+            raise ValueError(f"burst_memory_s must be > 0, got {burst_memory_s}")
         self.tick_s = tick_s
         self.stable_window_s = stable_window_s
         self.panic_window_s = panic_window_s
@@ -106,6 +110,7 @@ class SloPolicy:
         self.burstiness = burstiness
         self.drain_s = drain_s
         self.deflate_poisson = deflate_poisson
+        self.burst_memory_s = burst_memory_s
         self.behavior = ScalingBehavior(stabilization_s=scale_down_stabilization_s, warm_up=True,
                                         step_fraction=max_scale_down_fraction, n_minus_1=True)
 
@@ -133,7 +138,11 @@ class SloPolicy:
         profile = ctx.capacity
         dispersion, dispersion_at = state.dispersion, state.dispersion_at
         if self.burstiness and now - dispersion_at >= self.stable_window_s:
-            dispersion, dispersion_at = arrival_dispersion(ctx.metrics.rate, step), now
+            # Bursts are the traffic's habit, not the last window's: a quiet window lowers the batch the model is
+            # sized for only slowly (half-life ``burst_memory_s``), or the next burst finds the replicas shed.
+            fade = 0.5 ** ((now - dispersion_at) / self.burst_memory_s) if math.isfinite(dispersion_at) else 0.0
+            measured = arrival_dispersion(ctx.metrics.rate, step)
+            dispersion, dispersion_at = max(measured, 1.0 + (dispersion - 1.0) * fade), now
         forecast = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
         if self.deflate_poisson and math.isfinite(forecast):
             forecast = intensity_quantile(ctx.forecast, q, FORECAST_STEP_S)

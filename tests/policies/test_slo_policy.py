@@ -1071,3 +1071,18 @@ def test_intensity_quantile_lies_between_the_median_and_the_raw_quantile(
     z = NormalDist().inv_cdf(q)
     if spread <= z * math.sqrt(median / FORECAST_STEP_S):
         assert value == pytest.approx(median)
+
+
+def test_a_quiet_window_lowers_the_burst_the_model_is_sized_for_only_slowly() -> None:
+    on_off = list(np.tile([100.0] * 5 + [0.0] * 5, 12))
+    scv = arrival_dispersion(np.asarray(on_off), 1.0)
+    p = SloPolicy(burst_memory_s=3600.0)
+    first = run(p, context(p, metrics(on_off), current=5, now=1000.0))
+    assert first.arrival_scv == scv
+    # an hour later, after a smooth window: half of the excess over Poisson is remembered
+    later = run(p, context(p, metrics(50.0), current=5, now=4600.0, state=first.state))
+    assert later.arrival_scv == pytest.approx(1.0 + (scv - 1.0) / 2.0)
+    # no memory: the smooth window is all there is
+    forget = SloPolicy(burst_memory_s=1e-9)
+    first = run(forget, context(forget, metrics(on_off), current=5, now=1000.0))
+    assert run(forget, context(forget, metrics(50.0), current=5, now=1060.0, state=first.state)).arrival_scv == 1.0
