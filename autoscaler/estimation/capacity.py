@@ -68,9 +68,38 @@ class ServiceProfile:
         return self.slo_s - self.latency_part_s
 
     @cached_property
+    def budget_pos_s(self) -> np.ndarray:
+        """:attr:`budget_s` floored at 0 (the wait a point allows)."""
+        return np.maximum(self.budget_s, 0.0)
+
+    @cached_property
+    def budget_ok(self) -> np.ndarray:
+        """The points whose latency part alone fits the SLO."""
+        return self.budget_s >= 0.0
+
+    @cached_property
     def attainable(self) -> float:
         """Share of the sample points whose latency part alone fits the SLO (see :func:`attainable_share`)."""
         return float(np.mean(self.budget_s >= 0.0))
+
+    # What sizing reads of the profile every tick, computed once per profile (a profile is immutable, and the
+    # learner hands out the same object while its factor is steady): numpy on 32 points costs more than the rest.
+    @cached_property
+    def median_budget_s(self) -> float:
+        """The median of :attr:`budget_s`, never below 0 (:func:`batch_replicas`)."""
+        return max(float(np.median(self.budget_s)), 0.0)
+
+    @cached_property
+    def knee(self) -> float | None:
+        """:func:`knee_target` of this profile."""
+        ceiling = self.attainable
+        target = self.percentile / 100.0
+        return None if ceiling >= target else ceiling * target
+
+    @cached_property
+    def latency_part_at_percentile_s(self) -> float:
+        """:func:`latency_part_at_percentile` of this profile."""
+        return float(np.quantile(self.latency_part_s, self.percentile / 100.0))
 
     def with_arrival_scv(self, arrival_scv: float) -> ServiceProfile:
         """This profile under arrivals of variability ``arrival_scv``; the variants are kept, so that
@@ -257,10 +286,36 @@ def attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
         return 0.0
     # Allen-Cunneen's (ca^2 + cs^2) / 2: burstier arrivals stretch the wait like a more variable service.
     scv = profile.scv + profile.arrival_scv - 1.0
-    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, scv)
+    p_wait, decay = _wait_params_scalar(rate / replicas, profile.concurrency, profile.mean_s, scv)
     if decay <= 0:
         return 0.0  # unstable: the queue grows without bound
-    return float(np.mean(within_prob(profile.budget_s, p_wait, decay)))
+    # within_prob(profile.budget_s, p_wait, decay), with the budget's clipping done once per profile
+    tail = p_wait * np.exp(-decay * profile.budget_pos_s)
+    return float(np.mean(np.where(profile.budget_ok, 1.0 - tail, 0.0)))
+
+
+def _wait_params_scalar(rate_per_replica: float, concurrency: int, mean_s: float, scv: float) -> tuple[float, float]:
+    """:func:`wait_params` for one replica count: the same operations, the same ufuncs (bit-identical answers),
+    without the array machinery (sizing evaluates it in a search for every model whose load moved)."""
+    c = float(concurrency)
+    a = rate_per_replica * mean_s
+    rho = a / c
+    if not rho < _RHO_UNSTABLE:
+        return 1.0, 0.0  # (erlang_c is 1 there, and the decay 0: unstable)
+    if a > 0:
+        # erlang_b
+        a_pos = max(a, 1e-300)
+        log_pmf = c * np.log(a_pos) - a_pos - special.gammaln(c + 1.0)
+        cdf = special.pdtr(c, a_pos)
+        b = np.exp(log_pmf) / cdf if cdf > 0 else 1.0
+        b = min(max(b, 0.0), 1.0)
+    else:
+        b = 0.0
+    # erlang_c
+    pc = b / (1.0 - rho * (1.0 - b))
+    p_wait = min(max(pc, 0.0), 1.0)
+    ac = 0.5 * (1.0 + scv)
+    return p_wait, c * (1.0 - rho) / (mean_s * ac)
 
 
 def predicted_latency_s(rate: float, replicas: int, profile: ServiceProfile, rel_tol: float = 1e-3) -> float:
@@ -317,14 +372,12 @@ def knee_target(profile: ServiceProfile) -> float | None:
     """The attainment to size for when the SLO's percentile is out of reach of any replica count (None: it is
     within reach). The share the service time allows, times the percentile: the SLO asked of the requests
     that can meet it -- the knee, where more replicas stop helping (the rest are late however many serve)."""
-    ceiling = attainable_share(profile)
-    target = profile.percentile / 100.0
-    return None if ceiling >= target else ceiling * target
+    return profile.knee
 
 
 def latency_part_at_percentile(profile: ServiceProfile) -> float:
     """The latency part alone (prefill for a TTFT SLO) at the SLO's percentile: what no replica count lowers."""
-    return float(np.quantile(profile.latency_part_s, profile.percentile / 100.0))
+    return profile.latency_part_at_percentile_s
 
 
 def batch_replicas(rate: float, batch: float, profile: ServiceProfile) -> int:
@@ -341,7 +394,7 @@ def batch_replicas(rate: float, batch: float, profile: ServiceProfile) -> int:
     """
     if not batch > 1.0:
         return 0
-    budget = max(float(np.median(profile.budget_s)), 0.0)
+    budget = profile.median_budget_s
     per_replica = profile.concurrency * (1.0 + budget / profile.mean_s)
     need = (profile.percentile / 100.0) * batch + max(rate, 0.0) * profile.mean_s * (1.0 + budget / profile.mean_s)
     return max(1, math.ceil(need / per_replica - 1e-9))

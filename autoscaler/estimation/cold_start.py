@@ -119,17 +119,23 @@ class ReadyTracker:
     A replica that went Ready and then draining between two calls still counts: it did reach Ready.
     """
 
-    __slots__ = ("_known",)
+    __slots__ = ("_known", "_last")
 
     def __init__(self) -> None:
         # replica_id -> (started_at, settled); settled = counted, or Ready when first seen.
         self._known: dict[str, tuple[float, bool]] = {}
+        # The observation of the last call: the simulated cluster hands out the same (immutable) object while the
+        # model's replicas do not change, and seeing it again changes nothing (no replica can turn Ready in it).
+        self._last: ModelObservation | None = None
 
     def __len__(self) -> int:
         return len(self._known)
 
     def update(self, observation: ModelObservation, now: float) -> list[float]:
         """Cold-start durations (s) of the replicas that became Ready since the last call."""
+        if observation is self._last:
+            return []
+        self._last = observation
         known = self._known
         fresh: dict[str, tuple[float, bool]] = {}
         out: list[float] = []

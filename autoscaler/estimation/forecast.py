@@ -34,6 +34,9 @@ class _Shard:
     batch: SlotwiseBatch | None = None
     built: list[str] = field(default_factory=list)  # the models the batch was built for, in row order
     quantiles: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))  # (M, L, H) at the last step
+    # (M, H, L): per model and horizon step, the running maximum of ``quantiles`` over the steps up to it --
+    # what every model asks every tick, computed once per step (read-only: answers are views of it)
+    peaks: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     step: int | None = None  # index of the last step folded in
     boundary_s: float = 0.0  # when that step ended (the origin of ``quantiles``)
 
@@ -166,7 +169,7 @@ class FleetForecaster:
         if length and np.isfinite(hist).any():
             batch.warm_start(hist)
         shard.batch, shard.built = batch, list(shard.names)
-        shard.quantiles = batch.predict_quantiles(self.horizon, self.levels)
+        _set_quantiles(shard, batch.predict_quantiles(self.horizon, self.levels))
         shard.step = self._clock  # the history ends now: the next step folded in is the next one
         shard.boundary_s = (self._clock or 0) * self.step_s
 
@@ -210,7 +213,7 @@ class FleetForecaster:
                 rate = m.rate[: m.rate.size - offset] if offset else m.rate
                 y[i] = aggregate(rate, per, d)
             shard.batch.update(y)
-            shard.quantiles = shard.batch.predict_quantiles(self.horizon, self.levels)
+            _set_quantiles(shard, shard.batch.predict_quantiles(self.horizon, self.levels))
             shard.step, shard.boundary_s = k, k * self.step_s
         return True
 
@@ -227,11 +230,18 @@ class FleetForecaster:
             return None
         h = math.ceil((now - shard.boundary_s + max(lead_s, 0.0)) / self.step_s - 1e-9)
         h = min(max(h, 1), q.shape[2])
-        return q[row, :, :h].max(axis=1)
+        return shard.peaks[row, h - 1]
 
     @property
     def models(self) -> list[str]:
         return [n for sh in self._shards for n in sh.names]
+
+
+def _set_quantiles(shard: _Shard, quantiles: np.ndarray) -> None:
+    shard.quantiles = quantiles
+    peaks = np.ascontiguousarray(np.maximum.accumulate(quantiles, axis=2).transpose(0, 2, 1))
+    peaks.flags.writeable = False
+    shard.peaks = peaks
 
 
 def _groups(rate: np.ndarray, per: int, d: int) -> tuple[np.ndarray, np.ndarray]:

@@ -202,6 +202,10 @@ class CapacityLearner:
         self._ref = _EwLogMean(self._prior_weight)
         self._kinds: dict[str, _EwLogMean] = {}
         self._profiles: dict[str | None, tuple[int, ServiceProfile]] = {}
+        # profile() is read several times per model and tick and its inputs move only when the learner does:
+        # the last answer per kind, valid while ``_version`` (bumped by every change of the factors) stays.
+        self._version = 0
+        self._answers: dict[str | None, tuple[int, ServiceProfile]] = {}
         self._n = 0
 
         m = prior.mean_s
@@ -220,6 +224,7 @@ class CapacityLearner:
             raise ValueError(f"speed of {kind!r} must be finite and > 0, got {speed!r}")
         self._speed_log[kind] = math.log(speed)
         self._profiles.pop(kind, None)  # a cached profile of the kind was for the old speed
+        self._version += 1
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -248,13 +253,18 @@ class CapacityLearner:
         The factor is rounded to ``resolution`` (1%) steps and the profile cached per kind, so while the
         factor is steady the same object comes back and sizing keeps its memo.
         """
+        answer = self._answers.get(kind)
+        if answer is not None and answer[0] == self._version:
+            return answer[1]
         lg = self._ref.value(0.0) if kind is None else self._kind_log(kind)
         key = round(lg / self._step)
         hit = self._profiles.get(kind)
         if hit is not None and hit[0] == key:
-            return hit[1]
-        prof = self.prior if key == 0 else self.prior.scaled(math.exp(key * self._step))
-        self._profiles[kind] = (key, prof)
+            prof = hit[1]
+        else:
+            prof = self.prior if key == 0 else self.prior.scaled(math.exp(key * self._step))
+            self._profiles[kind] = (key, prof)
+        self._answers[kind] = (self._version, prof)
         return prof
 
     # -- learning -----------------------------------------------------------------------------
@@ -336,6 +346,7 @@ class CapacityLearner:
         if saturated and v <= (self._ref.value(0.0) if kind is None else self._kind_log(kind)):
             return None
         g = self._gamma
+        self._version += 1
         if kind is None:
             self._ref.add(v, g)
         else:

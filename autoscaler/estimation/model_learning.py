@@ -97,6 +97,9 @@ class ModelLearning:
     slot_speeds: tuple[tuple[str, float], ...] = ()  # the spec's declared speeds, unresolved
     kind: str | None = None  # the slot kind most active replicas run on (this tick)
     kinds_seen: set[str] = field(default_factory=set)
+    # The last observation scanned and what it held (replicas per kind, the kind all ready ones run on or None):
+    # the simulated cluster hands out the same immutable object while the model's replicas do not change.
+    _scanned: tuple[ModelObservation, dict[str, int], str | None] | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, spec: ModelSpec, prior: ServiceProfile, tick_s: float) -> ModelLearning:
@@ -126,7 +129,12 @@ class ModelLearning:
 
     def _scan_kinds(self, obs: ModelObservation) -> str | None:
         """Set :attr:`kind`; return the kind all ready replicas run on (None: mixed, or none ready)."""
-        counts: dict[str, int] = {}
+        scanned = self._scanned
+        if scanned is not None and scanned[0] is obs:
+            counts, ready = scanned[1], scanned[2]
+            self._pick_kind(counts)
+            return ready
+        counts = {}
         ready_kind: str | None = None
         mixed = False
         for r in obs.replicas:
@@ -142,12 +150,17 @@ class ModelLearning:
         for k in counts:
             if k not in self.kinds_seen:
                 self._first_sight(k)
+        ready = None if mixed else ready_kind
+        self._scanned = (obs, counts, ready)
+        self._pick_kind(counts)
+        return ready
+
+    def _pick_kind(self, counts: dict[str, int]) -> None:
         if len(counts) <= 1:
             self.kind = next(iter(counts), None)
         else:
             scale_for = self.capacity.scale_for
             self.kind = max(counts, key=lambda k: (counts[k], scale_for(k)))
-        return None if mixed else ready_kind
 
     def observe(self, obs: ModelObservation, m: ModelMetrics, now: float, tick_s: float, step_s: float) -> None:
         for duration in self.ready.update(obs, now):
@@ -157,8 +170,8 @@ class ModelLearning:
             return
         # The samples since the previous decision (a policy tick may span several metric steps).
         n = max(1, min(m.rate.size, round(tick_s / step_s)))
-        rate = window_mean(m.rate, step_s, n * step_s)
-        in_flight = window_mean(m.in_flight, step_s, n * step_s)
+        rate = _tail_mean(m.rate, step_s, n)
+        in_flight = _tail_mean(m.in_flight, step_s, n)
         if rate is not None and in_flight is not None and not _draining(m.in_flight, n, rate,
                                                                       self.capacity.profile(self.kind).mean_s):
             self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s, kind=ready_kind)
@@ -167,6 +180,14 @@ class ModelLearning:
             within = sum(v for v in last if math.isfinite(v)) * step_s
             self.quantile.update(rate * n * step_s, min(within, rate * n * step_s),
                                  knee_target(self.capacity.profile(self.kind)))
+
+
+def _tail_mean(samples: np.ndarray, step_s: float, n: int) -> float | None:
+    """``window_mean`` of the last ``n`` samples; one sample (a decision every metric step) without the slicing."""
+    if n == 1 and samples.size:
+        v = float(samples[-1])
+        return v if math.isfinite(v) else None
+    return window_mean(samples, step_s, n * step_s)
 
 
 def _draining(in_flight: np.ndarray, n: int, rate: float, mean_s: float) -> bool:
