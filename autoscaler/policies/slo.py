@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -133,7 +134,7 @@ class SloPolicy:
         q_down = 1.0 - (1.0 - q) * self.down_margin
         step = ctx.metrics_step_s
         stable = window_mean(ctx.metrics.rate, step, self.stable_window_s) or 0.0
-        short = window_mean(ctx.metrics.rate, step, self.panic_window_s) or 0.0
+        short = _window_mean(ctx.metrics.rate, step, self.panic_window_s) or 0.0
 
         profile = ctx.capacity
         dispersion, dispersion_at = state.dispersion, state.dispersion_at
@@ -145,7 +146,7 @@ class SloPolicy:
             dispersion, dispersion_at = max(measured, 1.0 + (dispersion - 1.0) * fade), now
         forecast = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
         if self.deflate_poisson and math.isfinite(forecast):
-            forecast = intensity_quantile(ctx.forecast, q, FORECAST_STEP_S)
+            forecast = intensity_quantile(ctx.forecast, q, FORECAST_STEP_S, value=forecast)
         if math.isfinite(forecast):
             load = max(forecast, stable)
             reason = Reason.SLO_BURN if q > first_q + 1e-6 and ctx.burn > 1.0 else Reason.FORECAST
@@ -189,7 +190,8 @@ class SloPolicy:
                       f"{capacity_model.latency_part_at_percentile(profile):.2f} s vs SLO {spec.slo_latency_s:g} s: "
                       f"at most {profile.attainable:.1%} of requests can be in time however many replicas serve; "
                       f"sized at the knee ({raw}, for {knee:.1%} within the SLO); {detail}")
-        new_state = SloState(dispersion=dispersion, dispersion_at=dispersion_at)
+        new_state = state if (dispersion == state.dispersion and dispersion_at == state.dispersion_at) \
+            else SloState(dispersion=dispersion, dispersion_at=dispersion_at)  # (immutable: kept while unchanged)
         n_minus_1 = None
         if raw < current:
             # N-1 check: the smaller count must still meet the SLO at a stricter quantile than scale-up's.
@@ -203,20 +205,35 @@ class SloPolicy:
 FORECAST_STEP_S = 60.0  # the fleet forecaster's step: its quantiles are of per-minute mean rates
 
 
-def intensity_quantile(forecast: Forecast, q: float, step_s: float) -> float:
+def intensity_quantile(forecast: Forecast, q: float, step_s: float, value: float | None = None) -> float:
     """The ``q`` quantile of the arrival *intensity* the forecast implies: its spread above the median less the
     Poisson noise of a count over ``step_s`` (variance ``rate / step_s``), which the queueing model charges
     again when it sizes for Poisson arrivals at that rate. The two are normal-approximated: at the level
     ``q`` (z standard deviations) the spread ``s`` keeps ``sqrt(s^2 - (z sd_poisson)^2)``. Never below the
-    median: where the spread is no wider than the Poisson part it is all noise, and the median is the intensity."""
-    value = forecast.at(q)
+    median: where the spread is no wider than the Poisson part it is all noise, and the median is the intensity.
+    ``value``: ``forecast.at(q)`` when the caller has it already."""
+    if value is None:
+        value = forecast.at(q)
     median = forecast.at(0.5)
     spread = value - median
     if not (spread > 0 and median > 0 and q > 0.5):
         return value
-    z = NormalDist().inv_cdf(min(q, 1.0 - 1e-9))
-    noise = z * math.sqrt(median / step_s)
+    noise = _z(q) * math.sqrt(median / step_s)
     return median + math.sqrt(max(spread * spread - noise * noise, 0.0))
+
+
+@lru_cache(maxsize=1024)
+def _z(q: float) -> float:
+    """The standard normal quantile at ``q`` (asked for every model and tick; ``q`` moves once a minute)."""
+    return NormalDist().inv_cdf(min(q, 1.0 - 1e-9))
+
+
+def _window_mean(samples: np.ndarray, step_s: float, window_s: float) -> float | None:
+    """:func:`window_mean`; a window of one sample (the panic window on 10 s samples) without the slicing."""
+    if samples.size and step_s > 0 and math.floor(window_s / step_s + 0.5) <= 1:
+        v = float(samples[-1])
+        return v if math.isfinite(v) else None
+    return window_mean(samples, step_s, window_s)
 
 
 def arrival_dispersion(rate: np.ndarray, step_s: float, cap: float = 64.0) -> float:
