@@ -42,7 +42,7 @@ _EPS = 1e-9
 Window = tuple[tuple[float, int], ...]
 
 
-@dataclass(frozen=True)
+@dataclass  # (never mutated; not frozen: one per model and tick, and a frozen __init__ costs 4x)
 class ScaleDownState:
     """What a model's behaviour remembers between decisions."""
 
@@ -54,7 +54,7 @@ class ScaleDownState:
     events: Window = ()  # (time, replica change) of the scales made, for the rate limits (only with limits)
 
 
-@dataclass(frozen=True)
+@dataclass  # (never mutated; not frozen: one per model and tick, and a frozen __init__ costs 4x)
 class Scaled:
     """A policy's decision after its behaviour and the rails: the count, why, and the states to keep."""
 

@@ -26,7 +26,7 @@ from sharing.lending import LendingPlan
 from sharing.slots import SlotRequest
 
 
-@dataclass(frozen=True)
+@dataclass  # (never mutated; not frozen: one per model and tick, and a frozen __init__ costs 4x)
 class SizedLoad:
     """What a model was last sized on, for arbitration: its load at the forecast's sizing quantile (its *tail*)
     and at the median (what it *expects*), each at least the load observed over the last minute. Computed only

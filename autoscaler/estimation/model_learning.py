@@ -176,8 +176,12 @@ class ModelLearning:
                                                                       self.capacity.profile(self.kind).mean_s):
             self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s, kind=ready_kind)
         if m.within_rate is not None and rate is not None:
-            last = m.within_rate[-n:].tolist()
-            within = sum(v for v in last if math.isfinite(v)) * step_s
+            if n == 1 and m.within_rate.size:
+                v = float(m.within_rate[-1])
+                within = (0.0 + v if math.isfinite(v) else 0.0) * step_s  # (the sum below, of one sample)
+            else:
+                last = m.within_rate[-n:].tolist()
+                within = sum(v for v in last if math.isfinite(v)) * step_s
             self.quantile.update(rate * n * step_s, min(within, rate * n * step_s),
                                  knee_target(self.capacity.profile(self.kind)))
 
