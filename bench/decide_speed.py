@@ -36,11 +36,16 @@ load (default 6), as the simulator warm-starts it from a trace's past: a control
 been forecasting for hours, and a cold forecaster's wide early quantiles would turn the first forecast
 step into a mass scale-up that no running controller sees.
 
+``--lending pods|kueue`` turns the lend stage on (``LendingPolicy`` defaults in that mode, the forecaster's horizon as
+``build_core`` sets it for lending): every tick then also works out what the models need over the reclaim horizon
+and lends the idle GPUs beyond the buffers (issue 15's target is for the worst tick with lending on).
+
 Only ``decide()`` is timed (CPU: ``time.process_time``; and wall). The first tick is reported apart: it
 builds every model's controller state and folds the history into the forecaster. Building the snapshot
 and metrics window and applying the plan (the ports' work) are timed apart and printed for reference.
 
     .venv/bin/python bench/decide_speed.py [--models 1000] [--gpus 2000] [--ticks 60] [--policy slotwise]
+        [--lending pods|kueue]
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.api.plan import PlaceReplica, RemoveReplica, ScaleModel, Shortfall
+from autoscaler.api.plan import LendGpus, PlaceReplica, ReclaimGpus, RemoveReplica, ScaleModel, Shortfall
 from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
 from autoscaler.api.spec import ModelSpec, parse_mapping, slot_request
 from autoscaler.decision.config import CoreConfig
@@ -70,6 +75,7 @@ from autoscaler.policies import POLICIES, make_policy
 from autoscaler.sim.cluster import SimCluster
 from autoscaler.sim.defaults import CLIENT_DEFAULTS, FUNCTION_DEFAULTS, LLM_DEFAULTS
 from sharing.cluster import nodes_from_spec
+from sharing.lending import LendingPolicy
 from sharing.packer import CostAwarePacker
 from sharing.slots import NodeSpec
 
@@ -279,6 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-apply", dest="apply", action="store_false",
                     help="do not apply plans: the cluster stays as set up (every ramp re-asks every tick)")
+    ap.add_argument("--lending", choices=("off", "pods", "kueue"), default="off",
+                    help="the lend stage on, in this mode (LendingPolicy defaults; the forecaster looks as far ahead "
+                         "as build_core makes it for lending); off by default")
     args = ap.parse_args(argv)
     if args.models < 1 or args.gpus < 8 or args.ticks < 1 or not args.step > 0:
         ap.error("--models >= 1, --gpus >= 8, --ticks >= 1 and --step > 0 are required")
@@ -299,12 +308,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     oracle = policy.instant_start
     if oracle:
         setup.cluster.instant_start = True
-    config = CoreConfig(policy=policy, packer=packer)
+    lending = None if args.lending == "off" else LendingPolicy(enabled=True, mode=args.lending)
+    if lending is not None:
+        setup.cluster.lending = lending
+    # (lending as build_core sets it up: pods mode lends whole nodes only)
+    config = CoreConfig(policy=policy, packer=packer, lending=lending,
+                        lending_whole_nodes_only=lending is not None and lending.mode == "pods")
     forecaster = None
     if policy.uses_forecast:
         # A controller in steady state has been forecasting for hours: warm-start the fleet forecaster
         # from the history, as the simulator does from a trace's past. It folds it in on the first tick.
-        forecaster = FleetForecaster()
+        # With lending it looks ahead as far as the lend stage does (build_core's horizon).
+        forecaster = (FleetForecaster() if lending is None
+                      else FleetForecaster(horizon_s=max(300.0, lending.max_reclaim_s + 600.0)))
         forecaster.warm_start({s.name: setup.rates[i, :pre] for i, s in enumerate(setup.specs)}, step)
     state = fresh_state(forecaster=forecaster)
     cluster = setup.cluster
@@ -314,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"decide_speed: models={args.models} gpus={inv.gpus_total} nodes={len(setup.nodes)} ticks={args.ticks} "
           f"(+1 warm-up) tick={tick:g}s window={window}x{step:g}s history={args.history:g}h policy={args.policy} "
           f"(policy tick {policy.tick_s:g}s) packer={packer.name} seed={args.seed} "
-          f"apply={'yes (SimCluster)' if args.apply else 'no (frozen cluster)'}")
+          f"apply={'yes (SimCluster)' if args.apply else 'no (frozen cluster)'} lending={args.lending}")
     print(f"cluster: {cluster_spec(args.gpus)}")
     mix = Counter(setup.kind.values())
     print("models: " + ", ".join(f"{k} {mix[k]}" for k in ("llm-whole", "llm-40g", "client-20g", "fn-small"))
@@ -368,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     counts["scale"] += 1
                 case Shortfall():
                     counts["shortfall"] += a.missing
+                case LendGpus():
+                    counts["lent"] += len(a.devices)
+                case ReclaimGpus():
+                    counts["reclaimed"] += len(a.devices)
 
     n = len(cpu_ms)
     print(f"warm-up tick (controller state + forecaster warm start): cpu {warm[0]:.1f} ms  wall {warm[1]:.1f} ms")
@@ -380,6 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"plans: {counts['placed']} replicas placed, {counts['removed']} removed, {counts['scale']} scale actions, "
           f"{counts['shortfall']} replicas unplaceable over {n} ticks (per tick: {counts['placed'] / n:.1f} placed, "
           f"{counts['removed'] / n:.1f} removed)")
+    if lending is not None:
+        print(f"lending ({lending.mode}): {counts['lent']} GPUs lent, {counts['reclaimed']} reclaimed over {n} ticks; "
+              f"{len(cluster.lent)} lent at the end")
     if len(set(placed_per_tick)) > 1:
         # What a tick costs without placements, and what each placement adds (least squares over the ticks).
         slope, base = np.polyfit(placed_per_tick, cpu_ms, 1)
