@@ -133,7 +133,7 @@ class SloPolicy:
         q = ctx.sizing_quantile if ctx.sizing_quantile is not None else first_q
         q_down = 1.0 - (1.0 - q) * self.down_margin
         step = ctx.metrics_step_s
-        stable = window_mean(ctx.metrics.rate, step, self.stable_window_s) or 0.0
+        stable = _window_mean(ctx.metrics.rate, step, self.stable_window_s) or 0.0
         short = _window_mean(ctx.metrics.rate, step, self.panic_window_s) or 0.0
 
         profile = ctx.capacity
@@ -229,10 +229,19 @@ def _z(q: float) -> float:
 
 
 def _window_mean(samples: np.ndarray, step_s: float, window_s: float) -> float | None:
-    """:func:`window_mean`; a window of one sample (the panic window on 10 s samples) without the slicing."""
-    if samples.size and step_s > 0 and math.floor(window_s / step_s + 0.5) <= 1:
-        v = float(samples[-1])
-        return v if math.isfinite(v) else None
+    """:func:`window_mean`, read every tick twice: a window of one sample (the panic window on 10 s samples)
+    without the slicing, a short one (the stable window) summed at once when every sample is finite (the same sum
+    in the same order as window_mean's of the finite samples)."""
+    if samples.size and step_s > 0:
+        n = max(1, math.floor(window_s / step_s + 0.5))
+        if n == 1:
+            v = float(samples[-1])
+            return v if math.isfinite(v) else None
+        if n <= 8:
+            tail = samples[-n:].tolist()
+            total = sum(tail)
+            if math.isfinite(total):
+                return total / len(tail)
     return window_mean(samples, step_s, window_s)
 
 

@@ -29,6 +29,7 @@ class SimMetrics:
         self.warmup = warmup  # samples needed before the data counts (a fresh scrape is not a window)
         self.stale = np.zeros(m, dtype=bool)  # fault injection: a lost metric source
         self.future_rate: np.ndarray | None = None  # set only when the policy is the clairvoyant oracle
+        self._rows: tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] | None = None  # (lo, views per model)
 
     def push(
         self, rate: np.ndarray, in_flight: np.ndarray, latency: np.ndarray, within_rate: np.ndarray | None = None
@@ -46,16 +47,24 @@ class SimMetrics:
     def window(self, now: float) -> MetricsWindow:
         n = self._filled
         lo = self.size - n
-        fut = self.future_rate
+        if self._rows is None or self._rows[0] != lo:
+            # Each model's row views: the ring shifts in place, so the same views show every tick's samples (made
+            # anew only while the ring fills).
+            self._rows = (lo, [(self._rate[i, lo:], self._in_flight[i, lo:], self._within[i, lo:])
+                               for i in range(len(self.models))])
+        rows = self._rows[1]
+        fut = None if self.future_rate is None else self.future_rate.tolist()
+        latency = np.asarray(self._latency, dtype=np.float64).tolist()
+        young = n < self.warmup  # too little data is "no data", not "zero load": policies hold until it arrives
+        stale = self.stale.tolist()
         models = {
             name: ModelMetrics(
-                rate=self._rate[i, lo:],
-                in_flight=self._in_flight[i, lo:],
-                within_rate=self._within[i, lo:],
-                latency_s=float(self._latency[i]),
-                # Too little data is "no data", not "zero load": policies hold until it arrives.
-                stale=bool(self.stale[i]) or n < self.warmup,
-                future_rate=None if fut is None else float(fut[i]),
+                rate=rows[i][0],
+                in_flight=rows[i][1],
+                within_rate=rows[i][2],
+                latency_s=latency[i],
+                stale=stale[i] or young,
+                future_rate=None if fut is None else fut[i],
             )
             for i, name in enumerate(self.models)
         }
