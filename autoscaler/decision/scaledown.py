@@ -127,11 +127,13 @@ def _behave(
             desired, detail = cap, f"{detail}; scale-up limited to {cap} (wanted {stabilized})"
     elif stabilized < current:
         n1 = result.n_minus_1 if b.n_minus_1 else None
-        if n1 is not None and n1.replicas >= current:
+        # (the floor read once, past NMinus1.replicas' cached_property: its lock costs as much as a memo hit)
+        floor = None if n1 is None else n1.floor() if callable(n1.floor) else n1.floor
+        if n1 is not None and floor is not None and floor >= current:  # (n1: for its test's name)
             # N-1 check: the smaller count must still pass the policy's stricter scale-down test.
             return current, Reason.N_MINUS_1, f"{detail}; {current - 1} would miss {n1.test}", new_state
-        if n1 is not None:
-            desired = max(desired, n1.replicas)
+        if floor is not None:
+            desired = max(desired, floor)
         if b.step_fraction is not None:
             desired = max(desired, current - max(1, math.floor(current * b.step_fraction)))
         if b.down_limits:
