@@ -459,6 +459,11 @@ class SloQuantile:
         return 1.0 - self._late / self._requests if self._requests > 0 else 1.0
 
     @property
+    def closes_window(self) -> bool:
+        """Whether the next :meth:`update` completes a window (only then does it read its ``target``)."""
+        return self._win_ticks + 1 >= self._ticks
+
+    @property
     def burn(self) -> float:
         """Error-budget burn rate over windows (1.0: losing exactly the budget), shrunk toward 1 early."""
         # prior pseudo-misses in requests: so many windows of the recent mean size

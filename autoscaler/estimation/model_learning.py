@@ -182,8 +182,9 @@ class ModelLearning:
             else:
                 last = m.within_rate[-n:].tolist()
                 within = sum(v for v in last if math.isfinite(v)) * step_s
-            self.quantile.update(rate * n * step_s, min(within, rate * n * step_s),
-                                 knee_target(self.capacity.profile(self.kind)))
+            # (the knee is read only by the update that closes a window)
+            target = knee_target(self.capacity.profile(self.kind)) if self.quantile.closes_window else None
+            self.quantile.update(rate * n * step_s, min(within, rate * n * step_s), target)
 
 
 def _tail_mean(samples: np.ndarray, step_s: float, n: int) -> float | None:
