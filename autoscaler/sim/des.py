@@ -241,15 +241,19 @@ class DesEngine:
             busy=busy,
         )
 
-    def latency_quantile(self, q: float) -> np.ndarray:
-        """Per model, exact q-quantile of latency over requests arrived so far (undispatched: infinite)."""
+    def latency_quantile(self, q: float | np.ndarray) -> np.ndarray:
+        """Per model, exact q-quantile of latency over requests arrived so far (undispatched: infinite); ``q`` one
+        level for all models or one per model. The empirical quantile (the smallest latency that at least ``q`` of
+        the requests did not exceed, as "the share within >= the percentile" judges it; never interpolated, so an
+        infinite latency is not mixed into a finite one)."""
         out = np.full(self._m, np.nan)
         lat = self._latency[: self._next]
         mi = self._mi[: self._next]
+        levels = np.broadcast_to(np.asarray(q, dtype=np.float64), (self._m,))
         for m in range(self._m):
             sel = lat[mi == m]
             if len(sel):
-                out[m] = float(np.quantile(sel, q))
+                out[m] = float(np.quantile(sel, float(levels[m]), method="inverted_cdf"))
         return out
 
     def attainment(self) -> np.ndarray:

@@ -513,8 +513,9 @@ class FluidEngine:
             busy=busy,
         )
 
-    def latency_quantile(self, q: float) -> np.ndarray:
-        """Per model, the q-quantile of latency over the run so far, from the wait sketch (NaN: no requests).
+    def latency_quantile(self, q: float | np.ndarray) -> np.ndarray:
+        """Per model, the q-quantile of latency over the run so far, from the wait sketch (NaN: no requests); ``q``
+        one level for all models or one per model (their SLO percentiles).
 
         Requests that met no routable replica count as infinitely late. After ticks at other speeds, the latency
         part is scaled by its arrival-weighted mean slowness (1 / speed): exact while a model's speed is constant.
@@ -534,6 +535,6 @@ class FluidEngine:
                 lr = np.log(np.where(r > 0, r, 1e-300))
             f_pos = np.interp(lr, logw, fw[1:], left=fw[0], right=fw[-1])
             f = np.where(r >= 0, np.where(r >= _WAIT_GRID[1], f_pos, fw[0]), 0.0).mean(axis=0)
-            idx = int(np.searchsorted(f, q, side="left"))
+            idx = int(np.searchsorted(f, float(np.broadcast_to(q, (self._m,))[m]), side="left"))
             out[m] = xs[idx] if idx < len(xs) else np.inf
         return out

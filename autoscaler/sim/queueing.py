@@ -94,8 +94,9 @@ class QueueEngine(Protocol):
         """The client timeout ``within_timeout`` counts against (before the first step)."""
         ...
 
-    def latency_quantile(self, q: float) -> np.ndarray:
-        """Per model, the ``q``-quantile (0 < q < 1) of latency over all requests so far."""
+    def latency_quantile(self, q: float | np.ndarray) -> np.ndarray:
+        """Per model, the ``q``-quantile (0 < q < 1; one level, or one per model) of latency over all requests so
+        far."""
         ...
 
 

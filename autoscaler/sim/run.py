@@ -158,6 +158,7 @@ class SimResult:
     gpus_total: int
     sim_wall_s: float
     invalid_models: dict[str, str] = field(default_factory=dict)
+    latency_at_slo_percentile_s: np.ndarray | None = None  # (M,) each model's latency at its own SLO percentile
     decisions: dict[str, int] = field(default_factory=dict)  # every decision of the scored period, by reason
     burn_in_s: float = 0.0  # the first seconds, not scored (see SimConfig.burn_in_s)
     # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/accounting/cost.py for the units):
@@ -406,6 +407,8 @@ def simulate(
         decisions={str(k): v for k, v in decisions.items()},
         fragmentation=frag_sum / max(frag_n, 1),
         latency_p95_s=engine.latency_quantile(0.95),
+        latency_at_slo_percentile_s=engine.latency_quantile(
+            np.array([good[x].slo_percentile for x in models]) / 100.0),
         gpus_total=cluster.inventory.gpus_total,
         sim_wall_s=time.perf_counter() - wall0,
         invalid_models={x: str(s) for x, s in specs.items() if not isinstance(s, ModelSpec)},

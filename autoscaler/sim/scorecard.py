@@ -28,8 +28,8 @@ is attainable; 1.0 when none is).
 
 **Latency.** Per model, ``latency_at_slo_percentile_s``: the latency (queue wait + service) at the model's own
 declared percentile over the run, the serving engine's quantile (``SimResult.latency_at_slo_percentile_s``, from
-``engine.latency_quantile`` at each model's percentile; the whole run, burn-in included). While a SimResult does not
-carry it, only a p95 model has it (``SimResult.latency_p95_s`` is exactly that quantile); other models are None --
+``engine.latency_quantile`` at each model's percentile; the whole run, burn-in included). A SimResult built without
+it (a hand-made one) gives it for p95 models only (``SimResult.latency_p95_s``); others are None --
 ``minute_latency`` is a per-tick maximum and cannot give the run's quantile exactly. None: no requests, or the
 percentile falls on requests that never met a replica (infinitely late; JSON has no infinity).
 

@@ -433,3 +433,15 @@ def test_decisions_by_reason_counts_every_decision_also_those_that_change_nothin
     card = scorecard(r)
     assert sum(card["decisions_by_reason"].values()) == 2 * 60  # every 10 s tick of both models
     assert sum(card["scale_events_by_reason"].values()) == card["scale_events"]
+
+
+@pytest.mark.parametrize("mode", ["fluid", "des"])
+def test_latency_is_reported_at_each_models_own_percentile(mode: str) -> None:
+    specs = {"p95": SLICE.with_(name="p95", slo_percentile=95.0), "p99": SLICE.with_(name="p99", slo_percentile=99.0)}
+    r = run(poisson_log({"p95": 6.0, "p99": 6.0}, 600.0), specs, make_policy("static", replicas=1), mode=mode)
+    card = scorecard(r)
+    lat = {m: pm["latency_at_slo_percentile_s"] for m, pm in card["per_model"].items()}
+    assert lat["p95"] is not None and lat["p99"] is not None  # (it used to be None for every non-p95 model)
+    assert lat["p95"] == pytest.approx(float(r.latency_p95_s[0]))
+    # the same load and service: the 99th percentile is the higher one
+    assert lat["p99"] >= float(r.latency_p95_s[1])
