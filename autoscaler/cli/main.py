@@ -10,7 +10,7 @@ from forecasting.traces.model import TraceFormatError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoscaler.cli import backtest, migbench, packbench, report, run, simulate, trace
+    from autoscaler.cli import backtest, frontier, migbench, packbench, report, run, simulate, trace
 
     parser = argparse.ArgumentParser(prog="slotwise", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     packbench.register(sub)
     backtest.register(sub)
     migbench.register(sub)
+    frontier.register(sub)
     run.register(sub)
     report.register(sub)
     return parser
