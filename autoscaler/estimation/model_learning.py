@@ -18,7 +18,7 @@ from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.capacity import ServiceProfile, knee_target
 from autoscaler.estimation.cold_start import ColdStartEstimator, ReadyTracker
 from autoscaler.estimation.learning import CapacityLearner, SloQuantile
-from sharing.catalog import load_catalog
+from sharing.slot_speed import declared_speed
 from sharing.slots import Slot, SlotKind
 
 SLO_WINDOW_S = 60.0  # an SLO on a percentile is judged per window of this length
@@ -49,34 +49,12 @@ def slot_kind(slot: Slot) -> str:
     return hit
 
 
-def _names_gpu(entry: str, gpu_model: str) -> bool:
-    if entry.casefold() == gpu_model.casefold():
-        return True
-    try:
-        return load_catalog().resolve(entry) == gpu_model  # aliases: "L4", "H100", GFD product labels
-    except KeyError:
-        return False
-
-
 def slot_speed(kind: str, speeds: tuple[tuple[str, float], ...]) -> float:
     """The declared relative speed of slot kind ``kind`` (a :func:`slot_kind` key) from the
-    ``slotwise.io/slot-speeds`` entries: the entry equal to the whole key, else the one equal to its
-    slot type (``whole``, ``share``, ``3g.40gb``, ``3g.40gb/share``), else the first naming its GPU model
-    (canonical name or catalog alias: ``L4``, ``H100``); case-insensitive; 1.0 when none matches."""
-    gpu_model, _, slot_type = kind.partition("/")
-    whole_key, slot_type = kind.casefold(), slot_type.casefold()
-    by_type: float | None = None
-    by_gpu: float | None = None
-    for entry, speed in speeds:
-        e = entry.casefold()
-        if e == whole_key:
-            return speed
-        if e == slot_type:
-            if by_type is None:
-                by_type = speed
-        elif by_gpu is None and "/" not in e and _names_gpu(entry, gpu_model):
-            by_gpu = speed
-    return by_type if by_type is not None else by_gpu if by_gpu is not None else 1.0
+    ``slotwise.io/slot-speeds`` entries (matched as :func:`sharing.slot_speed.declared_speed` matches them:
+    the whole key, else the slot type, else the GPU model or a catalog alias); 1.0 when none matches."""
+    declared = declared_speed(kind, speeds)
+    return 1.0 if declared is None else declared
 
 
 @dataclass
