@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from itertools import pairwise
 from typing import Any
 
+from autoscaler.benchmarks.frontier.compare import json_safe
 from autoscaler.policies import POLICIES, make_policy
 from autoscaler.sim.defaults import model_specs
 from autoscaler.sim.harness import DEFAULT_TRACE, default_cluster, load_cluster, run_policies
@@ -324,17 +325,6 @@ def _floats(text: str) -> list[float]:
     return out
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no infinity: an infinite ratio (the curve has no violations there, slotwise has) is "inf"."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=DEFAULT_TRACE, help="bundled trace name or a trace file/folder")
@@ -422,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "wall_s": wall,
         }
         with open(args.json, "w") as f:
-            json.dump(_finite(doc), f, indent=2, default=str)
+            json.dump(json_safe(doc), f, indent=2, default=str)
         print(f"wrote {args.json}")
     if args.plot:
         plot(points, args.plot, title)

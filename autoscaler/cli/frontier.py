@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from typing import Any
 
-from autoscaler.benchmarks.frontier.compare import MAX_RATIO, MAX_VS_BOUND, MIN_ATTAINMENT, MIN_SAVING
+from autoscaler.benchmarks.frontier.compare import MAX_RATIO, MAX_VS_BOUND, MIN_ATTAINMENT, MIN_SAVING, json_safe
 from autoscaler.benchmarks.frontier.sweep import (
     BASELINES,
     KNOBS,
@@ -123,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                             "max_vs_lower_bound": MAX_VS_BOUND},
                "cases": docs}
         with open(args.json, "w") as f:
-            json.dump(_finite(out), f, indent=1)
+            json.dump(json_safe(out), f, indent=1)
         print(f"wrote {args.json}")
     return 0
 
@@ -133,17 +132,6 @@ KNOB_LABEL = "target_utilization"
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _finite(x: Any) -> Any:
-    """JSON has no infinity: an infinite ratio (the curve has no violations there, slotwise has) is "inf"."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
 
 
 def _f(v: float | None, fmt: str) -> str:

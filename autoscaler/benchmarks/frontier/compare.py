@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 MIN_SAVING = 0.25  # at equal violations, at least 25 % fewer GPU-hours (SageServe's production saving)
 MAX_RATIO = 1 / 3  # at equal GPU-hours, at most a third of the violating requests
@@ -210,3 +211,14 @@ def off_curve(points: Sequence[Point], curve: Sequence[Point]) -> list[str | Non
         else:
             out.append("above the frontier")
     return out
+
+
+def json_safe(x: Any) -> Any:
+    """JSON has no infinity: an infinite ratio (the curve has no violations there, slotwise has) is "inf"."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
