@@ -424,6 +424,7 @@ class SlotwiseBatch:
         pts = np.empty((len(self.members_), m, h))
         valid = np.ones((len(self.members_), m), dtype=bool)
         ses_i = 0
+        shared: dict[str, object] = {}  # what the seasonal members have in common, computed once
         for i, mem in enumerate(self.members_):
             if mem.kind == "naive":
                 pts[i] = v[:, -1:]
@@ -438,29 +439,38 @@ class SlotwiseBatch:
                 pts[i] = v[:, -p + (ks % p)]
                 valid[i] = n >= p
             else:
-                pts[i], valid[i] = self._seasonal(mem.kind, v, n)
+                pts[i], valid[i] = self._seasonal(mem.kind, v, n, shared)
         return pts, valid
 
-    def _seasonal(self, kind: str, v: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _seasonal(self, kind: str, v: np.ndarray, n: np.ndarray,
+                  shared: dict[str, object] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One seasonal member's points; ``shared``: the same origin's parts the members have in common (the recent
+        level, the days' mean), kept between the calls of one origin."""
         m = self.season
         assert m is not None
+        shared = {} if shared is None else shared
         ks = self._ks
         w = max(1, m // 24)  # level-correction window: about an hour of a day
-        recent = v[:, -w:].mean(axis=1)
+        if "recent" not in shared:
+            shared["recent"] = v[:, -w:].mean(axis=1)
+        recent: np.ndarray = shared["recent"]  # type: ignore[assignment]
         if kind in ("snaive", "snaive_adj"):
             base = v[:, -m + ks]
             if kind == "snaive_adj":
                 base = base + (recent - v[:, -m - w : -m].mean(axis=1))[:, None]
             return base, n >= m + w
-        days = np.clip(n // m, 1, self.season_days)  # whole days available per series
-        acc = np.zeros((self.n_series, self.horizon))
-        lvl = np.zeros(self.n_series)
-        for d in range(1, self.season_days + 1):
-            use = (d <= days).astype(float)[:, None]
-            acc += use * v[:, -d * m + ks]
-            lvl += use[:, 0] * v[:, -d * m - w : -d * m].mean(axis=1)
-        acc /= days[:, None]
-        lvl /= days
+        if "days" not in shared:
+            days = np.clip(n // m, 1, self.season_days)  # whole days available per series
+            acc = np.zeros((self.n_series, self.horizon))
+            lvl = np.zeros(self.n_series)
+            for d in range(1, self.season_days + 1):
+                use = (d <= days).astype(float)[:, None]
+                acc += use * v[:, -d * m + ks]
+                lvl += use[:, 0] * v[:, -d * m - w : -d * m].mean(axis=1)
+            acc /= days[:, None]
+            lvl /= days
+            shared["days"] = (acc, lvl)
+        acc, lvl = shared["days"]  # type: ignore[misc]
         if kind == "smean_add":
             return acc + (recent - lvl)[:, None], n >= m + w
         ratio = np.clip((recent + self.unit) / (lvl + self.unit + 1e-12), 0.25, 4.0)
