@@ -157,7 +157,7 @@ class SloPolicy:
         batch = capacity_model.batch_replicas(load, dispersion, profile) if self.burstiness else 0
         if batch > raw:
             raw = min(batch, ctx.spec.max_replicas + 1)
-        detail = f"q{q:.3g} forecast {forecast:.2f}, observed {stable:.2f} req/s ({short:.2f} short): {raw}"
+        detail = f"{_q_text(q)} forecast {forecast:.2f}, observed {stable:.2f} req/s ({short:.2f} short): {raw}"
         # A queue already built (after a burst, or a jump the forecast missed) must drain, not only stop
         # growing: size for the arrivals plus the backlog spread over ``drain_s`` (Little's law: the
         # requests in the system beyond those in service at this rate). By default the backlog is to be
@@ -197,7 +197,7 @@ class SloPolicy:
             # N-1 check: the smaller count must still meet the SLO at a stricter quantile than scale-up's.
             strict = ctx.forecast.at(q_down) if ctx.forecast is not None else math.nan
             floor_load = max(strict if math.isfinite(strict) else 0.0, stable, short)
-            n_minus_1 = NMinus1(lambda: self._size(floor_load, ctx, profile), f"the SLO at q{q_down:.3g}")
+            n_minus_1 = NMinus1(lambda: self._size(floor_load, ctx, profile), f"the SLO at {_q_text(q_down)}")
         return PolicyResult(raw, new_state, reason, detail, n_minus_1=n_minus_1,
                             arrival_scv=dispersion if self.burstiness else None)
 
@@ -220,6 +220,13 @@ def intensity_quantile(forecast: Forecast, q: float, step_s: float, value: float
         return value
     noise = _z(q) * math.sqrt(median / step_s)
     return median + math.sqrt(max(spread * spread - noise * noise, 0.0))
+
+
+@lru_cache(maxsize=1024)
+def _q_text(q: float) -> str:
+    """``q0.995``: a quantile as the details name it (formatted for every model and tick; ``q`` moves once a
+    minute)."""
+    return f"q{q:.3g}"
 
 
 @lru_cache(maxsize=1024)
