@@ -190,7 +190,7 @@ async def warm_start(controller: Controller) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from kubernetes_asyncio.client import ApiClient
+    from autoscaler.live.kube.client import TimeoutApiClient, request_timeout_for
 
     settings = build_settings(args)
     cfg = await client_configuration(args.kubeconfig)
@@ -198,7 +198,9 @@ async def main_async(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with ApiClient(configuration=cfg) as api:
+    # every request the tick makes times out before a follower could acquire the Lease (live/kube/client.py)
+    timeout_s = request_timeout_for(settings.lease_duration_s, settings.renew_deadline_s)
+    async with TimeoutApiClient(configuration=cfg, request_timeout_s=timeout_s) as api:
         controller = Controller(api, settings)
         await warm_start(controller)
         log.info("slotwise %s starting (identity %s, lease %s/%s)", "DRY RUN" if settings.actuator.dry_run else "",
