@@ -13,7 +13,10 @@ one consumed by the next matching request:
 * :meth:`FaultProxy.cut_watches` -- drop every open watch connection now;
 * :meth:`FaultProxy.pause_watches` / :meth:`FaultProxy.resume_watches` -- drop open watches and hold new watch
   requests until resumed: the client is "disconnected" for as long as the test needs (e.g. to change objects
-  it must then notice by re-listing).
+  it must then notice by re-listing);
+* :meth:`FaultProxy.black_hole` -- hold every request matching a predicate without an answer (an apiserver that
+  accepts the connection and never replies) until :meth:`FaultProxy.clear_rules`;
+* :meth:`FaultProxy.delay` -- forward matching requests only after a delay (a slow apiserver).
 
 It listens on plain HTTP on 127.0.0.1 inside the test's event loop (no certificates to make for the client
 side), and passes the client's ``Authorization`` header through, so point a ``kubernetes_asyncio``
@@ -34,6 +37,8 @@ import contextlib
 import json
 import socket
 import ssl
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,8 @@ class SeenRequest:
     query: dict[str, str]
     status: int | None = None  # what the client got (None while a watch is still streaming)
     fault: str | None = None  # the injected fault, if any
+    at: float = field(default_factory=time.time)  # wall clock when the proxy received it
+    done_at: float | None = None  # wall clock when the request was forwarded upstream (None: never)
 
     @property
     def watch(self) -> bool:
@@ -90,6 +97,9 @@ class FaultProxy:
         self._watch_gate.set()
         self._open: set[_OpenWatch] = set()
         self._closing = False
+        self._holes: list[Callable[[SeenRequest], bool]] = []
+        self._delays: list[tuple[Callable[[SeenRequest], bool], float]] = []
+        self._released = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.url = ""
@@ -120,6 +130,7 @@ class FaultProxy:
 
     async def close(self) -> None:
         self._closing = True
+        self._released.set()  # black-holed requests are answered
         self._watch_gate.set()  # held watches wake up, see _closing and leave
         self.cut_watches()
         if self._runner is not None:
@@ -179,6 +190,27 @@ class FaultProxy:
     def resume_watches(self) -> None:
         self._watch_gate.set()
 
+    def black_hole(self, match: Callable[[SeenRequest], bool]) -> None:
+        """Hold every request for which ``match(seen)`` is true, unanswered, until :meth:`clear_rules` (then they
+        get a 503, as a client would after its connection finally broke). The client's own timeout is what ends it."""
+        self._released.clear()
+        self._holes.append(match)
+
+    def delay(self, match: Callable[[SeenRequest], bool], seconds: float) -> None:
+        """Forward each request for which ``match(seen)`` is true only after ``seconds``."""
+        self._delays.append((match, seconds))
+
+    def clear_rules(self) -> None:
+        """Drop every :meth:`black_hole` and :meth:`delay` rule; held requests are answered 503."""
+        self._holes.clear()
+        self._delays.clear()
+        self._released.set()
+
+    def writes(self, since: float = 0.0) -> list[SeenRequest]:
+        """Requests that change the cluster (not GET), forwarded to the apiserver at or after ``since``."""
+        return [r for r in self.requests
+                if r.method not in ("GET", "HEAD") and r.done_at is not None and r.done_at >= since]
+
     @property
     def open_watches(self) -> int:
         return len(self._open)
@@ -197,6 +229,14 @@ class FaultProxy:
             seen.fault = "held"
             await self._watch_gate.wait()
             seen.fault = None
+        if any(match(seen) for match in self._holes):
+            seen.fault = "black-hole"
+            await self._released.wait()
+            return self._answer(seen, 503, _status_body(503, "ServiceUnavailable", "black hole released"))
+        for match, seconds in list(self._delays):
+            if match(seen):
+                seen.fault = f"delay-{seconds}"
+                await asyncio.sleep(seconds)
         if self._closing:
             return self._answer(seen, 503, _status_body(503, "ServiceUnavailable", "FaultProxy is closing"))
         if self._fail_left > 0:
@@ -215,6 +255,7 @@ class FaultProxy:
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS}
         body = await request.read()
+        seen.done_at = time.time()
         async with self._session.request(
             request.method, self.upstream + request.path_qs, headers=headers, data=body or None
         ) as upstream:
