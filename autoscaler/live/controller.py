@@ -11,8 +11,12 @@ The same decision core as the simulator, configured by the same function
   Prometheus every model is "stale" and the rails hold replicas: no guessing).
 - **decide**: ``plan_tick()``: ``decide()``, then the node-level actions the placements imply (MIG re-layouts,
   time-slicing config, pod templates).
-- **act**: only while this process holds the Lease (:class:`~autoscaler.live.kube.leader.LeaderElector`),
-  checked again right before applying, so a leader that lost its lease mid-tick does not write.
+- **act**: only while this process holds the Lease (:class:`~autoscaler.live.kube.leader.LeaderElector`), in the
+  term the tick was planned in: every write passes the :class:`~autoscaler.live.kube.term.WriteGate` first, and a
+  tick is abandoned (its task cancelled) as soon as leadership is lost. A new term starts from the cluster as it
+  is: the decision state (scale-down windows, lending memory, reclaims and MIG jobs in flight) is dropped and
+  re-adopted from what the labels and annotations say, and scale-downs wait out the stabilization window as on a
+  fresh start.
 - **report**: ``/metrics``, ``/healthz``, ``/readyz`` (:mod:`autoscaler.live.exporter`, served by
   :mod:`autoscaler.live.health`), a log line per action.
 
@@ -47,6 +51,7 @@ from autoscaler.live.kube.informer import Informer
 from autoscaler.live.kube.leader import LeaderElector
 from autoscaler.live.kube.lending import LendingActuator
 from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
+from autoscaler.live.kube.term import LeadershipLost, WriteGate
 from autoscaler.live.kube.translate import build_view
 from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
 from autoscaler.policies import make_policy
@@ -194,6 +199,10 @@ class Controller:
         self.state: ControllerState = fresh_state()
         self.node_state = NodeActionState()  # the time-slicing config last planned
         self.ticks = 0
+        # every write is gated on leading, in the term the tick was planned in (live/kube/term.py)
+        self.gate = WriteGate(leading=lambda: self.elector.is_leader, term=lambda: self.elector.term)
+        self._term = 0  # the leadership term the decision state belongs to (0: none yet)
+        self._tick_task: asyncio.Task | None = None  # the tick in progress, cancelled when leadership is lost
         self.elector.on_change(self._leadership_changed)
 
     # -- one pass ---------------------------------------------------------------------------------------------
@@ -218,6 +227,9 @@ class Controller:
 
     async def tick(self) -> TickResult:
         started = time.perf_counter()
+        gate = self.gate.for_term()
+        if gate.open() and gate.term_started != self._term:
+            self._start_term(gate.term_started or 0)
         view = self.view()
         for problem in view.problems:
             log.warning("cluster: %s", problem)
@@ -225,27 +237,13 @@ class Controller:
         window = await self.metrics_window(view)
         plan = self.plan(view, window)
         report: ActuationReport | None = None
-        # Leadership is re-checked right before writing: the decision took time, the lease may be gone.
-        if self.elector.is_leader:
-            report = await self.actuator.apply(plan, view)
-            self.exporter.record_actuation(report)
-            for line in report.applied:
-                log.info("applied: %s", line)
-            for line, why in report.skipped:
-                log.info("skipped (%s): %s", why, line)
-            for line in report.errors:
-                log.error("action failed: %s", line)
-                self.exporter.error("actuation")
-            if self.settings.lending.enabled or self.lender.reclaims:
-                # every tick, even without lending actions: a reclaim spans ticks and is advanced here
-                lent = await self.lender.apply(plan.actions, view)
-                self.exporter.record_lending(lent)
-                self.exporter.record_actuation(lent)
-                for line in lent.applied:
-                    log.info("lending: %s", line)
-                for line in (*lent.errors, *lent.refused):
-                    log.error("lending: %s", line)
-                    self.exporter.error("lending")
+        try:
+            # Leadership is re-checked right before writing (the decision took time) and before every write.
+            if gate.open():
+                report = await self._act(plan, view, gate)
+        except LeadershipLost as e:
+            log.warning("leadership lost during the tick, the rest of it is abandoned: %s", e)
+            self.exporter.error("leadership_lost")
         seconds = time.perf_counter() - started
         self.exporter.record_tick(plan, view.snapshot, window, seconds)
         # Charge the time since the last record, capped: a gap (a follower's wait, a stall) charges a few ticks at
@@ -263,9 +261,51 @@ class Controller:
         self.health.beat(self.clock())
         return TickResult(plan, view, window, report, seconds)
 
+    async def _act(self, plan: Plan, view: ClusterView, gate: WriteGate) -> ActuationReport:
+        gate.check("the plan")
+        report = await self.actuator.apply(plan, view)
+        self.exporter.record_actuation(report)
+        for line in report.applied:
+            log.info("applied: %s", line)
+        for line, why in report.skipped:
+            log.info("skipped (%s): %s", why, line)
+        for line in report.errors:
+            log.error("action failed: %s", line)
+            self.exporter.error("actuation")
+        if self.settings.lending.enabled or self.lender.reclaims:
+            # every tick, even without lending actions: a reclaim spans ticks and is advanced here
+            gate.check("the lending actions")
+            lent = await self.lender.apply(plan.actions, view)
+            self.exporter.record_lending(lent)
+            self.exporter.record_actuation(lent)
+            for line in lent.applied:
+                log.info("lending: %s", line)
+            for line in (*lent.errors, *lent.refused):
+                log.error("lending: %s", line)
+                self.exporter.error("lending")
+        return report
+
+    def _start_term(self, term: int) -> None:
+        """A new term of leadership starts from the cluster as it is. What the decision state remembers from an
+        earlier term (scale-down windows and their stabilization, the load last sized for, the lend stage's
+        memory, the time-slicing config last planned) may be stale by any amount of time: it is dropped, so
+        scale-downs wait out the stabilization window exactly as after a fresh start. What was learned about the
+        models (their service-time profiles) and the forecaster are kept: they are knowledge, not cluster state.
+        Reclaims and MIG re-layouts in flight are re-adopted from the cluster's labels and annotations."""
+        if self._term:
+            log.info("leadership term %d starts: decision state from term %d dropped", term, self._term)
+            self.state = fresh_state(profiles=self.state.profiles, forecaster=self.state.forecaster)
+            self.node_state = NodeActionState()
+        self._term = term
+
     # -- the process ------------------------------------------------------------------------------------------
     def _leadership_changed(self, leader: bool) -> None:
         self.exporter.set_leader(leader)
+        if not leader and self._tick_task is not None and not self._tick_task.done():
+            # abandon the tick in progress at once (the write gate would refuse its next write anyway; this also
+            # stops its reads and planning)
+            log.warning("leadership lost: abandoning the tick in progress")
+            self._tick_task.cancel()
         self._cost_at = None  # a new term of leadership charges from its first tick
         log.info("%s %s the lease %s/%s", self.settings.identity, "acquired" if leader else "lost",
                  self.settings.lease_namespace, self.settings.lease_name)
@@ -285,11 +325,7 @@ class Controller:
                 started = self.clock()
                 if self.elector.is_leader:
                     log.debug("acting: tick %d at %.3f", self.ticks, time.time())
-                    try:
-                        await self.tick()  # not cancelled by stop: a tick finishes cleanly
-                    except Exception:  # a bug or an API outage must not kill the loop; say so and go on
-                        log.exception("tick failed")
-                        self.exporter.error("tick")
+                    await self._run_tick()
                 else:
                     self.health.beat(self.clock())
                 delay = max(0.0, self.settings.tick_s - (self.clock() - started))
@@ -304,6 +340,20 @@ class Controller:
             await asyncio.gather(*informer_tasks, return_exceptions=True)
             await runner.cleanup()
             log.info("stopped")
+
+    async def _run_tick(self) -> None:
+        """One tick as its own task: not cancelled by ``stop`` (a tick finishes cleanly), cancelled when
+        leadership is lost (see :meth:`_leadership_changed`)."""
+        self._tick_task = asyncio.create_task(self.tick(), name=f"tick-{self.ticks}")
+        try:
+            await asyncio.wait({self._tick_task})
+        finally:
+            task, self._tick_task = self._tick_task, None
+        if task.cancelled():
+            self.exporter.error("leadership_lost")
+        elif (exc := task.exception()) is not None:  # a bug or an API outage must not kill the loop; say so, go on
+            log.error("tick failed", exc_info=exc)
+            self.exporter.error("tick")
 
     async def _wait_synced(self, stop: asyncio.Event) -> bool:
         while not stop.is_set():

@@ -236,6 +236,12 @@ class LeaderElector:
         return self._leading and leader_valid(self._renewed_at, self.renew_deadline_s, self._clock())
 
     @property
+    def term(self) -> int:
+        """How many times this elector has started leading: a new number for each term (0 before the first).
+        A write planned in one term is never made in another (``live/kube/term.py``)."""
+        return self.stats.transitions
+
+    @property
     def renewed_at(self) -> float | None:
         """Our clock when the last successful acquire/renew was sent (None before the first)."""
         return self._renewed_at
