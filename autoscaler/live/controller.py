@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from autoscaler.api.plan import Plan
+from autoscaler.api.plan import LendGpus, Plan, ReclaimGpus
 from autoscaler.api.ports import AsyncActuator, AsyncMetricsPort, ViewPort
 from autoscaler.api.snapshot import STALE_METRICS, MetricsWindow, SlotTemplate
 from autoscaler.decision.arbitration import ArbitrationPolicy
@@ -272,8 +272,11 @@ class Controller:
         for line in report.errors:
             log.error("action failed: %s", line)
             self.exporter.error("actuation")
-        if self.settings.lending.enabled or self.lender.reclaims:
-            # every tick, even without lending actions: a reclaim spans ticks and is advanced here
+        lending_actions = any(isinstance(a, (LendGpus, ReclaimGpus)) for a in plan.actions)
+        if self.settings.lending.enabled or self.lender.reclaims or view.snapshot.lent or lending_actions:
+            # every tick, even without lending actions: a reclaim spans ticks and is advanced here. With lending
+            # switched off, GPUs still lent (seen in the cluster, e.g. after a restart) are reclaimed by the plan
+            # (reason "disabled") and the reclaim carried to its end.
             gate.check("the lending actions")
             lent = await self.lender.apply(plan.actions, view)
             self.exporter.record_lending(lent)
