@@ -14,6 +14,9 @@ instead of the apiserver. It is the informer/reflector pattern of client-go, ove
 * any other failure (HTTP errors, dropped connections, undecodable lines) -> reconnect after a full-jitter
   exponential backoff (``backoff_initial_s`` doubling up to ``backoff_max_s``), reset by a successful list or
   watch event, so a flapping apiserver is not hammered by every replica in lock-step;
+* ``transform`` (optional): applied to every listed or watched object before it is cached or handed to
+  subscribers, so a cache keeps only what its readers need (the pods informer:
+  :func:`~autoscaler.live.kube.pods.slim_pod`);
 * ``optional=True`` (a CRD that may not be installed, e.g. Kueue Workloads): a 404 means "synced and empty",
   and the path is probed again every ``backoff_max_s``.
 
@@ -149,6 +152,7 @@ class Informer:
         rng: random.Random | None = None,
         page_size: int = 500,
         request_timeout_s: float = 60.0,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self._api = api_client
         self.path = "/" + path.strip("/")
@@ -160,6 +164,9 @@ class Informer:
         self.watch_timeout_s = int(watch_timeout_s)
         self.page_size = int(page_size)
         self.request_timeout_s = request_timeout_s
+        # applied to every object (listed or watched) before it is cached or handed to subscribers, so a cache
+        # can drop what no reader needs (the pods informer: env, volumes, managedFields; see pods.slim_pod)
+        self.transform = transform
         self.stats = InformerStats()
         self._backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
         self._cache: dict[str, dict[str, Any]] = {}
@@ -312,6 +319,8 @@ class Informer:
             for item in page.get("items") or []:
                 item.setdefault("kind", item_kind)
                 item.setdefault("apiVersion", page.get("apiVersion"))
+                if self.transform is not None:
+                    item = self.transform(item)
                 fresh[object_key(item)] = item
             meta = page.get("metadata") or {}
             continue_token = meta.get("continue") or None
@@ -391,6 +400,8 @@ class Informer:
             if _is_gone(code, message):
                 raise _Gone(f"watch ERROR event: {message}")
             raise HttpError(code, f"watch ERROR event: {message}")
+        if self.transform is not None and kind in (ADDED, MODIFIED, DELETED):
+            obj = self.transform(obj)
         rv = _rv(obj)
         if kind == BOOKMARK:
             self.stats.bookmarks += 1

@@ -2,6 +2,12 @@
 
 "Live" means not ``Succeeded``/``Failed``: a terminal pod is gone for every purpose of the translation (it
 holds no GPU, is no replica, no borrower, and blocks no MIG re-layout).
+
+:func:`slim_pod` is the pods informer's ``transform``: the cache keeps only the fields the readers of cached pods
+look at (this module, :mod:`~autoscaler.live.kube.translate`, :mod:`~autoscaler.live.kube.training`,
+:mod:`~autoscaler.live.kube.gpu_nodes`), so a cluster-wide pod cache holds no one's environment variables,
+volumes, command lines or managedFields (less memory, and no secrets passed in env in the controller's heap).
+The lending and MIG actuators read the pods they act on from the server, never from this cache.
 """
 
 from __future__ import annotations
@@ -12,9 +18,65 @@ from typing import Any
 
 from autoscaler.live.kube.fields import metadata, parse_time
 from autoscaler.live.kube.gpu_nodes import pod_gpu_requests
-from autoscaler.live.kube.objects import object_key
+from autoscaler.live.kube.objects import PREFIX, object_key
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+# What the readers of cached pods use, and nothing else (a field added to a reader must be added here too:
+# tests/live/test_pod_slimming.py compares views of slimmed and full pods).
+_META_KEEP = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp",
+              "ownerReferences")
+_SPEC_KEEP = ("nodeName", "terminationGracePeriodSeconds")
+_STATUS_KEEP = ("phase", "conditions", "startTime")
+
+
+def _slim_containers(containers: Any) -> list[dict[str, Any]]:
+    """Each container's name and resource limits/requests (what GPU requests and the first container's name
+    are read from); env, command, image, probes and mounts are dropped."""
+    out = []
+    for c in containers or ():
+        if not isinstance(c, Mapping):
+            continue
+        slim: dict[str, Any] = {}
+        if "name" in c:
+            slim["name"] = c["name"]
+        res = c.get("resources")
+        if isinstance(res, Mapping):
+            slim["resources"] = {k: res[k] for k in ("limits", "requests") if k in res}
+        out.append(slim)
+    return out
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A new dict with only what the translation reads of a pod (the pods informer's ``transform``).
+
+    Kept: kind/apiVersion; metadata name, namespace, uid, resourceVersion (the informer compares it), labels,
+    creation and deletion times, ownerReferences, and only slotwise's own annotations (``slotwise.io/*``, e.g.
+    the last checkpoint); spec nodeName, terminationGracePeriodSeconds and each (init) container's name and
+    resources; status phase, conditions and startTime. Everything else (env, volumes, managedFields,
+    ``kubectl.kubernetes.io/last-applied-configuration`` ...) is dropped.
+    """
+    out: dict[str, Any] = {k: pod[k] for k in ("kind", "apiVersion") if k in pod}
+    meta = pod.get("metadata")
+    if isinstance(meta, Mapping):
+        slim_meta = {k: meta[k] for k in _META_KEEP if k in meta}
+        annotations = meta.get("annotations")
+        if isinstance(annotations, Mapping):
+            ours = {k: v for k, v in annotations.items() if str(k).startswith(PREFIX)}
+            if ours:
+                slim_meta["annotations"] = ours
+        out["metadata"] = slim_meta
+    spec = pod.get("spec")
+    if isinstance(spec, Mapping):
+        slim_spec = {k: spec[k] for k in _SPEC_KEEP if k in spec}
+        for k in ("containers", "initContainers"):
+            if k in spec:
+                slim_spec[k] = _slim_containers(spec[k])
+        out["spec"] = slim_spec
+    status = pod.get("status")
+    if isinstance(status, Mapping):
+        out["status"] = {k: status[k] for k in _STATUS_KEEP if k in status}
+    return out
 
 
 @dataclass
