@@ -3,6 +3,8 @@ SLO attainment and fragmentation -- from a simulation's JSON or from Prometheus 
 
     slotwise report --sim scorecard.json [--price H100=2.9 ...] [--out DIR]
     slotwise report --prometheus http://prometheus:9090 --hours 24 [--end TIME] [--out DIR]
+    slotwise report --prometheus https://prometheus:9091 --prometheus-ca-file ca.pem \
+        --prometheus-bearer-token-file /var/run/secrets/kubernetes.io/serviceaccount/token
 
 Prints tables; with ``--out`` also writes ``report.json``, ``report.png`` and a self-contained ``report.html``.
 Bad input (a missing file, a JSON that is not a simulation's, an unreachable Prometheus) is one line, exit 2.
@@ -16,6 +18,7 @@ import math
 import time
 from datetime import datetime
 
+from autoscaler.live.prometheus.client import PrometheusAuth
 from autoscaler.live.prometheus.report import read_report
 from autoscaler.report.data import Section, load_simulation, override_prices, sections_from_simulation
 from autoscaler.report.prometheus import section_from_prometheus
@@ -30,6 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hours", type=float, default=24.0, help="with --prometheus: the range to report (default 24)")
     p.add_argument("--end", default=None,
                    help="with --prometheus: end of the range, unix seconds or ISO 8601 (default: now)")
+    # TLS is verified unless --prometheus-insecure-skip-verify; secrets only from files (not on the command line,
+    # where `ps` shows them)
+    p.add_argument("--prometheus-ca-file", default=None, metavar="PEM",
+                   help="with --prometheus: CA bundle the server certificate must chain to (default: system store)")
+    p.add_argument("--prometheus-insecure-skip-verify", action="store_true",
+                   help="with --prometheus: do not verify its TLS certificate (never the default)")
+    p.add_argument("--prometheus-cert-file", default=None, metavar="PEM", help="client certificate (mutual TLS)")
+    p.add_argument("--prometheus-key-file", default=None, metavar="PEM", help="its private key")
+    p.add_argument("--prometheus-bearer-token-file", default=None, metavar="FILE",
+                   help="with --prometheus: send the token in this file as Authorization: Bearer (re-read per query)")
+    p.add_argument("--prometheus-username", default=None, help="with --prometheus: HTTP basic auth user")
+    p.add_argument("--prometheus-password-file", default=None, metavar="FILE",
+                   help="with --prometheus: the basic-auth password, from this file")
     p.add_argument("--price", action="append", default=[], metavar="KIND=USD",
                    help="USD per GPU-hour for a GPU kind (any accepted name), repeatable: re-prices the report")
     p.add_argument("--out", default=None, metavar="DIR", help="write report.json, report.png and report.html here")
@@ -64,6 +80,15 @@ def parse_end(text: str | None) -> float | None:
     return dt.timestamp()  # a naive time is local time, as `date` prints it
 
 
+def prometheus_auth(args: argparse.Namespace) -> PrometheusAuth:
+    """The ``--prometheus-*`` TLS and credential flags as one :class:`PrometheusAuth` (ValueError: exit 2)."""
+    return PrometheusAuth(
+        ca_file=args.prometheus_ca_file, insecure_skip_verify=bool(args.prometheus_insecure_skip_verify),
+        cert_file=args.prometheus_cert_file, key_file=args.prometheus_key_file,
+        bearer_token_file=args.prometheus_bearer_token_file, username=args.prometheus_username,
+        password_file=args.prometheus_password_file)
+
+
 def build(args: argparse.Namespace) -> tuple[list[Section], dict[str, object]]:
     """The report's sections and its metadata, from the arguments (no output)."""
     prices = parse_prices(args.price)
@@ -76,8 +101,9 @@ def build(args: argparse.Namespace) -> tuple[list[Section], dict[str, object]]:
     if not (math.isfinite(args.hours) and args.hours > 0):
         raise ValueError(f"--hours must be positive, got {args.hours}")
     override_prices(prices)  # a bad --price fails before Prometheus is asked
+    auth = prometheus_auth(args)
     # the one Prometheus client is async; a PrometheusError is an OSError: one line, exit 2
-    readings = asyncio.run(read_report(args.prometheus, args.hours, end))
+    readings = asyncio.run(read_report(args.prometheus, args.hours, end, auth=auth))
     section = section_from_prometheus(readings, prices)
     meta = {"source": "prometheus", "input": args.prometheus, "hours": args.hours, "end": end}
     return [section], meta

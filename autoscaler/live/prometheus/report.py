@@ -12,7 +12,7 @@ import asyncio
 import math
 
 from autoscaler.live.prometheus import promql
-from autoscaler.live.prometheus.client import PrometheusClient, PrometheusError
+from autoscaler.live.prometheus.client import PrometheusAuth, PrometheusClient, PrometheusError
 from autoscaler.report.prometheus import PrometheusReadings, Values
 
 
@@ -38,10 +38,12 @@ async def _read(client: PrometheusClient, q: promql.ReportQuery, at: float) -> V
     return got
 
 
-async def read_report(url: str, hours: float, end: float, *, timeout_s: float = 30.0) -> PrometheusReadings:
-    """Everything the report needs from Prometheus ``url`` over ``hours`` up to ``end`` (Unix seconds).
+async def read_report(url: str, hours: float, end: float, *, timeout_s: float = 30.0,
+                      auth: PrometheusAuth | None = None) -> PrometheusReadings:
+    """Everything the report needs from Prometheus ``url`` over ``hours`` up to ``end`` (Unix seconds), with
+    ``auth``'s TLS verification and credentials (default: verify, none).
     Raises :class:`~autoscaler.live.prometheus.client.PrometheusError` (unreachable, refused, not Prometheus)."""
     queries = promql.report_queries(hours)
-    async with PrometheusClient(url, timeout_s=timeout_s) as client:
+    async with PrometheusClient(url, timeout_s=timeout_s, auth=auth) as client:
         answers = await asyncio.gather(*(_read(client, q, end) for q in queries.values()))
     return PrometheusReadings(url=url, hours=hours, end=end, **dict(zip(queries, answers, strict=True)))
