@@ -20,6 +20,15 @@ instead of the apiserver. It is the informer/reflector pattern of client-go, ove
 * ``optional=True`` (a CRD that may not be installed, e.g. Kueue Workloads): a 404 means "synced and empty",
   and the path is probed again every ``backoff_max_s``.
 
+**Freshness.** ``synced`` stays True forever, so it cannot tell a cache that is current from one whose watch
+stopped delivering (a partitioned apiserver, a stuck proxy, watches failing over and over): the cache keeps
+serving what it had. :meth:`Informer.last_contact_age` is how long ago the server last confirmed the cache: a
+complete list, any watch event (a ``BOOKMARK`` too), or a watch stream the server ended cleanly. A healthy watch
+makes contact at least every ``watch_timeout_s`` (the server closes it at ``timeoutSeconds`` and it is reopened
+at once), so :meth:`Informer.frozen` -- no contact for longer than ``watch_timeout_s + contact_grace_s`` -- means
+the cache may be missing changes; the controller holds its decisions while any informer is frozen
+(:func:`frozen_informers`). An HTTP error, a dropped or hung connection, or a held watch is no contact.
+
 Cancelling :meth:`Informer.run` closes the open response; the cache stays readable afterwards.
 """
 
@@ -29,9 +38,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,11 +158,13 @@ class Informer:
         optional: bool = False,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
-        watch_timeout_s: int = 300,
+        watch_timeout_s: int = 60,
         rng: random.Random | None = None,
         page_size: int = 500,
         request_timeout_s: float = 60.0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        contact_grace_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api_client
         self.path = "/" + path.strip("/")
@@ -167,6 +179,13 @@ class Informer:
         # applied to every object (listed or watched) before it is cached or handed to subscribers, so a cache
         # can drop what no reader needs (the pods informer: env, volumes, managedFields; see pods.slim_pod)
         self.transform = transform
+        # How much longer than a watch's timeoutSeconds a healthy informer may go without contact: the reconnect,
+        # and the backoff after a watch that ended early and empty (at most backoff_max_s), with room to spare.
+        self.contact_grace_s = float(backoff_max_s + 10.0 if contact_grace_s is None else contact_grace_s)
+        if self.contact_grace_s < 0:
+            raise ValueError(f"contact_grace_s must be >= 0, got {contact_grace_s}")
+        self._clock = clock
+        self._last_contact: float | None = None
         self.stats = InformerStats()
         self._backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
         self._cache: dict[str, dict[str, Any]] = {}
@@ -187,6 +206,31 @@ class Informer:
     def resource_version(self) -> str | None:
         """The resourceVersion the next watch resumes from (the last list's, advanced by events and bookmarks)."""
         return self._resource_version
+
+    @property
+    def last_contact(self) -> float | None:
+        """When (on the informer's clock, monotonic by default) the server last confirmed the cache; None: never."""
+        return self._last_contact
+
+    def last_contact_age(self, now: float | None = None) -> float:
+        """Seconds since the server last confirmed the cache (a list, a watch event or bookmark, a watch the
+        server ended cleanly); ``math.inf`` before the first. ``now`` on the informer's clock (default: read it)."""
+        if self._last_contact is None:
+            return math.inf
+        return max(0.0, (self._clock() if now is None else now) - self._last_contact)
+
+    @property
+    def freeze_after_s(self) -> float:
+        """No contact for longer than this and the cache is :meth:`frozen`: ``watch_timeout_s + contact_grace_s``."""
+        return self.watch_timeout_s + self.contact_grace_s
+
+    def frozen(self, now: float | None = None) -> bool:
+        """The cache may be missing changes: no contact with the server for longer than :attr:`freeze_after_s`
+        (or never). A healthy watch makes contact at least every ``watch_timeout_s``."""
+        return self.last_contact_age(now) > self.freeze_after_s
+
+    def _touch(self) -> None:
+        self._last_contact = self._clock()
 
     async def wait_synced(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
@@ -332,6 +376,7 @@ class Informer:
         """Swap in a complete list and tell subscribers what changed (per object, then RELIST)."""
         old, self._cache = self._cache, fresh
         self._resource_version = resource_version
+        self._touch()  # a complete list (or an optional path's 404): the cache is what the server has now
         self._events_since_list = 0
         first = not self._listed_once
         if resource_version is not None:  # a real list (not an optional path's 404)
@@ -385,7 +430,10 @@ class Informer:
             while True:
                 line = await resp.content.readline()
                 if not line:
-                    return  # the server ended the watch (timeoutSeconds) or closed the connection cleanly
+                    # the server ended the watch (timeoutSeconds) or closed the connection cleanly: everything
+                    # up to now was delivered
+                    self._touch()
+                    return
                 if line.strip():
                     self._apply(json.loads(line))
         finally:
@@ -418,6 +466,7 @@ class Informer:
             return
         if rv:
             self._resource_version = rv
+        self._touch()
         self._backoff.reset()
         if kind != BOOKMARK:
             self._notify(kind, obj)
@@ -428,3 +477,9 @@ class Informer:
                 callback(kind, obj)
             except Exception:
                 log.exception("informer %s: subscriber %r failed on %s", self.name, callback, kind)
+
+
+def frozen_informers(informers: Iterable[Informer], now: float | None = None) -> list[str]:
+    """The names of the informers whose cache is :meth:`~Informer.frozen` (``now`` on their clock, default: read
+    each one's): a caller holds every decision that could harm the fleet while this is not empty."""
+    return [i.name for i in informers if i.frozen(now)]
