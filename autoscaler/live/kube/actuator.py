@@ -7,7 +7,11 @@ as pure functions, is in :mod:`~autoscaler.live.kube.writes`.
 
 What each action becomes:
 
-- ``ScaleModel``: the Deployment's ``scale`` subresource (replaced with the read ``resourceVersion``). Before a
+- ``ScaleModel``: the Deployment's ``scale`` subresource (replaced with the read ``resourceVersion``). The Scale
+  just read is compared with the replicas the plan started from (``ScaleModel.previous``): when they differ (a
+  stale cache, another writer) a value below the live one is never written -- it would be a scale-down no rail
+  approved -- and the action is skipped ``stale-view`` (the next tick plans from fresh data); a value above the
+  live one is still written (it lowers nothing). Before a
   scale-down the plan's ``RemoveReplica`` pods get ``controller.kubernetes.io/pod-deletion-cost=-1000`` so the
   ReplicaSet removes them first (honoured from Kubernetes 1.22 on, harmless before). A preemption (a
   ``RemoveReplica`` with ``preempted_by``) takes the same path, and once the scale-down is written the victim
@@ -17,7 +21,12 @@ What each action becomes:
 - ``SetTimeSlicing``: the device plugin's time-slicing ConfigMap (create, or update one key).
 - ``SetMigLayout``: the MIG safety gate (:mod:`~autoscaler.live.kube.mig_gate`), only with ``mig_relayout``.
 - ``UpdateStatus``: the ``slotwise.io/status`` annotation (merge patch of that key only) and a core/v1 Event;
-  with the model's shortfall this tick (``shortfall``: cause -> replicas) when the plan has one.
+  with the model's shortfall this tick (``shortfall``: cause -> replicas) when the plan has one. Written only on
+  a material change (:func:`~autoscaler.live.kube.writes.status_change`: desired, ready, reason, condition,
+  shortfall, the message's words, a forecast or latency moved by more than ``status_change_ratio``); a change of
+  noise alone at most every ``status_refresh_s``, without an Event. The Event is de-duplicated on its
+  number-free text (the repeat bumps the one Event and carries the latest message), as client-go's aggregator
+  groups similar Events.
 - ``Shortfall``: an Event whose reason and message say the cause
   (:func:`~autoscaler.live.kube.writes.shortfall_event`): a Warning for a refusal (``Unplaceable``,
   ``BorrowingLimit``, ``MinRuntime``, ``Outranked``, ``PreemptionTooCostly``, ``MaxReplicas``), Normal for headroom
@@ -26,11 +35,17 @@ What each action becomes:
 
 Rules every write follows: **idempotent** (read first; no write when the object already says so), **optimistic
 concurrency** (every read-modify-write carries the read ``resourceVersion``; a 409 Conflict re-reads and retries
-up to ``conflict_retries`` times with full-jitter backoff), **rate-limited per tick** (scale writes, template
-changes, Events; what is over the limit is skipped ``rate-limit`` and the next tick re-plans it), **errors stay
-per action** (logged, listed in ``report.errors`` with the API status; the other actions go on), a Deployment
-deleted meanwhile is skipped ``gone``. **Dry run** writes only the status annotation (``"dryRun": true``) and
-Events (reason prefixed ``DryRun``); every other change is listed as skipped ``dry-run``.
+up to ``conflict_retries`` times with full-jitter backoff; a 429 waits the server's ``Retry-After`` when it is at
+most ``retry_after_max_s``, else the action fails for this tick), **gated** (``gate.check`` right before each
+request that changes the cluster: a deposed leader writes nothing more,
+:class:`~autoscaler.live.kube.term.LeadershipLost` leaves :meth:`KubeActuator.apply` and the tick is abandoned),
+**rate-limited per tick** (scale writes, template changes, Events; what is over the limit is skipped
+``rate-limit`` and the next tick re-plans it), **errors stay per action** (logged, listed in ``report.errors``
+with the API status; the other actions go on), a Deployment deleted meanwhile is skipped ``gone``.
+
+**Dry run** writes nothing at all (every change is listed as skipped ``dry-run``; only reads are made).
+**Report mode** (``report_only``) writes only the status annotation (``"dryRun": true``) and Events (reason
+prefixed ``DryRun``); every other change is skipped ``report-only``.
 
 Events are de-duplicated like client-go's recorder: the same (object, type, reason, message) within
 ``event_dedup_window_s`` bumps ``count`` and ``lastTimestamp`` of the Event already written instead of creating
@@ -80,6 +95,7 @@ from autoscaler.live.kube.objects import (
     ClusterView,
     ManagedModel,
 )
+from autoscaler.live.kube.term import ALWAYS_OPEN, LeadershipLost, WriteGate
 from autoscaler.live.kube.writes import (
     PREEMPTED_EVENT,
     Gone,
@@ -88,10 +104,12 @@ from autoscaler.live.kube.writes import (
     merge_mig_configs,
     merged_node_selector,
     merged_resources,
+    retry_after_s,
     rfc3339,
-    same_status,
     shortfall_event,
     split_key,
+    stable_text,
+    status_change,
     status_event,
     status_payload,
 )
@@ -108,7 +126,8 @@ EVENT_MESSAGE_MAX = 4096  # core/v1 has no limit of its own; keep one runaway me
 
 @dataclass
 class ActuatorConfig:
-    dry_run: bool = False
+    dry_run: bool = False  # read only: nothing is written, not even status or Events
+    report_only: bool = False  # write only the status annotation and Events (settings ``mode: report``)
     max_scale_actions_per_tick: int = 50
     max_template_changes_per_tick: int = 5
     max_events_per_tick: int = 50
@@ -122,6 +141,19 @@ class ActuatorConfig:
     component: str = "slotwise"
     conflict_backoff_s: float = 0.05  # first retry's backoff cap (full jitter, doubling per retry)
     event_dedup_window_s: float = 600.0  # same Event again within this -> count bump instead of a new object
+    status_refresh_s: float = 300.0  # a status whose numbers alone moved is rewritten at most this often
+    status_change_ratio: float = 0.2  # a forecast / latency moved by more than this share is a material change
+    retry_after_max_s: float = 2.0  # a 429's Retry-After up to this is waited for within the tick, else it fails
+
+    @property
+    def acting(self) -> bool:
+        """Changes the cluster (scale, templates, ConfigMaps, nodes): neither a dry run nor report mode."""
+        return not (self.dry_run or self.report_only)
+
+    @property
+    def skip_why(self) -> str:
+        """The skip reason of a change not made because of the mode."""
+        return "dry-run" if self.dry_run else "report-only"
 
 
 @dataclass
@@ -155,6 +187,7 @@ async def _or_gone(read: Awaitable[Any], key: str) -> Any:
 class _Tick:
     view: ClusterView
     now: float
+    gate: WriteGate = ALWAYS_OPEN
     report: ActuationReport = field(default_factory=ActuationReport)
     scale_writes: int = 0
     template_writes: int = 0
@@ -195,8 +228,15 @@ class KubeActuator:
 
     # -- the tick ---------------------------------------------------------------------------------------------
 
-    async def apply(self, plan: Plan, view: ClusterView) -> ActuationReport:
-        tick = _Tick(view=view, now=self.clock())
+    def new_term(self) -> None:
+        """Leadership was (re)gained: forget what an earlier term remembered (MIG relayouts in flight); the next
+        :meth:`apply` adopts what the nodes' labels say instead."""
+        self.gate.new_term()
+
+    async def apply(self, plan: Plan, view: ClusterView, gate: WriteGate = ALWAYS_OPEN) -> ActuationReport:
+        """Apply ``plan`` (made from ``view``); ``gate`` is checked right before every write (pass the one pinned
+        to the term the plan was made in). Raises :class:`LeadershipLost` as soon as a write is refused."""
+        tick = _Tick(view=view, now=self.clock(), gate=gate)
         r = tick.report
         removals: dict[str, list[RemoveReplica]] = {}
         for a in plan.of_type(RemoveReplica):
@@ -239,18 +279,30 @@ class KubeActuator:
             await fn(tick, a)
         except Gone:
             tick.report.skipped.append((describe(a), "gone"))
+        except LeadershipLost:
+            raise  # not this action's error: the whole tick stops
         except Exception as e:
             line = describe(a)
             log.warning("%s: %s", line, api_error(e))
             tick.report.errors.append(f"{line}: {api_error(e)}")
 
     async def _retrying(self, tick: _Tick, attempt: Callable[[], Awaitable[Any]]) -> Any:
-        """``attempt`` (a read-compare-write) again after each 409 Conflict, up to ``conflict_retries`` times."""
+        """``attempt`` (a read-compare-write) again after each 409 Conflict, or after a 429 whose ``Retry-After``
+        is at most ``retry_after_max_s`` (waited in full), up to ``conflict_retries`` times."""
         for n in range(self.config.conflict_retries + 1):
             try:
                 return await attempt()
             except ApiException as e:
-                if e.status != 409 or n == self.config.conflict_retries:
+                if n == self.config.conflict_retries:
+                    raise
+                if e.status == 429:
+                    wait = retry_after_s(e)
+                    if wait is None or wait > self.config.retry_after_max_s:
+                        raise  # the server asks for longer than a tick may wait: the next tick re-plans
+                    log.info("too many requests (%s), retrying after %.1fs", api_error(e), wait)
+                    await asyncio.sleep(wait)
+                    continue
+                if e.status != 409:
                     raise
                 tick.report.conflicts_retried += 1
                 log.info("conflict (%s), re-reading (retry %d)", api_error(e), n + 1)
@@ -272,9 +324,9 @@ class KubeActuator:
     async def _scale(self, tick: _Tick, a: ScaleModel, removals: list[RemoveReplica]) -> None:
         r, line = tick.report, describe(a)
         mm = self._model(tick, a.model)
-        if self.config.dry_run:
-            r.skipped.append((line, "dry-run"))
-            r.skipped.extend((describe(x), "dry-run") for x in removals)
+        if not self.config.acting:
+            r.skipped.append((line, self.config.skip_why))
+            r.skipped.extend((describe(x), self.config.skip_why) for x in removals)
             await self._preempted(tick, mm, removals)  # reported as DryRunPreempted: what would happen
             return
         if tick.scale_writes >= self.config.max_scale_actions_per_tick:
@@ -282,17 +334,23 @@ class KubeActuator:
             r.skipped.extend((describe(x), "rate-limit") for x in removals)
             return
         marked = False
+        live = a.previous
 
         async def attempt() -> str:
-            nonlocal marked
+            nonlocal marked, live
             scale = await _or_gone(self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace), mm.key)
-            current = scale.spec.replicas or 0
+            current = live = scale.spec.replicas or 0
             if current == a.replicas:
                 return "unchanged"
+            if a.replicas < current and current != a.previous:
+                # planned from another starting point (a frozen cache, another writer): writing it would remove
+                # replicas no scale-down rail approved
+                return "stale-view"
             if a.replicas < current and not marked:
                 await self._mark_for_removal(tick, mm, removals)
                 marked = True
             await self._hook("scale", mm.key)
+            tick.gate.check(f"scale {mm.key}")
             body = {
                 "apiVersion": "autoscaling/v1",
                 "kind": "Scale",
@@ -309,6 +367,11 @@ class KubeActuator:
         except Gone:
             r.skipped.extend((describe(x), "gone") for x in removals)
             raise
+        if outcome == "stale-view":
+            log.warning("%s: not written, the scale is %d but the plan started from %d", line, live, a.previous)
+            r.skipped.append((f"{line}: scale is {live}, planned from {a.previous}", "stale-view"))
+            r.skipped.extend((describe(x), "stale-view") for x in removals)
+            return
         if outcome == "unchanged":
             r.skipped.append((line, "unchanged"))
             if not marked:
@@ -330,6 +393,7 @@ class KubeActuator:
         """Best effort: a pod already gone is fine, a failure is reported and does not stop the scale-down."""
         for x in removals:
             ns, pod = split_key(x.replica_id, mm.namespace)
+            tick.gate.check(f"{POD_DELETION_COST} on {ns}/{pod}")
             try:
                 await self._core.patch_namespaced_pod(
                     pod, ns, {"metadata": {"annotations": {POD_DELETION_COST: DELETION_COST_FIRST}}},
@@ -347,8 +411,8 @@ class KubeActuator:
     async def _template(self, tick: _Tick, a: SetSlotTemplate) -> None:
         r, line = tick.report, describe(a)
         mm = self._model(tick, a.model)
-        if self.config.dry_run:
-            r.skipped.append((line, "dry-run"))
+        if not self.config.acting:
+            r.skipped.append((line, self.config.skip_why))
             return
         if tick.template_writes >= self.config.max_template_changes_per_tick:
             r.skipped.append((line, "rate-limit"))
@@ -382,6 +446,7 @@ class KubeActuator:
                 ops.append({"op": "add", "path": "/spec/template/spec/nodeSelector", "value": new_sel})
             elif "nodeSelector" in pod_spec:
                 ops.append({"op": "remove", "path": "/spec/template/spec/nodeSelector"})
+            tick.gate.check(f"template {mm.key}")
             await self._apps.patch_namespaced_deployment(mm.name, mm.namespace, ops, field_manager=FIELD_MANAGER)
             return True
 
@@ -412,6 +477,7 @@ class KubeActuator:
             if cm is not None and (not changed or current == text):
                 return "unchanged"
             await self._hook(what, ref)
+            tick.gate.check(f"{what} ConfigMap {ref}")
             if cm is None:
                 body = {"apiVersion": "v1", "kind": "ConfigMap",
                         "metadata": {"name": name, "namespace": ns,
@@ -429,8 +495,8 @@ class KubeActuator:
     async def _time_slicing(self, tick: _Tick, a: SetTimeSlicing) -> None:
         r, line = tick.report, describe(a)
         text = to_yaml(time_slicing_config(a.replicas))  # raises on an invalid config: nothing is written then
-        if self.config.dry_run:
-            r.skipped.append((line, "dry-run"))
+        if not self.config.acting:
+            r.skipped.append((line, self.config.skip_why))
             return
         outcome = await self._upsert_configmap(tick, self.config.time_slicing_configmap, "time-slicing",
                                                lambda current: (text, current != text), self.config.time_slicing_key)
@@ -443,8 +509,8 @@ class KubeActuator:
 
     async def _mig(self, tick: _Tick, actions: list[SetMigLayout]) -> None:
         r = tick.report
-        if self.config.dry_run:
-            r.skipped.extend((describe(a), "dry-run") for a in actions)
+        if not self.config.acting:
+            r.skipped.extend((describe(a), self.config.skip_why) for a in actions)
             return
         # recovery and relayouts in flight go on even with the gate off: a node we cordoned is never abandoned
         self.gate.recover(tick.view, tick.now)
@@ -461,19 +527,36 @@ class KubeActuator:
     async def _status(self, tick: _Tick, a: UpdateStatus, shortfall: Mapping[str, int] | None = None) -> None:
         r, line = tick.report, describe(a)
         mm = self._model(tick, a.model)
-        payload = status_payload(a, dry_run=self.config.dry_run, now=tick.now, shortfall=shortfall)
+        if self.config.dry_run:
+            r.skipped.append((line, "dry-run"))
+            return
+        payload = status_payload(a, dry_run=self.config.report_only, now=tick.now, shortfall=shortfall)
+        cfg = self.config
+
+        def change(current: str | None) -> str | None:
+            return status_change(current, payload, now=tick.now, refresh_s=cfg.status_refresh_s,
+                                 ratio=cfg.status_change_ratio)
+
+        # the cached Deployment first: in a steady state nothing is worth writing and no request is made
+        if change(mm.annotations.get(STATUS_ANNOTATION)) is None:
+            r.skipped.append((line, "unchanged"))
+            return
         dep = await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key)
-        annotations = dep.metadata.annotations or {}
-        if same_status(annotations.get(STATUS_ANNOTATION), payload):
+        why = change((dep.metadata.annotations or {}).get(STATUS_ANNOTATION))
+        if why is None:
             # already said (e.g. after a controller restart): neither the annotation nor a new Event
             r.skipped.append((line, "unchanged"))
             return
+        tick.gate.check(f"status {mm.key}")
         await self._apps.patch_namespaced_deployment(
             mm.name, mm.namespace, {"metadata": {"annotations": {STATUS_ANNOTATION: json.dumps(payload)}}},
             _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
         r.applied.append(line)
+        if why == "refresh":
+            return  # only the numbers moved: nothing happened that an Event should tell
         type_, reason, message = status_event(a)
-        await self._event(tick, self._deployment_ref(mm, dep.metadata.uid), type_, reason, message)
+        await self._event(tick, self._deployment_ref(mm, dep.metadata.uid), type_, reason, message,
+                          aggregate=True)
 
     async def _shortfall(self, tick: _Tick, a: Shortfall) -> None:
         mm = self._model(tick, a.model)
@@ -488,9 +571,13 @@ class KubeActuator:
             ref["uid"] = uid
         return ref
 
-    async def _event(self, tick: _Tick, ref: Mapping[str, str], type_: str, reason: str, message: str) -> bool:
-        """Record an Event (rate-limited per tick, de-duplicated); False when skipped or failed."""
+    async def _event(self, tick: _Tick, ref: Mapping[str, str], type_: str, reason: str, message: str, *,
+                     aggregate: bool = False) -> bool:
+        """Record an Event (rate-limited per tick, de-duplicated; with ``aggregate`` on the message's number-free
+        text); False when skipped or failed."""
         if self.config.dry_run:
+            return False  # a dry run writes nothing; the plan is in the log and the report
+        if self.config.report_only:
             reason = "DryRun" + reason
         line = f"event {type_} {reason} {ref['kind']} {ref.get('namespace', '')}/{ref['name']}".replace(" /", " ")
         if tick.events >= self.config.max_events_per_tick:
@@ -498,7 +585,9 @@ class KubeActuator:
             return False
         tick.events += 1
         try:
-            outcome = await self._record(ref, type_, reason, message[:EVENT_MESSAGE_MAX], tick.now)
+            outcome = await self._record(tick, ref, type_, reason, message[:EVENT_MESSAGE_MAX], aggregate)
+        except LeadershipLost:
+            raise
         except Exception as e:  # an Event is a report, never a reason to fail the action it reports
             log.warning("%s: %s", line, api_error(e))
             tick.report.errors.append(f"{line}: {api_error(e)}")
@@ -507,8 +596,11 @@ class KubeActuator:
         log.debug("%s (%s): %s", line, outcome, message)
         return True
 
-    async def _record(self, ref: Mapping[str, str], type_: str, reason: str, message: str, now: float) -> str:
-        key = (ref["kind"], ref.get("namespace", ""), ref["name"], ref.get("uid", ""), type_, reason, message)
+    async def _record(self, tick: _Tick, ref: Mapping[str, str], type_: str, reason: str, message: str,
+                      aggregate: bool) -> str:
+        now = tick.now
+        text = stable_text(message) if aggregate else message
+        key = (ref["kind"], ref.get("namespace", ""), ref["name"], ref.get("uid", ""), type_, reason, text)
         window = self.config.event_dedup_window_s
         self._seen = {k: s for k, s in self._seen.items() if now - s.last <= window}
         if len(self._seen) >= EVENT_CACHE_MAX:  # bounded like client-go's LRU: forget the least recently seen
@@ -516,10 +608,13 @@ class KubeActuator:
                 del self._seen[k]
         seen = self._seen.get(key)
         if seen is not None:
+            bump: dict[str, Any] = {"count": seen.count + 1, "lastTimestamp": rfc3339(now)}
+            if aggregate:
+                bump["message"] = message  # the latest numbers, on the one Event
+            tick.gate.check(f"event {reason} {ref['name']}")
             try:
                 await self._core.patch_namespaced_event(
-                    seen.name, seen.namespace, {"count": seen.count + 1, "lastTimestamp": rfc3339(now)},
-                    _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+                    seen.name, seen.namespace, bump, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
                 seen.count += 1
                 seen.last = now
                 return "bumped"
@@ -544,13 +639,16 @@ class KubeActuator:
             "source": {"component": self.config.component},
             "reportingComponent": self.config.component,
         }
+        tick.gate.check(f"event {reason} {ref['name']}")
         await self._core.create_namespaced_event(namespace, body, field_manager=FIELD_MANAGER)
         self._seen[key] = _Seen(name, namespace, 1, now)
         return "created"
 
 
 class _KubeGateIO:
-    """The MIG gate's writes, against the API server (one per tick: carries the tick's report and limits)."""
+    """The MIG gate's writes, against the API server (one per tick: carries the tick's report, limits and write
+    gate). Every node write re-reads the node first and carries its ``resourceVersion``: the check and the write
+    see the same node, or the write is refused (409) and re-checked."""
 
     def __init__(self, actuator: KubeActuator, tick: _Tick) -> None:
         self.a = actuator
@@ -578,6 +676,7 @@ class _KubeGateIO:
                 # previous process
                 return node.labels.get(OWNER_LABEL) is not None
             await self.a._hook("cordon", name)
+            self.tick.gate.check(f"cordon node {name}")
             await self.a._core.patch_node(
                 name, {"metadata": {"resourceVersion": node.resource_version, "labels": {OWNER_LABEL: config_name}},
                        "spec": {"unschedulable": True}},
@@ -586,16 +685,29 @@ class _KubeGateIO:
 
         return await self.a._retrying(self.tick, attempt)
 
-    async def uncordon(self, name: str, we_cordoned: bool) -> None:
+    async def uncordon(self, name: str, we_cordoned: bool, owner: str = "") -> None:
         if not we_cordoned:
             return
-        try:
-            await self.a._core.patch_node(name, {"metadata": {"labels": {OWNER_LABEL: None}},
-                                                 "spec": {"unschedulable": False}},
-                                          _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+
+        async def attempt() -> None:
+            node = await self.read_node(name)
+            if node is None:
+                return
+            if owner and node.labels.get(OWNER_LABEL) != owner:
+                log.warning("mig relayout %s: not uncordoned, %s is %r now (not ours)", name, OWNER_LABEL,
+                            node.labels.get(OWNER_LABEL))
+                return
+            self.tick.gate.check(f"uncordon node {name}")
+            try:
+                await self.a._core.patch_node(
+                    name, {"metadata": {"resourceVersion": node.resource_version, "labels": {OWNER_LABEL: None}},
+                           "spec": {"unschedulable": False}},
+                    _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+        await self.a._retrying(self.tick, attempt)
 
     async def _config_entry(self, config_name: str) -> Any:
         ns, name = split_key(self.a.config.mig_parted_configmap, "default")
@@ -614,18 +726,32 @@ class _KubeGateIO:
         wanted = (config.get("mig-configs") or {}).get(config_name)
         return wanted is not None and await self._config_entry(config_name) == wanted
 
-    async def write_config(self, config: dict) -> bool:
+    async def write_config(self, config: dict) -> bool:  # gated in _upsert_configmap
         outcome = await self.a._upsert_configmap(self.tick, self.a.config.mig_parted_configmap, "mig-config",
                                                  lambda current: merge_mig_configs(current, config), MIG_PARTED_KEY)
         if outcome != "unchanged":
             self.tick.report.applied.append(f"mig-parted config: {outcome} {self.a.config.mig_parted_configmap}")
         return outcome != "unchanged"
 
-    async def relabel(self, name: str, config_name: str) -> None:
-        # both labels in ONE patch: a later "success" can only be the MIG manager's answer to this config
-        await self.a._core.patch_node(
-            name, {"metadata": {"labels": {MIG_CONFIG: config_name, MIG_CONFIG_STATE: STATE_PENDING}}},
-            _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+    async def relabel(self, name: str, config_name: str, owner: str | None = None) -> bool:
+        async def attempt() -> bool:
+            node = await self.read_node(name)
+            if node is None:
+                raise Gone(name)
+            if not node.unschedulable or (owner is not None and node.labels.get(OWNER_LABEL) != owner):
+                log.warning("mig relayout %s: not relabeled, the node changed (cordoned %s, %s=%r, expected %r)",
+                            name, node.unschedulable, OWNER_LABEL, node.labels.get(OWNER_LABEL), owner)
+                return False
+            await self.a._hook("relabel", name)
+            self.tick.gate.check(f"relabel node {name}")
+            # both labels in ONE patch: a later "success" can only be the MIG manager's answer to this config
+            await self.a._core.patch_node(
+                name, {"metadata": {"resourceVersion": node.resource_version,
+                                    "labels": {MIG_CONFIG: config_name, MIG_CONFIG_STATE: STATE_PENDING}}},
+                _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+            return True
+
+        return await self.a._retrying(self.tick, attempt)
 
     async def event(self, node: str, type_: str, reason: str, message: str) -> None:
         ref = {"kind": "Node", "apiVersion": "v1", "name": node}

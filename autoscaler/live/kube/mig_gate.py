@@ -34,6 +34,14 @@ we uncordon only nodes we cordoned (an admin's cordon stays) and remove the labe
 restart the label lets the new process find its half-done relayouts (:meth:`MigGate.recover`): it waits for the
 MIG manager when the relabel had happened and then uncordons, so a restart never leaves a node cordoned forever.
 
+**Only from the node as it is, in this term.** Before each step the node is read fresh; a relayout whose node no
+longer carries our owner label (another leader finished or rolled it back, or owns it now) is dropped without a
+write, and the relabel and uncordon re-check the label in the same read that carries the ``resourceVersion``
+precondition of their patch. When leadership is (re)gained :meth:`MigGate.new_term` forgets every relayout
+remembered from an earlier term; the next tick adopts what the node labels say (:meth:`MigGate.recover`). With
+re-layout switched off, adopted relayouts are still finished (wait for the MIG manager, then uncordon) or rolled
+back (uncordon): that needs ``get`` and ``patch`` on nodes (and Events), whatever the switch says.
+
 **Freshness of the pods.** ``view.nodes[node].gpu_pods`` comes from the informer cache; a pod bound just before
 the cordon may not be in it yet. The tick that cordons therefore ends there: WAIT_FREE is first judged on the
 next tick's view, read after the cordon was written.
@@ -55,6 +63,7 @@ from autoscaler.live.kube.objects import (
     PREFIX,
     ClusterView,
 )
+from autoscaler.live.kube.term import LeadershipLost
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +119,8 @@ class Relayout:
     phase_since: float = 0.0
     ticks_in_phase: int = 0  # ticks spent waiting in the phase (reporting)
     we_cordoned: bool = False
+    owner: str = ""  # the OWNER_LABEL value we wrote when cordoning (a retarget keeps it): the node is ours iff
+    #                  it still says so
     recovered: bool = False  # adopted after a restart (no action to compare against; config unknown)
     outcome: str = ""  # why it failed / how it ended
 
@@ -149,6 +160,10 @@ def decide(job: Relayout, node: NodeRead | None, gpu_pods: Mapping[str, int], no
         return Step(Op.GONE, f"node {job.node} no longer exists")
     if job.recovered and node.labels.get(OWNER_LABEL) != job.config_name:
         return Step(Op.DROP, "the node no longer carries our relayout label")
+    if job.we_cordoned and job.phase is not Phase.CORDON and node.labels.get(OWNER_LABEL) != job.owner:
+        # someone else finished or rolled back this relayout (another leader, an admin) or owns the node now:
+        # nothing we remember about it still holds, so nothing is written
+        return Step(Op.DROP, f"the node's {OWNER_LABEL} is {node.labels.get(OWNER_LABEL)!r}, not {job.owner!r}")
     waited = now - job.phase_since
     match job.phase:
         case Phase.CORDON:
@@ -189,7 +204,9 @@ class GateIO(Protocol):
         """Cordon ``name`` (and label it ours); True when we cordoned it, False when it already was (admin)."""
         ...
 
-    async def uncordon(self, name: str, we_cordoned: bool) -> None: ...
+    async def uncordon(self, name: str, we_cordoned: bool, owner: str = "") -> None:
+        """Uncordon ``name`` and remove our label, only if we cordoned it and it still carries ``owner``."""
+        ...
 
     async def config_applied(self, node: NodeRead, config_name: str, config: dict) -> bool:
         """The node already runs ``config_name`` (label + state success) and the ConfigMap holds this entry."""
@@ -199,8 +216,10 @@ class GateIO(Protocol):
         """Merge ``config``'s ``mig-configs`` into the mig-parted ConfigMap; True when something changed."""
         ...
 
-    async def relabel(self, name: str, config_name: str) -> None:
-        """Set ``nvidia.com/mig.config=config_name`` and ``nvidia.com/mig.config.state=pending`` in one patch."""
+    async def relabel(self, name: str, config_name: str, owner: str | None = None) -> bool:
+        """Set ``nvidia.com/mig.config=config_name`` and ``nvidia.com/mig.config.state=pending`` in one patch, if the
+        node read right before still carries ``owner`` (None: not ours to check, an admin's cordon) and is
+        still cordoned; False (nothing written) otherwise."""
         ...
 
     async def event(self, node: str, type_: str, reason: str, message: str) -> None: ...
@@ -227,13 +246,24 @@ class MigGate:
     def in_flight(self) -> list[str]:
         return sorted(n for n, j in self.jobs.items() if j.active)
 
+    def new_term(self) -> None:
+        """Leadership was (re)gained: drop every relayout remembered from an earlier term (the other leader may
+        have finished, rolled back or restarted them since) and the retry back-offs; the next tick's
+        :meth:`recover` adopts what the node labels say now."""
+        if self.jobs:
+            log.warning("mig gate: a new leadership term forgets %d relayout(s) of the last one: %s",
+                        len(self.jobs), ", ".join(sorted(self.jobs)))
+        self.jobs.clear()
+        self.finished.clear()
+
     def recover(self, view: ClusterView, now: float) -> None:
         """Adopt nodes a previous controller process cordoned (they carry :data:`OWNER_LABEL`)."""
         for name, info in view.nodes.items():
             owner = info.labels.get(OWNER_LABEL)
             if not owner or name in self.jobs:
                 continue
-            job = Relayout(name, owner, {}, {}, started=now, phase_since=now, we_cordoned=True, recovered=True)
+            job = Relayout(name, owner, {}, {}, started=now, phase_since=now, we_cordoned=True, owner=owner,
+                           recovered=True)
             # the relabel happened iff the node already names our config: then wait for the MIG manager;
             # otherwise nothing was changed yet and the cordon is simply undone (the plan re-issues the relayout)
             job.phase = Phase.WAIT_SUCCESS if info.labels.get(MIG_CONFIG) == owner else Phase.UNCORDON
@@ -272,6 +302,8 @@ class MigGate:
             job = self.jobs[name]
             try:
                 await self._advance(job, view, now, io, report)
+            except LeadershipLost:
+                raise  # no node of this tick is touched any more
             except Exception as e:  # one node's failure must not stop the others (the job stays; next tick retries)
                 log.exception("mig relayout %s: %s", name, e)
                 report.errors.append(f"mig-layout {name}: {job.phase}: {_describe_error(e)}")
@@ -307,6 +339,7 @@ class MigGate:
                         report.skipped.append((f"{prefix} -> {job.config_name}", "unchanged"))
                         return
                     job.we_cordoned = await io.cordon(job.node, job.config_name)
+                    job.owner = job.config_name if job.we_cordoned else ""
                     report.applied.append(f"{prefix}: cordon" + ("" if job.we_cordoned else " (already cordoned)"))
                     await io.event(job.node, "Normal", "MigRelayoutStarted",
                                    f"re-partitioning GPUs {list(job.changed)} to {job.config_name}: node cordoned, "
@@ -325,13 +358,17 @@ class MigGate:
                             return
                         report.applied.append(f"{prefix}: label already {job.config_name}")
                     else:
-                        await io.relabel(job.node, job.config_name)
+                        if not await io.relabel(job.node, job.config_name, job.owner if job.we_cordoned else None):
+                            job.outcome = "the node changed before the relabel (no longer ours or uncordoned)"
+                            report.skipped.append((f"{prefix} -> {job.config_name}", "node-changed"))
+                            job.enter(Phase.DONE, now)
+                            return
                         report.applied.append(f"{prefix}: relabel {MIG_CONFIG}={job.config_name}")
                     job.enter(Phase.WAIT_SUCCESS, now)
                     report.pending.append(f"{prefix}: {job.phase}: relabeled this tick")
                     return
                 case Op.UNCORDON:
-                    await io.uncordon(job.node, job.we_cordoned)
+                    await io.uncordon(job.node, job.we_cordoned, job.owner)
                     job.outcome = step.why or "done"
                     report.applied.append(f"{prefix}: " + ("uncordon" if job.we_cordoned else "done (not ours)"))
                     relabeled = node is not None and node.labels.get(MIG_CONFIG) == job.config_name
@@ -345,7 +382,7 @@ class MigGate:
                     return
 
     async def _fail(self, job: Relayout, now: float, io: GateIO, report: Report, why: str) -> None:
-        await io.uncordon(job.node, job.we_cordoned)
+        await io.uncordon(job.node, job.we_cordoned, job.owner)
         job.outcome = why
         job.enter(Phase.FAILED, now)
         report.errors.append(f"mig-layout {job.node}: {why}" + ("; uncordoned" if job.we_cordoned else ""))
