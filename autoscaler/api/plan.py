@@ -26,6 +26,7 @@ class Reason(StrEnum):
     N_MINUS_1 = "n_minus_1_check_failed"
     UNPLACEABLE = "unplaceable"
     METRICS_STALE = "metrics_stale"
+    METRICS_PARTIAL = "metrics_partial"  # part of the model unobserved (a scrape target down, no rate now)
     BOUNDS = "bounds"  # clamped to min/max replicas
     STATIC = "static"
     ORACLE = "oracle"

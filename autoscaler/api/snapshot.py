@@ -101,6 +101,13 @@ class ModelMetrics:
 
     ``stale`` is True when the metric source is lost or older than the staleness limit: policies must
     then hold replicas rather than guess.
+
+    ``partial`` says why the window covers only part of the model (None: the source knows of nothing missing),
+    e.g. some of its scrape targets not answering: what is missing then reads as low load, so the rails never
+    scale down on it (:func:`autoscaler.decision.scaledown.normalize`). ``observed_fraction``: the share of the
+    model's known sources (scrape targets) the window holds, 1.0 when all answer or when the source knows no
+    targets. :meth:`partial_reason` adds what the samples themselves show (no request-rate sample at all, or
+    none for the newest step).
     """
 
     rate: np.ndarray  # requests/s per step
@@ -112,6 +119,25 @@ class ModelMetrics:
     # requests/s settled within the SLO latency per step (Prometheus: the rate of the latency histogram's
     # bucket at the SLO); None where the source has no such series. rate vs this = error-budget burn.
     within_rate: np.ndarray | None = None
+    partial: str | None = None
+    observed_fraction: float = 1.0
+
+    def partial_reason(self) -> str | None:
+        """Why this window is not the whole model's load (a scale-down must not be decided on it); None when it
+        is. The source's own word (``partial``) first, then the samples: an empty window, or a NaN request rate
+        at the newest step (the load now is unknown, and every policy's short window would read it as zero)."""
+        if self.partial is not None:
+            return self.partial
+        rate = self.rate
+        if rate.size == 0:
+            return NO_RATE_SAMPLES
+        if not math.isfinite(rate[-1]):
+            return NO_NEWEST_RATE
+        return None
+
+
+NO_RATE_SAMPLES = "no request-rate samples in the window"
+NO_NEWEST_RATE = "no request-rate sample for the newest step"
 
 
 # "No data" for a model the window does not cover: a flag, never zero load.

@@ -3,9 +3,14 @@
 Every policy's result passes through :func:`normalize`, once per decision (``decide`` calls it), the way HPA's
 ``normalizeDesiredReplicasWithBehaviors`` wraps its metric recommendation and Ray Serve's rails wrap every policy:
 
-1. **rails**: stale or missing metrics hold the current count (never scale down on missing data); the spec's
-   min/max replicas bound the result (reason ``bounds`` when they change it, unless the behaviour counts them
-   among its rate limits, as HPA's controller does);
+1. **rails**: stale or missing metrics hold the current count (never scale down on missing data); a partially
+   observed window (:meth:`~autoscaler.api.snapshot.ModelMetrics.partial_reason`: a scrape target down, no
+   request rate for the newest step) never scales down either -- what is missing reads as low load, and the
+   replicas whose scrapes time out are the overloaded ones -- but may scale up on what it does show (HPA counts a
+   missing pod as busy for a scale-down and as idle for a scale-up: this is at least as careful); such a hold
+   enters the down-stabilization window as the current count, so that a scale-down after the data is whole again
+   still waits a whole window; the spec's min/max replicas bound the result (reason ``bounds`` when they change
+   it, unless the behaviour counts them among its rate limits, as HPA's controller does);
 2. **stabilization**, as the policy declares it (:class:`~autoscaler.policies.base.ScalingBehavior`): down only
    to the highest recommendation of the window (with ``warm_up``, a window not yet seen whole holds the current
    count), up only to the lowest of the up window;
@@ -74,8 +79,14 @@ def normalize(policy: Policy, ctx: PolicyContext, window: ScaleDownState | None 
     if ctx.metrics.stale:
         held = min(max(current, spec.min_replicas), spec.max_replicas)
         return Scaled(held, Reason.METRICS_STALE, "holding replicas", ctx.state, window)
+    gap = ctx.metrics.partial_reason()
     result = policy.decide(ctx)
     behavior = policy.behavior
+    if gap is not None and (result.holds or result.desired <= current):
+        # Only a scale-up may come of a partial window; the policy's state is not advanced on it.
+        held = min(max(current, spec.min_replicas), spec.max_replicas)
+        return Scaled(held, Reason.METRICS_PARTIAL, f"holding replicas: {gap}", ctx.state,
+                      _hold_in_window(behavior, window, ctx.now, current))
     if behavior is None or result.holds:
         desired, reason, detail = result.desired, result.reason, result.detail
     else:
@@ -83,9 +94,24 @@ def normalize(policy: Policy, ctx: PolicyContext, window: ScaleDownState | None 
     bounded = _bounded(desired, spec)
     if bounded != desired:
         reason, detail = Reason.BOUNDS, f"wanted {desired}"
+    if gap is not None:
+        # (a scale-up the policy asked for on what is observed; never below the held count, whatever the behaviour)
+        bounded = max(bounded, min(max(current, spec.min_replicas), spec.max_replicas))
+        detail = f"{detail}; metrics partial: {gap}"
     if behavior is not None and not result.holds and (behavior.up_limits or behavior.down_limits):
         window = _record(window, behavior, ctx.now, bounded - current)
     return Scaled(bounded, reason, detail, result.state, window, result.arrival_scv)
+
+
+def _hold_in_window(b: ScalingBehavior | None, w: ScaleDownState, now: float, current: int) -> ScaleDownState:
+    """The down-stabilization window after a partial hold: the current count recorded as this decision's
+    recommendation (HPA's "a pod without metrics is busy" for a scale-down), so the window's highest stays at
+    least the current count for a whole window after the data is whole again."""
+    if b is None or b.stabilization_s <= 0:
+        return w
+    started = w.started_at if w.started_at is not None else now
+    highs = _push(w.highs, now, current, now - b.stabilization_s, higher=True)
+    return ScaleDownState(started_at=started, highs=highs, lows=w.lows, events=w.events)
 
 
 def _bounded(desired: int, spec: ModelSpec) -> int:
