@@ -144,6 +144,9 @@ class LendingPolicy:
     kueue_cluster_queue: str = "inference"
     kueue_flavor: str = "default-flavor"
     kueue_resource: str = "nvidia.com/gpu"
+    # Opt-in: a reclaim whose evictions a PodDisruptionBudget still refuses this many seconds after its deadline
+    # deletes those training pods (the budget is overridden; grace capped by max_reclaim_s). None: never.
+    force_after_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("pods", "kueue"):

@@ -64,6 +64,11 @@ Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or sha
 ``slotwise_reclaim_duration_seconds``                       histogram: decision to reclaim -> GPUs free, per
                                                             finished reclaim; a bucket bound at the deadline
 ``slotwise_reclaim_deadline_seconds``                       the published reclaim deadline (``max_reclaim_s``)
+``slotwise_reclaim_in_flight_age_seconds``                  the oldest reclaim in flight: seconds since its
+                                                            decision (0 when none is in flight)
+``slotwise_reclaims_in_flight``                             reclaims in flight (started, GPUs not free yet)
+``slotwise_reclaim_evictions_refused_total{reason}``        evictions refused with 429: ``disruption-budget``
+                                                            (a PodDisruptionBudget) or ``too-many-requests``
 ``slotwise_preemptions_total{team,model,reason}``           replicas preempted: the victim's team and model, the
                                                             :class:`~autoscaler.api.plan.PreemptionReason`
 ``slotwise_guarantee_refusals_total{team,model,reason}``    replicas refused while the team was inside its
@@ -87,7 +92,10 @@ Lending (issue 8) is fed by :meth:`~ControllerMetrics.record_lending` with the l
 (:class:`~autoscaler.live.kube.lending.LendingReport`, duck-typed) and, for the lent gauge, by
 :meth:`~ControllerMetrics.record_tick` from the snapshot. The reclaim histogram has a bucket bound exactly at the
 deadline given to the constructor (``reclaim_deadline_s``), so the alert ``SlotwiseReclaimTooSlow`` (p99 above
-``slotwise_reclaim_deadline_seconds``) compares at a bucket edge, where ``histogram_quantile`` is exact.
+``slotwise_reclaim_deadline_seconds``) compares at a bucket edge, where ``histogram_quantile`` is exact. The
+histogram only sees reclaims that finished; one stuck in flight (a PodDisruptionBudget refusing every eviction)
+shows in ``slotwise_reclaim_in_flight_age_seconds``, which the alert ``SlotwiseReclaimStuck`` compares with the
+deadline. The in-flight gauges are set from every report of a tick that advanced the reclaims.
 In ``slotwise_gpu_slots`` a lent GPU is ``lent``, neither ``used`` nor ``free`` (used + free + lent = the GPUs);
 training that runs on GPUs slotwise did not lend (e.g. Kueue borrowing on its own) counts as ``lent`` too.
 """
@@ -313,6 +321,18 @@ class ControllerMetrics:
             "slotwise_reclaim_deadline_seconds", "The published reclaim deadline (maxReclaimSeconds).", registry=r
         )
         self.reclaim_deadline.set(self.reclaim_deadline_s)
+        self.reclaim_in_flight_age = Gauge(
+            "slotwise_reclaim_in_flight_age_seconds",
+            "Seconds since the decision of the oldest reclaim still in flight (0 when none is).", registry=r
+        )
+        self.reclaims_in_flight = Gauge(
+            "slotwise_reclaims_in_flight", "Reclaims of lent GPUs started and not finished.", registry=r
+        )
+        self.evictions_refused = Counter(
+            "slotwise_reclaim_evictions_refused",
+            "Evictions of training pods refused with 429: by a PodDisruptionBudget or by the server throttling.",
+            ["reason"], registry=r,
+        )
         self._lent_kinds: set[str] = set()
         self._reclaim_reason = _Bounded()
         self._counted_until: dict[str, float] = {}  # model -> time of the newest metrics step counted
@@ -555,6 +575,13 @@ class ControllerMetrics:
             seconds = float(done if isinstance(done, int | float) else getattr(done, "seconds", math.nan))
             if math.isfinite(seconds) and seconds >= 0:
                 self.reclaim_duration.observe(seconds)
+        for _, why in getattr(report, "blocked", ()) or ():
+            self.evictions_refused.labels(
+                why if why in ("disruption-budget", "too-many-requests") else "other").inc()
+        age = getattr(report, "in_flight_age_s", None)
+        if isinstance(age, int | float) and math.isfinite(age):
+            self.reclaim_in_flight_age.set(max(0.0, float(age)))
+            self.reclaims_in_flight.set(float(getattr(report, "in_flight", 0) or 0))
 
     def error(self, kind: str) -> None:
         self.errors.labels(self._error_kind(kind)).inc()

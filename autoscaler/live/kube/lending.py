@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -64,17 +65,30 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from autoscaler.api.plan import LendGpus, ReclaimGpus
 from autoscaler.live.kube.lending_rules import (
+    DEACTIVATED_LABEL,
+    DEACTIVATED_VALUE,
+    DEFAULT_RETRY_AFTER_S,
+    KUEUE_VERSIONS,
+    RECLAIM_FORCED_REASON,
+    RECLAIM_OVERDUE_REASON,
     belongs_to,
+    deactivate_patch,
+    deactivated_by_slotwise,
     eviction_grace,
     eviction_order,
+    eviction_refusal,
     inference_pods,
     is_live,
     is_preemptible,
+    kueue_version,
     lending_limit,
     lent_node_patch,
     parse_rfc3339,
     pod_key,
+    reactivate_patch,
+    reclaim_event,
     released_node_patch,
+    retry_after_s,
     rfc3339_precise,
     set_lending_limit,
 )
@@ -88,6 +102,7 @@ from autoscaler.live.kube.objects import (
     TrainingRef,
     has_lent_taint,
 )
+from autoscaler.live.kube.term import ALWAYS_OPEN, LeadershipLost, WriteGate
 from autoscaler.live.kube.writes import Gone, api_error, describe
 from sharing.lending import LendingPolicy
 
@@ -95,7 +110,29 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta1"
+KUEUE_VERSION = "v1beta1"  # when discovery cannot tell (the group is not served, discovery failed)
+
+
+async def discover_kueue_version(api_client: Any) -> str | None:
+    """The ``kueue.x-k8s.io`` version to use, asked from the server's discovery (v1beta2 preferred over v1beta1);
+    None when the server serves no Kueue version slotwise knows (Kueue not installed)."""
+    groups = await ApisApi(api_client).get_api_versions()
+    for g in groups.groups or ():
+        if g.name == KUEUE_GROUP:
+            return kueue_version(v.version for v in g.versions or ())
+    return None
+
+
+async def kueue_workloads_path(api_client: Any) -> str:
+    """The collection path of Kueue Workloads for an informer, in the version the server prefers
+    (``/apis/kueue.x-k8s.io/v1beta2/workloads`` on a current Kueue); v1beta1's when Kueue is not (yet) installed or
+    discovery fails (the informer is optional: a 404 there means no Workloads)."""
+    try:
+        version = await discover_kueue_version(api_client)
+    except ApiException as e:
+        log.warning("discovery of %s failed (%s): assuming %s", KUEUE_GROUP, api_error(e), KUEUE_VERSION)
+        version = None
+    return f"/apis/{KUEUE_GROUP}/{version or KUEUE_VERSION}/workloads"
 
 
 class Phase(StrEnum):
@@ -121,6 +158,8 @@ class Reclaim:
     refused: set[str] = field(default_factory=set)  # already reported, once per reclaim
     bare: set[str] = field(default_factory=set)  # kueue mode: named workloads without a Kueue Workload (evicted)
     blocked: set[str] = field(default_factory=set)  # pods whose eviction a PodDisruptionBudget refused (429)
+    deactivated: set[str] = field(default_factory=set)  # kueue mode: Workloads ("ns/name") this reclaim deactivated
+    overdue: bool = False  # past its deadline: said once (Warning Event, log)
 
 
 @dataclass(frozen=True)
@@ -153,6 +192,12 @@ class LendingReport:
     lends: int = 0  # LendGpus applied (a node lent; a lendingLimit raised for it)
     reclaims_started: list[tuple[str, str]] = field(default_factory=list)  # (node, reason) of new reclaims
     reclaims_done: list[ReclaimDone] = field(default_factory=list)
+    reactivated: list[str] = field(default_factory=list)  # Kueue Workloads ("ns/name") given back this tick
+    blocked: list[tuple[str, str]] = field(default_factory=list)  # (pod key, "disruption-budget" | "too-many-...")
+    overdue: list[str] = field(default_factory=list)  # nodes whose reclaim passed its deadline this tick
+    forced: list[str] = field(default_factory=list)  # pod keys deleted past deadline + force_after_s
+    in_flight: int = 0  # reclaims in flight after this tick
+    in_flight_age_s: float = 0.0  # the oldest of them: seconds since its decision (0 when none)
 
     def why(self, prefix: str) -> list[str]:
         return [why for line, why in self.skipped if line.startswith(prefix)]
@@ -165,6 +210,7 @@ class LendingReport:
 class _Tick:
     view: ClusterView
     now: float
+    gate: WriteGate = ALWAYS_OPEN
     report: LendingReport = field(default_factory=LendingReport)
     lends: int = 0
     evictions: int = 0
@@ -190,18 +236,51 @@ class LendingActuator:
         self._custom = CustomObjectsApi(api_client)
         self.reclaims: dict[str, Reclaim] = {}  # node -> reclaim in flight
         self._eviction_version: str | None = None  # "policy/v1" or "policy/v1beta1", from discovery
+        self._kueue_version: str | None = None  # "v1beta2" or "v1beta1", from discovery
+        self._not_before: dict[str, float] = {}  # pod key -> when its eviction may be asked again (Retry-After)
+        self._throttled_until = -math.inf  # a plain 429 (the server throttling): no write before this time
+        self._event_seq = 0
         # Test seam, as KubeActuator's: awaited after a read and before the write depending on it, with (what, key),
         # what in {"lend", "unlabel", "release", "lending-limit"}.
         self.before_write: Callable[[str, str], Awaitable[None]] | None = None
 
     # -- the tick -------------------------------------------------------------------------------------------------
 
-    async def apply(self, actions: Sequence[Any], view: ClusterView) -> LendingReport:
+    def new_term(self) -> None:
+        """Leadership (re)gained: forget everything remembered from an earlier term -- reclaims in flight, the
+        pods whose eviction was to wait (Retry-After), the server's throttling, what discovery said. The next
+        :meth:`apply` starts from the cluster as it is: a node with the lent taint but not the label is a reclaim
+        in flight and is adopted (pods mode); a node lent again meanwhile (by the other replica, on purpose) is
+        lent, and nothing of the old term's reclaim acts on it. Kueue mode: the Workloads slotwise deactivated
+        carry their mark on the cluster; the decision core asks again for what it still needs."""
+        if self.reclaims:
+            log.info("new leadership term: %d reclaim(s) of the earlier term forgotten (%s); the cluster says what "
+                     "is in flight", len(self.reclaims), ", ".join(sorted(self.reclaims)))
+        self.reclaims.clear()
+        self._not_before.clear()
+        self._throttled_until = -math.inf
+        self._eviction_version = None
+        self._kueue_version = None
+
+    def has_work(self, view: ClusterView) -> bool:
+        """Whether :meth:`apply` must run this tick: lending is on, a reclaim is in flight in memory, or -- lending
+        switched off, after a restart or a new term, when nothing is in memory -- the cluster still shows what
+        lending left: a node lent or being reclaimed (pods mode), GPUs lent (the decision core reclaims them,
+        reason ``disabled``, and apply carries that out)."""
+        if self.policy.enabled or self.reclaims:
+            return True
+        if self.policy.mode == "pods":
+            return any(info.lent or info.reclaiming for info in view.nodes.values())
+        return bool(view.snapshot.lent)
+
+    async def apply(self, actions: Sequence[Any], view: ClusterView, gate: WriteGate = ALWAYS_OPEN
+                    ) -> LendingReport:
         """Apply this tick's lending actions (``plan.actions`` may be passed whole: other actions are ignored) and
-        advance every reclaim in flight. Call it every tick (with no actions too) while lending is on or any
-        reclaim is in flight (``self.reclaims``): a reclaim finishes over several ticks. ``view`` is the tick's
-        view (its ``snapshot.now`` is taken as the decision time of new reclaims)."""
-        tick = _Tick(view=view, now=self.clock())
+        advance every reclaim in flight. Call it every tick (with no actions too) while :meth:`has_work` says so:
+        a reclaim finishes over several ticks. ``view`` is the tick's view (its ``snapshot.now`` is taken as the
+        decision time of new reclaims). ``gate`` is checked right before every request that changes the cluster;
+        :class:`~autoscaler.live.kube.term.LeadershipLost` ends the tick there (raised to the caller)."""
+        tick = _Tick(view=view, now=self.clock(), gate=gate)
         r = tick.report
         lends = [a for a in actions if isinstance(a, LendGpus)]
         reclaims = [a for a in actions if isinstance(a, ReclaimGpus)]
@@ -212,24 +291,44 @@ class LendingActuator:
         if not kueue:
             await self._guarded(tick, "recover", self._recover(tick))
         new = [a for a in reclaims if self._submit(tick, a)]
+        if tick.now < self._throttled_until:
+            # the server asked us to wait (429 Retry-After): no request this tick; the reclaims' age still counts
+            r.skipped.extend((describe(a), "retry-after") for a in (*reclaims, *lends))
+            self._age(tick)
+            return r
+        limit_ok = True
         if kueue and (lends or new):
-            await self._guarded(tick, "lending-limit", self._limit(tick, lends))
+            limit_ok = await self._limit(tick, lends)
         # reclaims first: inference is waiting for them, lends can wait a tick
         for node in sorted(self.reclaims):
-            job = self.reclaims[node]
-            await self._guarded(tick, f"reclaim {node}", self._advance(tick, job))
+            job = self.reclaims.get(node)
+            if job is not None:
+                await self._guarded(tick, f"reclaim {node}", self._advance(tick, job))
         if not kueue:
             for a in lends:
                 await self._guarded(tick, describe(a), self._lend(tick, a))
+        elif lends and limit_ok and self.policy.enabled:
+            # capacity is lent again: the Workloads slotwise deactivated go back to Kueue's queue (admitted as the
+            # lendingLimit just written allows)
+            await self._guarded(tick, "reactivate", self._reactivate(tick))
+        self._age(tick)
         level = logging.WARNING if r.errors else logging.INFO
         log.log(level, "lending: %d applied, %d skipped, %d pending, %d refused, %d error(s)%s", len(r.applied),
                 len(r.skipped), len(r.pending), len(r.refused), len(r.errors),
                 (": " + "; ".join(r.errors)) if r.errors else "")
         return r
 
+    def _age(self, tick: _Tick) -> None:
+        r = tick.report
+        r.in_flight = len(self.reclaims)
+        ages = [tick.now - j.decided_at for j in self.reclaims.values()]
+        r.in_flight_age_s = max(0.0, max(ages, default=0.0))
+
     async def _guarded(self, tick: _Tick, line: str, work: Awaitable[None]) -> None:
         try:
             await work
+        except LeadershipLost:
+            raise  # the tick ends here: nothing more is written in this term
         except Gone:
             tick.report.skipped.append((line, "gone"))
         except Exception as e:
@@ -241,11 +340,19 @@ class LendingActuator:
             try:
                 return await attempt()
             except ApiException as e:
+                if e.status == 429 and eviction_refusal(e.body) == "too-many-requests":
+                    self._throttle(tick, e)
                 if e.status != 409 or n == self.conflict_retries:
                     raise
                 tick.report.conflicts_retried += 1
                 await asyncio.sleep(self._rng.uniform(0.0, self.conflict_backoff_s * 2**n))
         raise AssertionError("unreachable")
+
+    def _throttle(self, tick: _Tick, e: ApiException) -> None:
+        """A plain 429 (the server throttling, not a disruption budget): no request until its Retry-After."""
+        wait = retry_after_s(e.headers, e.body)
+        self._throttled_until = max(self._throttled_until,
+                                    tick.now + (DEFAULT_RETRY_AFTER_S if wait is None else wait))
 
     async def _hook(self, what: str, key: str) -> None:
         if self.before_write is not None:
@@ -307,6 +414,7 @@ class LendingActuator:
             if patch is None:
                 return False
             await self._hook("lend", a.node)
+            tick.gate.check(f"lend {a.node}")
             await self._core.patch_node(a.node, patch, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
             return True
 
@@ -395,6 +503,7 @@ class LendingActuator:
             if not labelled and RECLAIM_SINCE_ANNOTATION in annotations:
                 return "unchanged"
             await self._hook("unlabel", job.node)
+            tick.gate.check(f"reclaim {job.node}: unlabel")
             patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "labels": {LENT_LABEL: None},
                                   "annotations": {RECLAIM_SINCE_ANNOTATION: rfc3339_precise(job.decided_at),
                                                   RECLAIM_REASON_ANNOTATION: job.reason}}}
@@ -433,12 +542,15 @@ class LendingActuator:
     async def _evict(self, tick: _Tick, job: Reclaim) -> None:
         wait, evict, refused = self._targets(tick, job, await self._pods_on(job.node))
         self._refuse(tick, job, refused)
+        todo = [p for p in evict if not (p.get("metadata") or {}).get("deletionTimestamp")]  # others: on their way
+        if todo and self.policy.mode == "pods" and not await self._still_reclaiming(tick, job):
+            return
         evicted_any = False
-        for pod in evict:
-            if (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue  # on its way out (the kubelet runs its grace period)
-            if tick.evictions >= self.max_evictions_per_tick:
+        for pod in todo:
+            if tick.evictions >= self.max_evictions_per_tick or tick.now < self._throttled_until:
                 break
+            if tick.now < self._not_before.get(pod_key(pod), -math.inf):
+                continue  # its budget asked us to wait (Retry-After)
             tick.evictions += 1
             evicted_any |= await self._evict_pod(tick, job, pod)
         if evicted_any:  # a grace of 0 deletes at once: look again before waiting a tick
@@ -453,6 +565,90 @@ class LendingActuator:
         tick.report.pending.append(
             f"reclaim {job.node}: {len(wait)} training pod(s) still on the node after {waited:.0f}s "
             f"({', '.join(pod_key(p) for p in wait[:5])}{' ...' if len(wait) > 5 else ''})")
+        if waited > job.deadline_s:
+            await self._overdue(tick, job, wait, waited)
+
+    async def _still_reclaiming(self, tick: _Tick, job: Reclaim) -> bool:
+        """Pods mode, right before evicting: the node as it is NOW must still be in this reclaim's state (the lent
+        taint without the label). A node lent again meanwhile (the other replica, during a term this one did not
+        lead; an admin) or released already is not ours to evict from: the reclaim ends there, unrecorded."""
+        node = await self._read_node(job.node)
+        if node is None:
+            self.reclaims.pop(job.node, None)
+            raise Gone(job.node)
+        if _reclaiming(node):
+            return True
+        lent_again = ((node.get("metadata") or {}).get("labels") or {}).get(LENT_LABEL) == "true"
+        why = "lent-again" if lent_again else "not-lent"
+        log.warning("reclaim %s: the node is %s now; the reclaim ends without evicting", job.node,
+                    "lent again" if lent_again else "no longer lent")
+        self.reclaims.pop(job.node, None)
+        tick.report.skipped.append((f"reclaim {job.node}", why))
+        return False
+
+    async def _overdue(self, tick: _Tick, job: Reclaim, wait: Sequence[Mapping[str, Any]], waited: float) -> None:
+        """A reclaim in flight past its deadline: said once (a Warning Event on the pod holding it up -- one a
+        PodDisruptionBudget protects first -- else on the node; the log; ``report.overdue``); with the opt-in
+        ``force_after_s``, pods still refused by their budget that long after the deadline are deleted."""
+        blocked = sorted(k for k in job.blocked if any(pod_key(p) == k for p in wait))
+        force = _force_after(self.policy)
+        if not job.overdue:
+            job.overdue = True
+            tick.report.overdue.append(job.node)
+            message = (f"Reclaim of lent node {job.node} ({job.reason}) in flight for {waited:.0f}s, past its "
+                       f"deadline of {job.deadline_s:.0f}s: {len(wait)} training pod(s) left")
+            if blocked:
+                message += f"; eviction refused by a PodDisruptionBudget: {', '.join(blocked[:5])}"
+            message += (f"; they are deleted {force:.0f}s after the deadline (force_after_s)" if force is not None
+                        else "; inference waits for these GPUs")
+            log.warning("reclaim %s: %s", job.node, message)
+            holder = next((p for p in wait if pod_key(p) in job.blocked), wait[0] if wait else None)
+            await self._event(tick, _pod_ref(holder) if holder else {"kind": "Node", "name": job.node},
+                              RECLAIM_OVERDUE_REASON, message)
+        if force is None or waited <= job.deadline_s + force:
+            return
+        for pod in wait:
+            meta = pod.get("metadata") or {}
+            if pod_key(pod) in job.blocked and not meta.get("deletionTimestamp"):
+                await self._force(tick, job, pod, waited)
+
+    async def _force(self, tick: _Tick, job: Reclaim, pod: Mapping[str, Any], waited: float) -> None:
+        """Delete a pod its disruption budget keeps refusing to evict (opt-in, past deadline + force_after_s):
+        exactly the pod read (uid + resourceVersion preconditions), still labelled preemptible, with its grace
+        capped by the reclaim deadline as an eviction's."""
+        meta = pod.get("metadata") or {}
+        ns, name, key = str(meta.get("namespace")), str(meta.get("name")), pod_key(pod)
+        if not is_preemptible(meta.get("labels")):
+            return
+        grace = eviction_grace((pod.get("spec") or {}).get("terminationGracePeriodSeconds"), self.policy.max_reclaim_s)
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace,
+                "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+        tick.gate.check(f"reclaim {job.node}: force-delete {key}")
+        try:
+            await self._core.delete_namespaced_pod(name, ns, body=body)
+        except ApiException as e:
+            if e.status in (404, 409):  # gone, or changed since read: the next tick looks again
+                return
+            raise
+        line = (f"force-delete {key} from {job.node} (grace {grace}s): its PodDisruptionBudget refused the "
+                f"eviction for {waited:.0f}s, past the deadline {job.deadline_s:.0f}s + force_after_s")
+        tick.report.applied.append(line)
+        tick.report.forced.append(key)
+        log.warning("reclaim %s: %s", job.node, line)
+        await self._event(tick, _pod_ref(pod), RECLAIM_FORCED_REASON, line[:1].upper() + line[1:])
+
+    async def _event(self, tick: _Tick, ref: Mapping[str, str], reason: str, message: str) -> None:
+        """A Warning Event (a report: a failure to write it is logged, never the action's failure)."""
+        self._event_seq += 1
+        name = f"{ref['name'][:200]}.{int(tick.now * 1e9) + self._event_seq:x}"
+        body = reclaim_event(ref, "Warning", reason, message, tick.now, name)
+        tick.gate.check(f"event {reason} {ref['kind']} {ref['name']}")
+        try:
+            await self._core.create_namespaced_event(body["metadata"]["namespace"], body,
+                                                     field_manager=FIELD_MANAGER)
+        except ApiException as e:
+            log.warning("event %s on %s %s: %s", reason, ref["kind"], ref["name"], api_error(e))
+            tick.report.skipped.append((f"event {reason} {ref['kind']} {ref['name']}", "error"))
 
     def _refuse(self, tick: _Tick, job: Reclaim, keys: Iterable[str]) -> None:
         for key in keys:
@@ -502,6 +698,7 @@ class LendingActuator:
                     "deleteOptions": {"gracePeriodSeconds": grace,
                                       "preconditions": {"uid": cm.get("uid"),
                                                         "resourceVersion": cm.get("resourceVersion")}}}
+            tick.gate.check(f"evict {key} from {job.node}")
             try:
                 await self._core.create_namespaced_pod_eviction(name, ns, body)
             except ApiException as e:
@@ -521,10 +718,19 @@ class LendingActuator:
         except ApiException as e:
             if e.status == 404:
                 return True  # gone already
-            if e.status == 429:  # a PodDisruptionBudget says not now: the next tick asks again
-                if key not in job.blocked:
+            if e.status == 429:
+                # a PodDisruptionBudget says not now (asked again next tick, or after its Retry-After), or the
+                # server is throttling (no request at all until its Retry-After: _retrying noted it)
+                why = eviction_refusal(e.body)
+                r.blocked.append((key, why))
+                if why == "disruption-budget":
+                    wait = retry_after_s(e.headers, e.body)
+                    if wait:
+                        self._not_before[key] = tick.now + wait
+                    if key in job.blocked:
+                        return False
                     job.blocked.add(key)
-                    r.skipped.append((f"evict {key} from {job.node}", "disruption-budget"))
+                r.skipped.append((f"evict {key} from {job.node}", why))
                 return False
             raise
         if outcome == "not-preemptible":
@@ -555,6 +761,7 @@ class LendingActuator:
                 recorded = not job.recovered  # an adopted reclaim someone else finished: not ours to record
                 return False
             await self._hook("release", job.node)
+            tick.gate.check(f"reclaim {job.node}: release")
             await self._core.patch_node(job.node, patch, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
             return True
 
@@ -567,7 +774,23 @@ class LendingActuator:
 
     # -- kueue mode -----------------------------------------------------------------------------------------------
 
-    async def _limit(self, tick: _Tick, lends: Sequence[LendGpus]) -> None:
+    async def _kueue(self) -> str:
+        """The Kueue API version to speak: asked once from discovery (v1beta2 preferred, then v1beta1)."""
+        if self._kueue_version is None:
+            try:
+                version = await discover_kueue_version(self.api_client)
+            except ApiException as e:
+                log.warning("discovery of %s failed (%s): assuming %s", KUEUE_GROUP, api_error(e), KUEUE_VERSION)
+                return KUEUE_VERSION  # asked again next time
+            if version is None:
+                log.warning("the server serves no %s version slotwise knows (%s): assuming %s", KUEUE_GROUP,
+                            "/".join(KUEUE_VERSIONS), KUEUE_VERSION)
+                return KUEUE_VERSION
+            self._kueue_version = version
+        return self._kueue_version
+
+    async def _limit(self, tick: _Tick, lends: Sequence[LendGpus]) -> bool:
+        """Set the inference ClusterQueue's lendingLimit for this tick; False when it could not be written."""
         r = tick.report
         p = self.policy
         lent_now = set(tick.view.snapshot.lent)
@@ -577,8 +800,9 @@ class LendingActuator:
         line = f"lending-limit ClusterQueue {p.kueue_cluster_queue} {p.kueue_flavor}/{p.kueue_resource} -> {target}"
 
         async def attempt() -> tuple[int, bool]:
+            version = await self._kueue()
             try:
-                cq = await self._custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues",
+                cq = await self._custom.get_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues",
                                                                   p.kueue_cluster_queue)
             except ApiException as e:
                 if e.status == 404:
@@ -593,19 +817,22 @@ class LendingActuator:
             await self._hook("lending-limit", p.kueue_cluster_queue)
             patch = {"metadata": {"resourceVersion": cq["metadata"]["resourceVersion"]},
                      "spec": {"resourceGroups": groups}}
-            await self._custom.patch_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues",
+            tick.gate.check(line)
+            await self._custom.patch_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues",
                                                            p.kueue_cluster_queue, patch, _content_type=MERGE_PATCH,
                                                            field_manager=FIELD_MANAGER)
             return written, True
 
         try:
             written, changed = await self._retrying(tick, attempt)
+        except LeadershipLost:
+            raise
         except Exception as e:
             why = f"{e} not found" if isinstance(e, Gone) else api_error(e)
             log.warning("%s: %s", line, why)
             r.errors.append(f"{line}: {why}")
             r.skipped.extend((describe(a), "error") for a in lends)
-            return
+            return False
         if changed:
             r.applied.append(line if written == target else f"{line} (capped at nominalQuota {written})")
         else:
@@ -617,6 +844,7 @@ class LendingActuator:
                 r.lends += 1
             else:
                 r.skipped.append((describe(a), "unchanged"))
+        return True
 
     async def _workloads_of(self, name: str, ref: TrainingRef) -> list[tuple[str, str]]:
         """The Kueue Workloads ((namespace, name)) admitting the training workload ``name``: what the caches
@@ -628,8 +856,8 @@ class LendingActuator:
             return [tuple(w.split("/", 1)) for w in ref.workloads]  # type: ignore[misc]
         _, _, obj = name.partition("/")
         try:
-            listed = await self._custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ref.namespace,
-                                                                      "workloads")
+            listed = await self._custom.list_namespaced_custom_object(KUEUE_GROUP, await self._kueue(),
+                                                                      ref.namespace, "workloads")
         except ApiException as e:
             if e.status == 404:  # no Kueue CRDs: no Workloads
                 return []
@@ -643,9 +871,12 @@ class LendingActuator:
         return sorted(out)
 
     async def _deactivate(self, tick: _Tick, job: Reclaim) -> None:
-        """Kueue mode: ``spec.active: false`` on the named workloads' Workloads, in the plan's order. A named
-        workload the view does not know as training is refused; one without a Workload is evicted pod by pod."""
+        """Kueue mode: ``spec.active: false`` on the named workloads' Workloads, in the plan's order, each marked
+        as slotwise's (label + annotations: only those are ever reactivated). A named workload the view does not
+        know as training is refused; one without a Workload is evicted pod by pod. A Workload someone else
+        deactivated is left alone (and not marked)."""
         r = tick.report
+        version = await self._kueue()
         for name in job.workloads:
             ref = tick.view.training.get(name)
             if ref is None:
@@ -656,22 +887,87 @@ class LendingActuator:
                 job.bare.add(name)  # a preemptible pod (or Job) Kueue does not manage: evicted instead
             for ns, wl in found:
                 try:
-                    obj = await self._custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns,
-                                                                          "workloads", wl)
+                    obj = await self._custom.get_namespaced_custom_object(KUEUE_GROUP, version, ns, "workloads", wl)
                 except ApiException as e:
                     if e.status == 404:
                         continue
                     raise
                 if (obj.get("spec") or {}).get("active") is False:
+                    if deactivated_by_slotwise(obj):
+                        job.deactivated.add(f"{ns}/{wl}")
                     continue
+                tick.gate.check(f"deactivate Workload {ns}/{wl}")
                 await self._custom.patch_namespaced_custom_object(
-                    KUEUE_GROUP, KUEUE_VERSION, ns, "workloads", wl, {"spec": {"active": False}},
+                    KUEUE_GROUP, version, ns, "workloads", wl, deactivate_patch(tick.now, job.node, job.reason),
                     _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+                job.deactivated.add(f"{ns}/{wl}")
                 r.applied.append(f"deactivate Workload {ns}/{wl} ({name}) for reclaim {job.node} ({job.reason})")
                 r.deactivated.append(f"{ns}/{wl}")
         job.phase = Phase.EVICT
+
+    async def _reactivate(self, tick: _Tick) -> None:
+        """Kueue mode, capacity lent again: every Workload slotwise deactivated (its mark) whose reclaim is over
+        goes back to Kueue (``spec.active: true``; Kueue queues it and admits it as quota allows -- the
+        lendingLimit this tick wrote). Listed server-side by the mark's label: one request per such tick."""
+        r = tick.report
+        version = await self._kueue()
+        try:
+            listed = await self._custom.list_cluster_custom_object(
+                KUEUE_GROUP, version, "workloads", label_selector=f"{DEACTIVATED_LABEL}={DEACTIVATED_VALUE}")
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise
+        in_flight = {k for j in self.reclaims.values() for k in j.deactivated}
+        for w in sorted(listed.get("items") or (), key=lambda w: pod_key(w)):
+            key = pod_key(w)
+            if key in in_flight or not deactivated_by_slotwise(w):
+                continue  # its reclaim is still under way (its pods are leaving)
+            ns, name = key.split("/", 1)
+            current: Mapping[str, Any] = w
+
+            async def attempt(ns: str = ns, name: str = name) -> bool:
+                nonlocal current
+                patch = reactivate_patch(current)
+                was_active = (current.get("spec") or {}).get("active") is not False
+                tick.gate.check(f"reactivate Workload {ns}/{name}")
+                try:
+                    await self._custom.patch_namespaced_custom_object(
+                        KUEUE_GROUP, version, ns, "workloads", name, patch, _content_type=MERGE_PATCH,
+                        field_manager=FIELD_MANAGER)
+                except ApiException as e:
+                    if e.status == 409:  # changed since listed: read it again before retrying
+                        current = await self._custom.get_namespaced_custom_object(KUEUE_GROUP, version, ns,
+                                                                                  "workloads", name)
+                        if not deactivated_by_slotwise(current):
+                            return False  # someone else took it over meanwhile
+                    raise
+                return not was_active
+
+            try:
+                if await self._retrying(tick, attempt):
+                    r.applied.append(f"reactivate Workload {key} (capacity lent again)")
+                    r.reactivated.append(key)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
 
 
 def _reclaiming(node: Mapping[str, Any]) -> bool:
     labels = (node.get("metadata") or {}).get("labels") or {}
     return labels.get(LENT_LABEL) != "true" and has_lent_taint((node.get("spec") or {}).get("taints"))
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> dict[str, str]:
+    meta = pod.get("metadata") or {}
+    return {"kind": "Pod", "apiVersion": "v1", "namespace": str(meta.get("namespace")), "name": str(meta.get("name")),
+            "uid": str(meta.get("uid") or "")}
+
+
+def _force_after(policy: LendingPolicy) -> float | None:
+    """The opt-in force: seconds after the deadline a reclaim blocked by a disruption budget deletes the pods
+    (``LendingPolicy.force_after_s``); None (off) when unset or not a finite number >= 0."""
+    value = getattr(policy, "force_after_s", None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)

@@ -1,9 +1,13 @@
 """The lending actuator's rules, as pure functions of what the API serves: which pods may be evicted (only those
 labelled preemptible) and in what order, the eviction's grace, the node patches that lend and release a node, the
-Kueue ClusterQueue's lendingLimit, and the timestamps a reclaim survives a restart by."""
+Kueue ClusterQueue's lendingLimit, the Kueue API version to use, the marks on the Workloads a reclaim deactivated
+(so that only those are reactivated), how an eviction's 429 is told apart (a PodDisruptionBudget's refusal from
+plain throttling) with its ``Retry-After``, the Warning Event of an overdue reclaim, and the timestamps a reclaim
+survives a restart by."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -24,6 +28,20 @@ from autoscaler.live.kube.objects import (
     has_lent_taint,
 )
 from autoscaler.live.kube.writes import rfc3339
+
+# Kueue mode: a Workload slotwise deactivated for a reclaim carries this label (selectable: the reactivation lists
+# them server-side) and the annotations below (when, which node, why); a Workload deactivated by anyone else has
+# no label and is never reactivated by slotwise.
+DEACTIVATED_LABEL = "slotwise.io/deactivated"
+DEACTIVATED_VALUE = "reclaim"
+DEACTIVATED_SINCE_ANNOTATION = "slotwise.io/deactivated-since"  # RFC 3339
+DEACTIVATED_FOR_ANNOTATION = "slotwise.io/deactivated-for"  # "<node> (<reclaim reason>)"
+# The Kueue API versions slotwise can use, preferred first (v1beta2: Kueue 0.15+; the fields slotwise touches --
+# ClusterQueue spec.resourceGroups[].flavors[].resources[].lendingLimit, Workload spec.active -- are the same).
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+RECLAIM_OVERDUE_REASON = "ReclaimOverdue"  # the Warning Event of a reclaim in flight past its deadline
+RECLAIM_FORCED_REASON = "ReclaimForced"  # ... and of the pods deleted past the deadline + force_after_s
+DEFAULT_RETRY_AFTER_S = 1.0  # a 429 without Retry-After: wait this long before asking again
 
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 _JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
@@ -226,3 +244,89 @@ def set_lending_limit(cq: Mapping[str, Any], flavor: str, resource: str, limit: 
         name = (cq.get("metadata") or {}).get("name")
         return f"ClusterQueue {name} has no flavor {flavor!r} with resource {resource!r}"
     return groups, written, changed
+
+
+def kueue_version(served: Iterable[str]) -> str | None:
+    """The Kueue API version to use among those the server serves for ``kueue.x-k8s.io`` (v1beta2 first), or None
+    when it serves none slotwise knows."""
+    have = set(served)
+    return next((v for v in KUEUE_VERSIONS if v in have), None)
+
+
+def deactivate_patch(now: float, node: str, reason: str) -> dict[str, Any]:
+    """The merge patch that deactivates a Workload for a reclaim, marked as slotwise's doing."""
+    return {"metadata": {"labels": {DEACTIVATED_LABEL: DEACTIVATED_VALUE},
+                         "annotations": {DEACTIVATED_SINCE_ANNOTATION: rfc3339(now),
+                                         DEACTIVATED_FOR_ANNOTATION: f"{node} ({reason})"}},
+            "spec": {"active": False}}
+
+
+def deactivated_by_slotwise(workload: Mapping[str, Any]) -> bool:
+    """A Workload slotwise deactivated and has not reactivated yet (its mark is there)."""
+    return ((workload.get("metadata") or {}).get("labels") or {}).get(DEACTIVATED_LABEL) == DEACTIVATED_VALUE
+
+
+def reactivate_patch(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that gives a reclaimed Workload back to Kueue (``spec.active: true``, the marks off), with
+    the read ``resourceVersion``: a Workload changed meanwhile is re-read (409) before it is reactivated."""
+    meta = workload.get("metadata") or {}
+    annotations = [k for k in (DEACTIVATED_SINCE_ANNOTATION, DEACTIVATED_FOR_ANNOTATION)
+                   if k in (meta.get("annotations") or {})]
+    patch: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                          "labels": {DEACTIVATED_LABEL: None}},
+                             "spec": {"active": True}}
+    if annotations:
+        patch["metadata"]["annotations"] = dict.fromkeys(annotations)
+    return patch
+
+
+def _status_body(body: Any) -> dict[str, Any]:
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return {"message": body}
+    return body if isinstance(body, dict) else {}
+
+
+def retry_after_s(headers: Mapping[str, str] | None, body: Any = None) -> float | None:
+    """Seconds the server asks to wait (``Retry-After`` in seconds, else the Status's
+    ``details.retryAfterSeconds``), or None when it says nothing usable."""
+    for k, v in (headers or {}).items():
+        if k.lower() == "retry-after":
+            try:
+                seconds = float(str(v).strip())
+            except ValueError:
+                break  # an HTTP date: fall back to the body
+            if math.isfinite(seconds) and seconds >= 0:
+                return seconds
+    details = _status_body(body).get("details") or {}
+    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
+        return float(seconds)
+    return None
+
+
+def eviction_refusal(body: Any) -> str:
+    """Why an Eviction got 429: ``"disruption-budget"`` when a PodDisruptionBudget refused it (the Status's cause
+    ``DisruptionBudget``, or its message naming the disruption budget), else ``"too-many-requests"`` (the server
+    throttling: API Priority and Fairness, max-requests-inflight)."""
+    status = _status_body(body)
+    causes = (status.get("details") or {}).get("causes") if isinstance(status.get("details"), dict) else None
+    if any(isinstance(c, dict) and c.get("reason") == "DisruptionBudget" for c in causes or ()):
+        return "disruption-budget"
+    return "disruption-budget" if "disruption budget" in str(status.get("message", "")).lower() \
+        else "too-many-requests"
+
+
+def reclaim_event(ref: Mapping[str, str], type_: str, reason: str, message: str, now: float, name: str,
+                  component: str = "slotwise") -> dict[str, Any]:
+    """A core/v1 Event about ``ref`` (an involvedObject: kind, name, namespace, uid); cluster-scoped objects'
+    Events live in ``default``."""
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": ref.get("namespace") or "default"},
+            "involvedObject": dict(ref), "reason": reason, "message": message[:1024], "type": type_, "count": 1,
+            "firstTimestamp": rfc3339(now), "lastTimestamp": rfc3339(now), "source": {"component": component},
+            "reportingComponent": component}
