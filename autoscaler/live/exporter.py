@@ -92,10 +92,8 @@ Lending (issue 8) is fed by :meth:`~ControllerMetrics.record_lending` with the l
 (:class:`~autoscaler.live.kube.lending.LendingReport`, duck-typed) and, for the lent gauge, by
 :meth:`~ControllerMetrics.record_tick` from the snapshot. The reclaim histogram has a bucket bound exactly at the
 deadline given to the constructor (``reclaim_deadline_s``), so the alert ``SlotwiseReclaimTooSlow`` (p99 above
-``slotwise_reclaim_deadline_seconds``) compares at a bucket edge, where ``histogram_quantile`` is exact. The
-histogram only sees reclaims that finished; one stuck in flight (a PodDisruptionBudget refusing every eviction)
-shows in ``slotwise_reclaim_in_flight_age_seconds``, which the alert ``SlotwiseReclaimStuck`` compares with the
-deadline. The in-flight gauges are set from every report of a tick that advanced the reclaims.
+``slotwise_reclaim_deadline_seconds``) compares at a bucket edge, where ``histogram_quantile`` is exact. A reclaim
+stuck in flight (never in the histogram) shows in the in-flight age, which ``SlotwiseReclaimStuck`` compares.
 In ``slotwise_gpu_slots`` a lent GPU is ``lent``, neither ``used`` nor ``free`` (used + free + lent = the GPUs);
 training that runs on GPUs slotwise did not lend (e.g. Kueue borrowing on its own) counts as ``lent`` too.
 """
