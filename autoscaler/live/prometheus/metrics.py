@@ -22,7 +22,19 @@ ticks read the same values for the same steps), oldest first -- the shape the si
 - ``stale``: no sample of the model's request counter at all (unknown model, wrong names or labels), or
   its newest sample older than ``stale_after_s``; and for every model when Prometheus cannot be asked
   (unreachable, HTTP error, PromQL error, an answer we cannot read). :meth:`PrometheusMetrics.window` never
-  raises: it records ``last_error`` and counts ``errors``, and the policies hold replicas on stale data.
+  raises: it records ``last_error`` and counts ``errors``, and the policies hold replicas on stale data;
+- ``partial`` / ``observed_fraction``: some of the model's scrape targets not answering (``up == 0``), from one
+  instant query for all models (:func:`~autoscaler.live.prometheus.promql.target_health`). A target that stops
+  answering loses its series from the sums, so the rate just drops while the model stays fresh -- and the
+  targets whose scrapes time out are the overloaded ones. The model's targets are those that exported its
+  request counter within the window, and those remembered from earlier ticks for as long as they stay in
+  service discovery and down (a target down longer than the window is not forgotten). When that query fails
+  (and the window's do not) every model is partial: nothing scales down on a health nobody checked
+  (``health_error`` says why). What this cannot see: a target that never answered at all, unless the model's key
+  labels are target labels -- so the rails also hold on the samples themselves (no request rate for the newest
+  step, :meth:`~autoscaler.api.snapshot.ModelMetrics.partial_reason`). Comparing the targets with the ready
+  replicas would catch it too, but assumes one target per replica (a router or a multi-host replica exports for
+  several), so it is not done here.
 
 Counting. ``rate`` and the histogram buckets are per-step counts: the reset-aware difference of each raw
 counter series between consecutive grid points, summed per model
@@ -255,6 +267,9 @@ class PrometheusMetrics:
         self.errors = 0
         self.last_error: str | None = None
         self.last_success: float | None = None  # ``now`` of the last window built from answers
+        self.health_error: str | None = None  # why the last target-health query failed (every model partial)
+        # model key -> its scrape targets (job, instance) last seen: kept while they stay down (module docstring)
+        self._targets: dict[str, frozenset[tuple[str, str]]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def close(self) -> None:
@@ -288,6 +303,12 @@ class PrometheusMetrics:
     def freshness_query(self) -> str:
         return promql.newest_sample(self.names.requests, self.names.key_labels, self.names.matchers)
 
+    def health_query(self) -> str:
+        """The one instant query of which targets serve each model and whether they answer (module docstring);
+        its lookback is the window's length."""
+        n = self.names
+        return promql.target_health(n.requests, n.key_labels, self.points * self.step_s, n.matchers)
+
     def _histogram_for(self, slo_metric: str) -> str | None:
         """The histogram a model's SLO reads: TTFT's when asked and exported, else end-to-end's."""
         if slo_metric == "ttft" and self.names.ttft_histogram:
@@ -320,7 +341,8 @@ class PrometheusMetrics:
         wanted = [spec.slo_metric for spec in models.values()] or ["e2e"]
         queries = self.queries(wanted)
         names = list(queries)
-        answers = await asyncio.gather(
+        health, *answers = await asyncio.gather(
+            self._health(now),
             self.client.query(self.freshness_query(), now),
             *(self.client.query_range(queries[k], start, end, self.step_s) for k in names),
         )
@@ -348,12 +370,66 @@ class PrometheusMetrics:
                     s.hist.setdefault(name.removeprefix("hist:"), {})[le] = values
                 else:
                     setattr(s, name, values)
-        out = {key: self._model(now, spec, series.get(key)) for key, spec in models.items()}
+        targets = self._target_health(health, models)
+        out = {key: self._model(now, spec, series.get(key), targets.get(key)) for key, spec in models.items()}
         self.last_error = None
         self.last_success = now
         return MetricsWindow(now=now, step_s=self.step_s, models=out)
 
-    def _model(self, now: float, spec: ModelSpec, s: _Series | None) -> ModelMetrics:
+    async def _health(self, now: float) -> list[dict[str, Any]] | Exception:
+        """The target-health answer, or the exception that stopped it: its failure alone makes every model
+        partial, not stale (the window's own answers still count)."""
+        try:
+            return await self.client.query(self.health_query(), now)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return exc
+
+    def _target_health(
+        self, answer: list[dict[str, Any]] | Exception, models: Mapping[str, ModelSpec]
+    ) -> dict[str, tuple[str | None, float]]:
+        """Per model: (why partial or None, observed fraction), from the health answer and the targets remembered
+        from earlier ticks (which this updates)."""
+        if isinstance(answer, Exception):
+            why = str(answer) if isinstance(answer, PrometheusError) else f"{type(answer).__name__}: {answer}"
+            self.health_error = why
+            log.warning("scrape-target health query failed, every model partial: %s", why)
+            return dict.fromkeys(models, (f"scrape-target health unknown ({why})", 1.0))
+        self.health_error = None
+        seen: dict[str, dict[tuple[str, str], bool]] = {}
+        down: set[tuple[str, str]] = set()
+        for r in answer:
+            try:
+                labels, up = r["metric"], float(r["value"][1]) >= 1.0
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise PrometheusError(f"unreadable target-health answer {r!r}: {exc}", url=self.url) from exc
+            target = (labels.get("job", ""), labels.get("instance", ""))
+            if not up:
+                down.add(target)
+            key = self.names.key(labels)
+            if key in models:
+                seen.setdefault(key, {})[target] = up
+        out: dict[str, tuple[str | None, float]] = {}
+        remembered = self._targets
+        self._targets = {}
+        for key in models:
+            now_known = seen.get(key, {})
+            # a target out of the window's lookback stays the model's while it is down (gone from discovery or
+            # answering again without this model's series: forgotten)
+            for target in remembered.get(key, ()):
+                if target not in now_known and target in down:
+                    now_known[target] = False
+            if now_known:
+                self._targets[key] = frozenset(now_known)
+            total, answering = len(now_known), sum(now_known.values())
+            if answering < total:
+                out[key] = (f"{total - answering} of {total} scrape targets not answering (up == 0)",
+                            answering / total)
+        return out
+
+    def _model(self, now: float, spec: ModelSpec, s: _Series | None,
+               health: tuple[str | None, float] | None = None) -> ModelMetrics:
         if s is None or s.newest is None:
             return ModelMetrics(rate=_EMPTY, in_flight=_EMPTY, stale=True)
         n, step = self.points, self.step_s
@@ -391,6 +467,7 @@ class PrometheusMetrics:
             if done > 0 and math.isfinite(float(s.duration[-1])):
                 latency = float(s.duration[-1]) * self.names.duration_unit_s / done  # a mean (documented)
         stale = now - s.newest > self.stale_after_s
+        partial, observed = health if health is not None else (None, 1.0)
         return ModelMetrics(
             rate=rate,
             in_flight=in_flight,
@@ -398,4 +475,6 @@ class PrometheusMetrics:
             queue_depth=queue_depth,
             stale=bool(stale),
             within_rate=within_rate,
+            partial=partial,
+            observed_fraction=observed,
         )

@@ -71,6 +71,29 @@ def newest_sample(counter: str, key_labels: Sequence[str], matchers: str = "") -
     return f"max by ({by}) (timestamp({selector(counter, matchers)}))"
 
 
+def target_health(counter: str, key_labels: Sequence[str], lookback_s: float, matchers: str = "") -> str:
+    """Which scrape targets serve each model and whether Prometheus scrapes them now, as ONE instant query for all
+    models: a row per (model, target) -- ``key_labels`` plus ``job`` and ``instance`` -- whose ``counter`` had a
+    sample within ``lookback_s``, valued with the target's ``up`` (1 scraped, 0 not answering), and a row per target
+    down now (``up == 0``) that no such row covers, keyed by its target labels (so a model whose key labels are
+    target labels is matched even when it never answered, and a target remembered from earlier ticks can be told
+    down from gone).
+
+    Why ``up`` and not the request series alone: a target that stops answering gets staleness markers, so its
+    series vanish from the sums and the model's rate just drops -- a failed scrape reads exactly like less load.
+    ``up`` is the one series Prometheus writes for every target, answering or not. Targets are joined on
+    ``job, instance`` (every scraped series carries them); ``up`` is taken ``max by (job, instance)`` so that
+    duplicate ``up`` series (several Prometheus replicas behind one query endpoint) cannot make the join
+    many-to-many; the model ``matchers`` are not put on ``up`` (they may name labels only the model's series
+    have). A target that left service discovery has no ``up`` and drops out: it is neither observed nor missing.
+    """
+    seen = f"count_over_time({selector(counter, matchers)}[{duration(lookback_s)}])"
+    by = ", ".join((*key_labels, "job", "instance"))
+    up = "max by (job, instance) (up)"
+    return (f"(group by ({by}) ({seen}) * on (job, instance) group_left () {up})"
+            f" or on (job, instance) (max by ({by}) (up) == 0)")
+
+
 # -- slotwise report --prometheus: what the controller exported ----------------------------------------------
 
 # Gauges are read from the LEADER only: a standby replica keeps the last values it had as leader.
