@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import time
 import tomllib
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -364,16 +366,27 @@ def test_rbac_follows_the_settings(helm: Helm) -> None:
     default = render(helm, namespace="ops")
     granted = cluster_rules(default)
     assert ("apps", "deployments/scale", "update") in granted and ("", "pods", "patch") in granted
-    assert ("", "nodes", "patch") not in granted, "nodes are only patched by the MIG gate (mig_relayout)"
     assert not {v for g, r, v in granted if r == "configmaps" or r == "secrets"}
     lease = roles(default)[("ops", "rel-slotwise-leader-election")]
     assert {"get", "update"} == set(lease[0]["verbs"]) and lease[0]["resourceNames"] == ["slotwise-controller"]
     assert roles(default)[("gpu-operator", "rel-slotwise-gpu-config")][0]["resourceNames"] == ["time-slicing-config"]
-    # dry run: only reads, the status annotation and Events
+    # without the clean-up permissions, nodes are patched only by the MIG gate (mig_relayout) and lending
+    lean = cluster_rules(render(helm, "--set", "rbac.cleanup=false", namespace="ops"))
+    assert ("", "nodes", "patch") not in lean and ("", "pods/eviction", "create") not in lean
+    # dry run: reads only (the values set a models' namespace: its Role reads Deployments)
     dry = render(helm, "-f", str(CHART_DIR / "ci" / "dry-run-values.yaml"), namespace="ops")
-    writes = {(g, r, v) for g, r, v in cluster_rules(dry) if v not in ("get", "list", "watch")}
-    assert writes == {("apps", "deployments", "patch"), ("", "events", "create"), ("", "events", "patch")}
-    assert set(roles(dry)) == {("ops", "rel-slotwise-leader-election")}
+    assert not {(g, r, v) for g, r, v in cluster_rules(dry) if v not in ("get", "list", "watch")}
+    assert set(roles(dry)) == {("ops", "rel-slotwise-leader-election"), ("inference", "rel-slotwise-models")}
+    assert role_rules(dry, "inference", "rel-slotwise-models") == {("apps", "deployments", v)
+                                                                   for v in ("get", "list", "watch")}
+    # report mode: reads, the status annotation and Events, in the models' namespace; lending on changes nothing
+    report = render(helm, "-f", str(CHART_DIR / "ci" / "report-values.yaml"), namespace="ops")
+    assert not {(g, r, v) for g, r, v in cluster_rules(report) if v not in ("get", "list", "watch")}
+    assert ("", "pods", "get") not in cluster_rules(report)
+    assert set(roles(report)) == {("ops", "rel-slotwise-leader-election"), ("inference", "rel-slotwise-models")}
+    assert role_rules(report, "inference", "rel-slotwise-models") == {
+        ("apps", "deployments", v) for v in ("get", "list", "watch", "patch")} | {
+        ("", "events", "create"), ("", "events", "patch")}
     # MIG re-layout: nodes get/patch, one Role per ConfigMap namespace, restricted to the names
     mig = render(helm, "-f", str(CHART_DIR / "ci" / "mig-values.yaml"), namespace="ops")
     assert {("", "nodes", "get"), ("", "nodes", "patch")} <= cluster_rules(mig)
@@ -384,6 +397,75 @@ def test_rbac_follows_the_settings(helm: Helm) -> None:
     # a Lease elsewhere: the Role follows it
     sched = render(helm, "-f", str(CHART_DIR / "ci" / "scheduling-values.yaml"), namespace="ops")
     assert ("slotwise-system", "rel-slotwise-leader-election") in roles(sched)
+
+
+def role_rules(docs: list[dict], namespace: str, name: str) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) granted by one Role."""
+    rules = roles(docs)[(namespace, name)]
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+# what acts on the managed models: namespaced whenever config.namespace is set
+MODEL_WRITES = {("apps", "deployments", "patch"), ("apps", "deployments/scale", "update"), ("", "pods", "patch"),
+                ("", "events", "create"), ("", "events", "patch")}
+
+
+def test_namespace_mode_grants_the_model_verbs_in_that_namespace_only(helm: Helm) -> None:
+    """Issue 16: with config.namespace set the chart rendered cluster-wide deployments patch, deployments/scale
+    update and pods patch. Now those (and the Deployment reads, the Events) are a Role in that namespace; the
+    ClusterRole keeps only what must be cluster-wide: read-only pods (the GPU inventory sees every pod on the GPU
+    nodes whatever the model scope), nodes, training workloads, evictions and node patches."""
+    docs = render(helm, "--set", "config.namespace=inference", namespace="ops")
+    cluster = cluster_rules(docs)
+    assert not {(g, r, v) for g, r, v in cluster if r.startswith("deployments") or r == "events"}, cluster
+    assert {v for g, r, v in cluster if r == "pods"} == {"get", "list", "watch"}, "pods cluster-wide: read-only"
+    assert {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods/eviction", "create"),
+            ("batch", "jobs", "list"), ("kueue.x-k8s.io", "workloads", "watch")} <= cluster
+    models = role_rules(docs, "inference", "rel-slotwise-models")
+    assert MODEL_WRITES | {("apps", "deployments", v) for v in ("get", "list", "watch")} | {
+        ("apps", "deployments/scale", "get")} == models
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "rel-slotwise-models"]
+    assert binding["metadata"]["namespace"] == "inference"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-slotwise", "namespace": "ops"}]
+    assert binding["roleRef"]["name"] == "rel-slotwise-models" and binding["roleRef"]["kind"] == "Role"
+    # Events about Nodes (MIG gate) live in "default": a Role there, Events only
+    node_events = role_rules(docs, "default", "rel-slotwise-node-events")
+    assert node_events == {("", "events", "create"), ("", "events", "patch")}
+    # every namespace: the model verbs stay in the ClusterRole, and no models Role is rendered
+    everywhere = render(helm, namespace="ops")
+    assert cluster_rules(everywhere) >= MODEL_WRITES
+    assert not [k for k in roles(everywhere) if k[1].endswith(("-models", "-node-events"))]
+    # the models' namespace is "default": one Role there carries the node Events too
+    in_default = render(helm, "--set", "config.namespace=default", namespace="ops")
+    assert ("default", "rel-slotwise-node-events") not in roles(in_default)
+    assert role_rules(in_default, "default", "rel-slotwise-models") >= MODEL_WRITES
+
+
+@pytest.mark.parametrize("namespace", ["", "inference"], ids=["all-namespaces", "namespaced"])
+def test_switched_off_features_keep_their_clean_up_permissions(helm: Helm, namespace: str) -> None:
+    """Issue 16, failure mode 7: with mig_relayout off the chart dropped nodes get/patch, so an adopted re-layout
+    got 403 every tick and its node stayed cordoned; with lending off a lent node could not be unlabelled,
+    untainted or emptied. The clean-up writes stay (rbac.cleanup, default on), never in dry-run."""
+    ns = ["--set", f"config.namespace={namespace}"]
+    off = cluster_rules(render(helm, *ns, namespace="ops"))  # mig_relayout and lending off: the defaults
+    assert {("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "get"), ("", "pods/eviction", "create")} <= off
+    assert not {g for g in off if g[1] == "clusterqueues"} and ("kueue.x-k8s.io", "workloads", "patch") not in off
+    # kueue mode switched off: the ClusterQueue's lendingLimit and the deactivated Workloads are put back
+    kueue = cluster_rules(render(helm, *ns, "--set", "config.lending.mode=kueue", namespace="ops"))
+    assert {("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "clusterqueues", "patch"),
+            ("kueue.x-k8s.io", "workloads", "get"), ("kueue.x-k8s.io", "workloads", "patch"),
+            ("", "pods/eviction", "create")} <= kueue
+    # opted out: only the enabled features' writes
+    lean = cluster_rules(render(helm, *ns, "--set", "rbac.cleanup=false", namespace="ops"))
+    assert not {g for g in lean if g[2] in ("patch", "create", "update") and g[1] in ("nodes", "pods/eviction")}
+    # dry run writes nothing, clean-up included
+    dry = cluster_rules(render(helm, *ns, "--set", "config.actuator.dry_run=true", namespace="ops"))
+    assert not {g for g in dry if g[2] not in ("get", "list", "watch") and g[1] in ("nodes", "pods/eviction")}
+    assert ("", "pods", "get") not in dry
+    # the opt-in force after the reclaim deadline deletes pods: granted only with it
+    assert ("", "pods", "delete") not in off
+    forced = cluster_rules(render(helm, *ns, "--set", "config.lending.force_after_s=60", namespace="ops"))
+    assert ("", "pods", "delete") in forced
 
 
 # --- the rule files and dashboards the chart wraps -----------------------------------------------------------------
@@ -510,6 +592,33 @@ def release(helm: Helm, kube_apiserver: KubeApiserver, tmp_path_factory: pytest.
     helm.run("uninstall", name, "--namespace", ns, kubeconfig=kube_apiserver.kubeconfig, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def release_off(helm: Helm, kube_apiserver: KubeApiserver,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The chart installed with MIG re-layout and lending OFF (their defaults), models in one namespace: what a
+    controller has after an operator switched the features off."""
+    suffix = uuid.uuid4().hex[:6]
+    ns, app_ns, gpu_ns = f"slotwise-off-{suffix}", f"models-off-{suffix}", f"gpuops-off-{suffix}"
+    asyncio.run(_create_namespaces(kube_apiserver, app_ns, gpu_ns))
+    values = tmp_path_factory.mktemp("helm-off") / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {
+        "namespace": app_ns, "lease_name": f"slotwise-{suffix}", "history_hours": 0,
+        "actuator": {"time_slicing_configmap": f"{gpu_ns}/time-slicing-config"},
+    }}))
+    name = f"off-{suffix}"
+    done = helm.run("install", name, str(CHART_DIR), "--namespace", ns, "--create-namespace", "-f", str(values),
+                    "--timeout", "60s", kubeconfig=kube_apiserver.kubeconfig, timeout=120, check=True)
+    yield Release(name, ns, app_ns, gpu_ns, suffix, f"{name}-slotwise", done.stdout)
+    helm.run("uninstall", name, "--namespace", ns, kubeconfig=kube_apiserver.kubeconfig, timeout=120)
+
+
+def _impersonating(server: KubeApiserver, r: Release) -> kclient.ApiClient:
+    from kubernetes_asyncio.client import ApiClient
+
+    return ApiClient(configuration=server.client_configuration(), header_name="Impersonate-User",
+                     header_value=r.user)
+
+
 @pytest_asyncio.fixture
 async def admin(kube_apiserver: KubeApiserver) -> AsyncIterator[kclient.ApiClient]:
     async with kube_apiserver.api_client() as api:
@@ -520,10 +629,7 @@ async def admin(kube_apiserver: KubeApiserver) -> AsyncIterator[kclient.ApiClien
 async def as_controller(kube_apiserver: KubeApiserver, release: Release) -> AsyncIterator[kclient.ApiClient]:
     """An API client that acts as the installed ServiceAccount (the admin token impersonating it): exactly the
     permissions the controller's pod would have."""
-    from kubernetes_asyncio.client import ApiClient
-
-    async with ApiClient(configuration=kube_apiserver.client_configuration(), header_name="Impersonate-User",
-                         header_value=release.user) as api:
+    async with _impersonating(kube_apiserver, release) as api:
         yield api
 
 
@@ -552,7 +658,8 @@ def _needed(r: Release) -> list[tuple[str, str, str, str, str, str]]:
     return [
         # informers (autoscaler/live/controller.py, informer.py): list + watch; training ones cluster-wide
         *[(v, "apps", "deployments", "", app, "") for v in ("list", "watch")],
-        *[(v, "", "pods", "", app, "") for v in ("list", "watch")],
+        # every pod, cluster-wide, read-only: the GPU inventory sees other tenants' pods on the GPU nodes
+        *[(v, "", "pods", "", ns, "") for v in ("list", "watch") for ns in (app, "")],
         *[(v, "", "nodes", "", "", "") for v in ("list", "watch")],
         *[(v, "batch", "jobs", "", "", "") for v in ("list", "watch")],
         *[(v, "kueue.x-k8s.io", "workloads", "", "", "") for v in ("list", "watch")],
@@ -562,7 +669,9 @@ def _needed(r: Release) -> list[tuple[str, str, str, str, str, str]]:
         ("patch", "", "pods", "", app, "chat-1"),
         # Events on Deployments and (MIG gate) on Nodes, in "default"; patch = count bump
         ("create", "", "events", "", app, ""), ("patch", "", "events", "", app, "x"),
-        ("create", "", "events", "", "default", ""),
+        ("create", "", "events", "", "default", ""), ("patch", "", "events", "", "default", "x"),
+        # clean-up of switched-off lending (rbac.cleanup): a training pod anywhere re-read and evicted
+        ("get", "", "pods", "", gpu, "train-0"), ("create", "", "pods", "eviction", gpu, "train-0"),
         # MIG gate: node read, cordon, relabel; ConfigMaps
         ("get", "", "nodes", "", "", "n"), ("patch", "", "nodes", "", "", "n"),
         ("get", "", "configmaps", "", gpu, "time-slicing-config"),
@@ -583,7 +692,14 @@ def _forbidden(r: Release) -> list[tuple[str, str, str, str, str, str]]:
         ("delete", "apps", "deployments", "", app, "chat"), ("create", "apps", "deployments", "", app, ""),
         ("update", "apps", "deployments", "", app, "chat"), ("patch", "apps", "deployments", "scale", app, "chat"),
         ("create", "", "pods", "", app, ""), ("delete", "", "pods", "", app, "chat-1"),
-        ("create", "", "pods", "eviction", app, "chat-1"), ("get", "", "pods", "log", app, "chat-1"),
+        ("get", "", "pods", "log", app, "chat-1"),
+        # config.namespace is set: the model verbs are refused outside it (they were cluster-wide before)
+        ("patch", "apps", "deployments", "", gpu, "x"), ("get", "apps", "deployments", "", gpu, "x"),
+        ("list", "apps", "deployments", "", "", ""), ("patch", "apps", "deployments", "", r.namespace, "x"),
+        ("get", "apps", "deployments", "scale", gpu, "x"), ("update", "apps", "deployments", "scale", gpu, "x"),
+        ("update", "apps", "deployments", "scale", "default", "x"),
+        ("patch", "", "pods", "", gpu, "train-0"), ("patch", "", "pods", "", "default", "x"),
+        ("create", "", "events", "", gpu, ""), ("patch", "", "events", "", r.namespace, "x"),
         ("get", "", "secrets", "", r.namespace, "x"), ("list", "", "secrets", "", "", ""),
         ("delete", "", "nodes", "", "", "n"), ("create", "", "nodes", "", "", ""),
         ("update", "", "nodes", "", "", "n"), ("patch", "", "nodes", "status", "", "n"),
@@ -621,6 +737,104 @@ async def test_installed_rbac_allows_what_the_controller_uses_and_no_more(admin:
     assert not [a for a, ok in needed if not ok], f"denied but needed: {[a for a, ok in needed if not ok]}"
     forbidden = [(a, await _allowed(admin, release, *a)) for a in _forbidden(release)]
     assert not [a for a, ok in forbidden if ok], f"allowed but never needed: {[a for a, ok in forbidden if ok]}"
+
+
+async def _ready_gpu_node(admin: kclient.ApiClient, name: str, labels: dict[str, str],
+                          spec: dict[str, Any]) -> dict:
+    """A Ready GPU node (one H100) with extra labels and ``spec`` (cordon, taints), as plain dict."""
+    from kubernetes_asyncio import client
+    from realparts.clusterplay import create_gpu_node
+
+    core = client.CoreV1Api(admin)
+    await create_gpu_node(admin, name, "NVIDIA-H100-80GB-HBM3", 1,
+                          {"nvidia.com/gpu": "1", "cpu": "32", "memory": "128Gi", "pods": "110"}, labels)
+    await core.patch_node_status(name, {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}]}})
+    await core.patch_node(name, {"spec": spec})
+    return admin.sanitize_for_serialization(await core.read_node(name))
+
+
+@pytest.mark.asyncio
+async def test_switched_off_features_are_cleaned_up_with_the_installed_service_account(
+    admin: kclient.ApiClient, kube_apiserver: KubeApiserver, release_off: Release,
+) -> None:
+    """Issue 16, failure mode 7, through the chart installed with MIG re-layout and lending OFF: the real MIG gate
+    adopts a re-layout a previous process left (node cordoned and labelled ``slotwise.io/mig-relayout``, the MIG
+    manager done) and uncordons the node; the real lending actuator, lending off, finishes a reclaim left in
+    flight (taint on, label off) -- evicts the preemptible training pod, lifts the taint. Before, the chart
+    dropped those verbs: 403 every tick, the node stayed cordoned, tainted, full of training."""
+    from kubernetes_asyncio import client
+
+    from autoscaler.api.plan import Plan
+    from autoscaler.live.controller import read_view
+    from autoscaler.live.kube.lending import LendingActuator
+    from autoscaler.live.kube.mig_gate import OWNER_LABEL
+    from autoscaler.live.kube.objects import LENT_TAINT_KEY, PREEMPTIBLE_LABEL
+
+    r = release_off
+    core = client.CoreV1Api(admin)
+    mig_node, lent_node = f"{r.suffix}-mig", f"{r.suffix}-lent"
+    train_ns = r.gpu_ns  # training runs in its own namespace, not the models'
+    try:
+        nodes = [
+            await _ready_gpu_node(admin, mig_node, {OWNER_LABEL: "all-1g", "nvidia.com/mig.config": "all-1g",
+                                                    "nvidia.com/mig.config.state": "success"},
+                                  {"unschedulable": True}),
+            await _ready_gpu_node(admin, lent_node, {}, {"taints": [
+                {"key": LENT_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]}),
+        ]
+        with contextlib.suppress(client.ApiException):  # no ServiceAccount controller in this apiserver
+            await core.create_namespaced_service_account(train_ns, {"metadata": {"name": "default"}})
+        await core.create_namespaced_pod(train_ns, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-0", "labels": {PREEMPTIBLE_LABEL: "true"}},
+            "spec": {"nodeName": lent_node, "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": False,
+                     "tolerations": [{"key": LENT_TAINT_KEY, "operator": "Exists"}],
+                     "containers": [{"name": "t", "image": "registry.invalid/train:test",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+        await core.patch_namespaced_pod_status("train-0", train_ns, {"status": {"phase": "Running"}})
+        pods = admin.sanitize_for_serialization(await core.list_namespaced_pod(train_ns))["items"]
+        view = read_view([], pods, nodes, now=time.time())
+        async with _impersonating(kube_apiserver, r) as sa:
+            # the settings the chart installed: MIG re-layout off, lending off
+            mig = await KubeActuator(sa, ActuatorConfig(mig_relayout=False)).apply(Plan(time.time(), []), view)
+            lend = await LendingActuator(sa, LendingPolicy(enabled=False)).apply([], view)
+            assert not mig.errors and not lend.errors, (mig.errors, lend.errors)
+            assert lend.evicted == [f"{train_ns}/train-0"]
+            # the kubelet's part is nothing here (grace 0): the pod is gone; the next tick lifts the taint
+            pods = admin.sanitize_for_serialization(await core.list_namespaced_pod(train_ns))["items"]
+            assert not pods
+            nodes = [admin.sanitize_for_serialization(await core.read_node(n)) for n in (mig_node, lent_node)]
+            lend = await LendingActuator(sa, LendingPolicy(enabled=False)).apply(
+                [], read_view([], [], nodes, now=time.time()))
+            assert not lend.errors, lend.errors
+        node = await core.read_node(mig_node)
+        assert not node.spec.unschedulable and OWNER_LABEL not in (node.metadata.labels or {})
+        taints = (await core.read_node(lent_node)).spec.taints or []
+        assert not [t for t in taints if t.key == LENT_TAINT_KEY], taints
+    finally:
+        for n in (mig_node, lent_node):
+            with contextlib.suppress(Exception):
+                await core.delete_node(n)
+
+
+@pytest.mark.asyncio
+async def test_installed_rbac_with_features_off_keeps_clean_up_and_namespaces_the_rest(
+    admin: kclient.ApiClient, release_off: Release,
+) -> None:
+    r, app, other = release_off, release_off.app_ns, release_off.gpu_ns
+    needed = [("get", "", "nodes", "", "", "n"), ("patch", "", "nodes", "", "", "n"),
+              ("create", "", "pods", "eviction", other, "train-0"), ("get", "", "pods", "", other, "train-0"),
+              ("list", "", "pods", "", "", ""), ("watch", "", "pods", "", "", ""),
+              ("create", "", "events", "", "default", ""),
+              ("update", "apps", "deployments", "scale", app, "chat"), ("patch", "", "pods", "", app, "chat-1")]
+    forbidden = [("update", "apps", "deployments", "scale", other, "x"),
+                 ("patch", "apps", "deployments", "", other, "x"), ("patch", "", "pods", "", other, "train-0"),
+                 ("delete", "", "pods", "", other, "train-0"),
+                 ("patch", "", "configmaps", "", other, "slotwise-mig-parted-config"),
+                 ("patch", "kueue.x-k8s.io", "clusterqueues", "", "", "inference")]
+    denied = [a for a in needed if not await _allowed(admin, r, *a)]
+    allowed = [a for a in forbidden if await _allowed(admin, r, *a)]
+    assert not denied and not allowed, f"denied but needed: {denied}; allowed but never needed: {allowed}"
 
 
 # --- the real controller, running as the installed ServiceAccount --------------------------------------------------

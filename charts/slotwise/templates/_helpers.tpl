@@ -62,13 +62,14 @@ The lease Role must live there.
 
 {{/*
 The ConfigMaps the actuator writes, grouped by namespace, as YAML {namespace: [name, ...]}: the time-slicing
-ConfigMap unless dry-run, the MIG manager's mig-parted ConfigMap only with mig_relayout (and not dry-run).
+ConfigMap when acting (neither dry-run nor report mode), the MIG manager's mig-parted ConfigMap only with
+mig_relayout (and acting).
 "ns/name", or a bare name in "default" (actuator.split_key).
 */}}
 {{- define "slotwise.actuatorConfigMaps" -}}
 {{- $act := .Values.config.actuator }}
 {{- $refs := list }}
-{{- if not $act.dry_run }}
+{{- if not (or $act.dry_run $act.report_only) }}
 {{- $refs = append $refs $act.time_slicing_configmap }}
 {{- if $act.mig_relayout }}
 {{- $refs = append $refs $act.mig_parted_configmap }}
@@ -101,4 +102,40 @@ scalars get ".0" in their mantissa (1.0e-06) so the controller reads a number.
 {{- end }}
 {{- $_ := set $cfg "http_port" (int .Values.listenPort) }}
 {{- regexReplaceAll "(?m)((?:^|:|-)\\s+-?[0-9]+)([eE][-+]?[0-9]+)$" (toYaml $cfg) "${1}.0${2}" }}
+{{- end }}
+
+{{/*
+The RBAC rules on the managed models: in the ClusterRole (config.namespace empty: every namespace) or in a Role
+in config.namespace (rbac.yaml).
+*/}}
+{{- define "slotwise.modelRules" }}
+{{- $act := .Values.config.actuator }}
+{{- $acting := not (or $act.dry_run $act.report_only) }}
+# informers: list+watch managed Deployments; the actuator reads one before patching its status annotation
+# (not in dry-run) and its pod template (neither in dry-run nor report mode)
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs:
+    - get
+    - list
+    - watch
+    {{- if not $act.dry_run }}
+    - patch
+    {{- end }}
+{{- if $acting }}
+# ScaleModel: read the scale subresource, replace it with the read resourceVersion
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["get", "update"]
+# pod-deletion-cost on the replicas a scale-down removes first
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["patch"]
+{{- end }}
+{{- if not $act.dry_run }}
+# Events on Deployments (status, Unplaceable, Preempted); patch bumps the count of a repeat
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
 {{- end }}
