@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from autoscaler.api.plan import LendGpus, Plan, ReclaimGpus
-from autoscaler.api.ports import AsyncActuator, AsyncMetricsPort, ViewPort
+from autoscaler.api.ports import AsyncMetricsPort, ViewPort
 from autoscaler.api.snapshot import STALE_METRICS, MetricsWindow, SlotTemplate
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.decision.config import build_core
@@ -47,7 +47,7 @@ from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.live.exporter import ControllerMetrics
 from autoscaler.live.health import Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
-from autoscaler.live.kube.informer import Informer
+from autoscaler.live.kube.informer import Informer, frozen_informers
 from autoscaler.live.kube.leader import LeaderElector
 from autoscaler.live.kube.lending import LendingActuator
 from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
@@ -173,7 +173,7 @@ class Controller:
             lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
             retry_period_s=settings.retry_period_s,
         )
-        self.actuator: AsyncActuator[ClusterView, ActuationReport] = KubeActuator(api_client, settings.actuator)
+        self.actuator = KubeActuator(api_client, settings.actuator)  # an AsyncActuator, with the write gate
         # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
         # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
         self.lender = LendingActuator(api_client, settings.lending, dry_run=settings.actuator.dry_run, clock=clock)
@@ -231,6 +231,9 @@ class Controller:
         if gate.open() and gate.term_started != self._term:
             self._start_term(gate.term_started or 0)
         view = self.view()
+        frozen = frozen_informers(self.informers)
+        if frozen:
+            return self._held(view, started, frozen)
         for problem in view.problems:
             log.warning("cluster: %s", problem)
             self.exporter.error("cluster_object")
@@ -261,9 +264,20 @@ class Controller:
         self.health.beat(self.clock())
         return TickResult(plan, view, window, report, seconds)
 
+    def _held(self, view: ClusterView, started: float, frozen: list[str]) -> TickResult:
+        """A cache the server has not confirmed for longer than a watch lasts may be missing any change (a
+        Deployment scaled by someone else, a node lent by the other replica): nothing is planned or written from
+        it. Every model holds, scale-ups included; the tick says why."""
+        log.warning("cache(s) %s not confirmed by the apiserver for longer than a watch lasts: decisions held",
+                    ", ".join(frozen))
+        self.exporter.error("cache_frozen")
+        self.health.beat(self.clock())
+        now = view.snapshot.now
+        window = MetricsWindow(now=now, step_s=self.settings.metrics_step_s, models={})
+        return TickResult(Plan(now=now), view, window, None, time.perf_counter() - started)
+
     async def _act(self, plan: Plan, view: ClusterView, gate: WriteGate) -> ActuationReport:
-        gate.check("the plan")
-        report = await self.actuator.apply(plan, view)
+        report = await self.actuator.apply(plan, view, gate=gate)
         self.exporter.record_actuation(report)
         for line in report.applied:
             log.info("applied: %s", line)
@@ -277,8 +291,7 @@ class Controller:
             # every tick, even without lending actions: a reclaim spans ticks and is advanced here. With lending
             # switched off, GPUs still lent (seen in the cluster, e.g. after a restart) are reclaimed by the plan
             # (reason "disabled") and the reclaim carried to its end.
-            gate.check("the lending actions")
-            lent = await self.lender.apply(plan.actions, view)
+            lent = await self.lender.apply(plan.actions, view, gate=gate)
             self.exporter.record_lending(lent)
             self.exporter.record_actuation(lent)
             for line in lent.applied:
@@ -299,6 +312,8 @@ class Controller:
             log.info("leadership term %d starts: decision state from term %d dropped", term, self._term)
             self.state = fresh_state(profiles=self.state.profiles, forecaster=self.state.forecaster)
             self.node_state = NodeActionState()
+        self.actuator.new_term()  # MIG re-layouts: re-adopted from the nodes' labels
+        self.lender.new_term()  # reclaims: re-adopted from the nodes' taints and labels, the Workloads' marks
         self._term = term
 
     # -- the process ------------------------------------------------------------------------------------------
