@@ -106,8 +106,8 @@ class ModelMetrics:
     e.g. some of its scrape targets not answering: what is missing then reads as low load, so the rails never
     scale down on it (:func:`autoscaler.decision.scaledown.normalize`). ``observed_fraction``: the share of the
     model's known sources (scrape targets) the window holds, 1.0 when all answer or when the source knows no
-    targets. :meth:`partial_reason` adds what the samples themselves show (no request-rate sample at all, or
-    none for the newest step).
+    targets, NaN when it could not tell (``partial`` then says why). :meth:`partial_reason` adds what the samples
+    themselves show (no request-rate sample at all, or none for the newest step).
     """
 
     rate: np.ndarray  # requests/s per step

@@ -172,9 +172,14 @@ def _openmetrics() -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.fixture(scope="module")
+def backfilled(prometheus_factory):
+    return prometheus_factory(_openmetrics())
+
+
 @pytest.mark.asyncio
-async def test_an_all_nan_window_that_is_not_stale_does_not_halve_the_model(prometheus_factory) -> None:
-    prom = prometheus_factory(_openmetrics())
+async def test_an_all_nan_window_that_is_not_stale_does_not_halve_the_model(backfilled) -> None:
+    prom = backfilled
     fresh, steady = ModelSpec("fresh", "ns", slo_latency_ms=1000), ModelSpec("steady", "ns", slo_latency_ms=1000)
     now = END + 0.5
     async with PrometheusMetrics(prom.url, VLLM, step_s=2.0, window_s=40.0, stale_after_s=20.0) as pm:
@@ -192,6 +197,20 @@ async def test_an_all_nan_window_that_is_not_stale_does_not_halve_the_model(prom
     assert res.reason is Reason.METRICS_PARTIAL
     # the steady model, fully observed at 5 req/s, still decides on its data
     assert w.models["ns/steady"].partial_reason() is None
+
+
+@pytest.mark.asyncio
+async def test_a_failing_health_query_alone_makes_models_partial_not_stale(backfilled, monkeypatch) -> None:
+    steady = {"ns/steady": ModelSpec("steady", "ns")}
+    async with PrometheusMetrics(backfilled.url, VLLM, step_s=2.0, window_s=40.0, stale_after_s=20.0) as pm:
+        monkeypatch.setattr(pm, "health_query", lambda: "max by (job) (up) * on () group_left ()")  # a PromQL error
+        m = (await pm.window(END + 0.5, steady)).models["ns/steady"]
+        assert not m.stale and m.partial is not None and "health unknown" in m.partial
+        np.testing.assert_allclose(m.rate, 5.0)  # the window's own answers still count
+        assert pm.errors == 0 and pm.last_error is None and pm.health_error is not None
+        monkeypatch.undo()
+        m = (await pm.window(END + 0.5, steady)).models["ns/steady"]
+        assert m.partial is None and m.observed_fraction == 1.0 and pm.health_error is None  # no up series here
 
 
 # -- pure: the health answer and the memory ---------------------------------------------------------------
@@ -235,4 +254,5 @@ def test_a_failed_health_query_makes_every_model_partial_not_stale() -> None:
     pm = PrometheusMetrics("http://x", VLLM)
     out = pm._target_health(PrometheusError("HTTP 422: many-to-many matching", url="http://x"), SPECS)
     assert set(out) == set(SPECS) and all(why is not None and "health unknown" in why for why, _ in out.values())
+    assert all(math.isnan(fraction) for _, fraction in out.values())  # unknown, not "all observed"
     assert pm.health_error is not None and "many-to-many" in pm.health_error

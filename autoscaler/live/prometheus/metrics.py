@@ -395,7 +395,7 @@ class PrometheusMetrics:
             why = str(answer) if isinstance(answer, PrometheusError) else f"{type(answer).__name__}: {answer}"
             self.health_error = why
             log.warning("scrape-target health query failed, every model partial: %s", why)
-            return dict.fromkeys(models, (f"scrape-target health unknown ({why})", 1.0))
+            return dict.fromkeys(models, (f"scrape-target health unknown ({why})", math.nan))
         self.health_error = None
         seen: dict[str, dict[tuple[str, str], bool]] = {}
         down: set[tuple[str, str]] = set()
