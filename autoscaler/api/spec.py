@@ -5,6 +5,12 @@ An invalid value never raises past this module for other models: :func:`parse_an
 raises :class:`SpecError` listing every problem of *that* model, and the caller turns it into an
 Event plus a status condition on that model only (see ``docs/annotations.md``).
 
+A value can be valid and still extreme (``concurrency: 1e400`` as a whole number, ``max-replicas: 100000`` of
+thousandth-GPU shares): every numeric key also has an operator-set cap, :class:`SpecLimits` (the settings'
+``limits:``, with safe defaults), and :func:`limit_problems` names each value over its cap. The decision core
+applies them to every model before it decides (``autoscaler/decision/admission.py``), so one Deployment's
+annotations cannot make a tick raise, run for minutes, or raise the cluster's time-slicing config past the cap.
+
 The simulator's model files use the same keys without the ``slotwise.io/`` prefix and go through
 :func:`parse_mapping`, so there is one parser for both.
 """
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from sharing.catalog import Catalog
@@ -236,6 +242,88 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
 REQUIRED = ("slo-latency-ms",)
 # Keys slotwise itself writes (status) and must not complain about when it reads them back.
 OWN_KEYS = ("status",)
+
+
+@dataclass(frozen=True)
+class SpecLimits:
+    """The operator's caps on what one model's annotations may ask for (the settings' ``limits:``). A model over a
+    cap is a spec error for that model naming the annotation, the value and the cap; the defaults are above what a
+    real model declares and below what makes the decision path slow or overflow.
+
+    ``max_time_slice_replicas`` is the most time-slice shares of one GPU (or MIG instance) slotwise plans: a model
+    that may run on shares must ask for at least ``1 / max_time_slice_replicas`` of a GPU's compute, and the
+    device plugin's time-slicing config is never raised past it (``decision/node_actions.py``).
+    ``max_slot_speed`` bounds ``slot-speeds`` both ways: speeds in [1 / max_slot_speed, max_slot_speed]."""
+
+    max_replicas: int = 1000
+    max_concurrency: int = 4096
+    max_gpus_per_replica: int = 64
+    max_time_slice_replicas: int = 16
+    max_priority: int = 1000  # |priority|; a team may cap it lower (teams[].max_priority)
+    max_gpu_memory_gib: float = 4096.0
+    max_latency_ms: float = 3_600_000.0  # slo-latency-ms, service-time-ms and the token costs (one hour)
+    max_cold_start_s: float = 3600.0
+    max_rps: float = 1_000_000.0  # expected-rps
+    max_slot_speed: float = 1000.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int":
+                if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10**9):
+                    raise ValueError(f"limits.{f.name} must be a whole number in [1, 1e9], got {v!r}")
+            elif not (isinstance(v, int | float) and not isinstance(v, bool) and 1 <= v <= 1e12):
+                raise ValueError(f"limits.{f.name} must be a number in [1, 1e12], got {v!r}")
+
+
+# annotation key -> (ModelSpec field, SpecLimits field) for the keys whose cap is an upper bound on the value
+_CAPPED: tuple[tuple[str, str, str], ...] = (
+    ("max-replicas", "max_replicas", "max_replicas"),
+    ("min-replicas", "min_replicas", "max_replicas"),
+    ("concurrency", "concurrency", "max_concurrency"),
+    ("gpus-per-replica", "gpus_per_replica", "max_gpus_per_replica"),
+    ("gpu-memory-gib", "gpu_memory_gib", "max_gpu_memory_gib"),
+    ("slo-latency-ms", "slo_latency_ms", "max_latency_ms"),
+    ("service-time-ms", "service_time_ms", "max_latency_ms"),
+    ("prefill-ms-per-1k-tokens", "prefill_ms_per_1k_tokens", "max_latency_ms"),
+    ("decode-ms-per-token", "decode_ms_per_token", "max_latency_ms"),
+    ("cold-start-seconds", "cold_start_s", "max_cold_start_s"),
+    ("expected-rps", "expected_rps", "max_rps"),
+)
+
+
+def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX) -> list[SpecProblem]:
+    """Every value of ``spec`` over the operator's caps (empty: within them), each naming the annotation, the
+    value and the cap. Plain comparisons, cheap enough to run for every model on every tick."""
+    problems: list[SpecProblem] = []
+    for key, attr, cap_name in _CAPPED:
+        v = getattr(spec, attr)
+        cap = getattr(limits, cap_name)
+        if v is not None and v > cap:
+            problems.append(SpecProblem(key_prefix + key, _shown(v), f"above the cap limits.{cap_name} ({cap:g})"))
+    if abs(spec.priority) > limits.max_priority:
+        problems.append(SpecProblem(key_prefix + "priority", _shown(spec.priority),
+                                    f"beyond the cap limits.max_priority (+-{limits.max_priority})"))
+    floor = 1.0 / limits.max_time_slice_replicas
+    if "share" in spec.slot_kinds and spec.gpu_compute_share < floor - 1e-12:
+        problems.append(SpecProblem(
+            key_prefix + "gpu-compute-share", _shown(spec.gpu_compute_share),
+            f"below 1/limits.max_time_slice_replicas ({floor:g}: at most {limits.max_time_slice_replicas} "
+            "time-slice shares per GPU); ask for a larger share or leave out slot kind share"))
+    hi = limits.max_slot_speed
+    for kind, speed in spec.slot_speeds:
+        if not (1.0 / hi <= speed <= hi):
+            problems.append(SpecProblem(key_prefix + "slot-speeds", f"{kind}={speed:g}",
+                                        f"speed outside [1/limits.max_slot_speed, limits.max_slot_speed] "
+                                        f"([{1.0 / hi:g}, {hi:g}])"))
+    return problems
+
+
+def _shown(v: float) -> str:
+    """A value as the error shows it: a huge whole number by its size (its digits would fill the Event)."""
+    if isinstance(v, int) and abs(v) >= 10**15:
+        return f"{'-' if v < 0 else ''}~1e{len(str(abs(v))) - 1} ({len(str(abs(v)))} digits)"
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def parse_mapping(

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.actuator import ActuatorConfig
@@ -71,8 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def load_settings_file(path: str) -> dict[str, Any]:
     """The YAML settings file: keys are :class:`ControllerSettings` fields, ``actuator:`` a mapping of
-    :class:`ActuatorConfig` fields, ``metrics:`` ``{preset, names...}``, ``teams:`` the team quotas (with
-    ``arbitration:`` they make :class:`~autoscaler.decision.arbitration.ArbitrationPolicy`); unknown keys are errors."""
+    :class:`ActuatorConfig` fields, ``metrics:`` ``{preset, names...}``, ``teams:`` the team quotas and their
+    namespace / priority bindings (with ``arbitration:`` they make
+    :class:`~autoscaler.decision.arbitration.ArbitrationPolicy`), ``limits:`` the caps on every model's annotations
+    (:class:`~autoscaler.api.spec.SpecLimits`); unknown keys are errors."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as e:
@@ -117,11 +120,23 @@ def _arbitration(data: dict[str, Any]) -> ArbitrationPolicy:
         raise ValueError(text) from None
 
 
+def _limits(data: dict[str, Any]) -> None:
+    """``limits:`` (a mapping of :class:`SpecLimits` fields) in ``data`` made a :class:`SpecLimits`, in place;
+    errors name the key (``limits.max_replicas must be ...``, ``unknown limits setting(s) ...``)."""
+    if "limits" not in data:
+        return
+    try:
+        data["limits"] = _section(data, "limits", SpecLimits)
+    except TypeError as e:
+        raise ValueError(f"limits: {e}") from None
+
+
 def build_settings(args: argparse.Namespace) -> ControllerSettings:
     data = load_settings_file(args.config) if args.config else {}
     actuator = _section(data, "actuator", ActuatorConfig)
     lending = _section(data, "lending", LendingPolicy)
     arbitration = _arbitration(data)
+    _limits(data)
     metrics_data = data.pop("metrics", {}) or {}
     if args.dry_run:
         actuator = replace(actuator, dry_run=True)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
@@ -44,6 +45,9 @@ class CoreConfig:
     # Who gets GPUs when they run out: team quotas, priorities, SLO damage, preemption
     # (autoscaler/decision/arbitration/).
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+    # The operator's caps on what one model's annotations may ask for (the settings' `limits:`): a model over one is
+    # refused before the core decides (autoscaler/decision/admission.py), so it cannot stall or reconfigure the rest.
+    limits: SpecLimits = field(default_factory=SpecLimits)
 
 
 def build_core(
@@ -56,6 +60,7 @@ def build_core(
     prefer_open_nodes: bool | None = None,
     consolidate_removals: bool | None = None,
     device_anti_affinity: bool = False,
+    limits: SpecLimits | None = None,
 ) -> CoreConfig:
     """The decision core's configuration from what ``slotwise run`` (the controller's settings) or ``slotwise
     simulate`` (the simulator's flags) set: the packer, the forecaster (its horizon) and the lend stage's settings.
@@ -68,6 +73,7 @@ def build_core(
     issue 15 (the demo's idle reserved GPU-hours on nodes holding replicas 9.5 -> 4.5 for slotwise at the same
     GPU-hours and SLO; section 10). ``prefer_open_nodes`` / ``consolidate_removals`` False turn either off (None:
     on); ``device_anti_affinity`` (pods-mode lending only) spreads a model's replicas over devices only, not nodes.
+    ``limits``: the caps on every model's annotations (None: the safe defaults of :class:`SpecLimits`).
     """
     enabled = lending if lending is not None and lending.enabled else None
     whole_nodes = lending is not None and lending.mode == "pods"
@@ -85,4 +91,5 @@ def build_core(
         lending_whole_nodes_only=whole_nodes,
         consolidate_removals=consolidate_removals is not False,
         arbitration=arbitration if arbitration is not None else ArbitrationPolicy(),
+        limits=limits if limits is not None else SpecLimits(),
     )

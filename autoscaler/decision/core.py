@@ -12,6 +12,11 @@ and emits typed actions (:mod:`autoscaler.api.plan`). Packing works on a copy of
 so only replicas that can actually be placed are counted as capacity; the rest is a :class:`Shortfall`
 with a cause, never a silent Pending pod. When the asks do not all fit, arbitration decides who gets the GPUs
 (team guarantees, priority, SLO damage) and whom to preempt, with a reason for each.
+
+One model cannot stop or reconfigure the others: before anything is decided every spec is held against the
+operator's caps and team bindings (:func:`autoscaler.decision.admission.admit`; a model over one is treated as
+invalid), and an exception while one model is sized or its actions are emitted fails that model only -- it gets a
+status with a false condition naming the error (an Event), keeps its replicas, and the others proceed.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from autoscaler.api.plan import (
 from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindow, ModelObservation
 from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.decision import scaledown
+from autoscaler.decision.admission import admit
 from autoscaler.decision.arbitration import (
     ArbitrationResult,
     Ask,
@@ -110,16 +116,21 @@ class _Sized:
 
 def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
     plan = Plan(now=snapshot.now)
+    snapshot = admit(snapshot, config.limits, config.arbitration)  # over a cap or a team binding: invalid
     forecaster = _update_forecaster(snapshot, metrics, state, config) if config.policy.uses_forecast else None
     sized, removals = _size_models(snapshot, metrics, state, config, forecaster, plan)
 
     inventory: Inventory | None = None  # copied only when something is to be placed: most ticks place nothing
     outcome = ArbitrationResult()
-    asks = [_ask(s, i) for i, s in enumerate(sized) if s.target > s.obs.active_replicas]
+    room = _room(snapshot.inventory, config)
+    asks = [_ask(s, i, room) for i, s in enumerate(sized) if s.target > s.obs.active_replicas]
     if asks:
         inventory = snapshot.inventory.copy()
         outcome = _arbitrate(asks, snapshot, inventory, removals, state, config)
-    _finish_all(snapshot, state, sized, removals, outcome, plan, config)
+    for name in _finish_all(snapshot, state, sized, removals, outcome, plan, config):
+        if inventory is not None:  # a model that failed places nothing: its slots go back
+            for rid, slot in outcome.placed.get(name, ()):
+                inventory.release(slot, rid)
 
     lending = config.lending
     if lending is not None and (lending.enabled or snapshot.lent):
@@ -142,16 +153,22 @@ def _size_models(
         if obs.spec is None:
             _report_invalid(obs, state, plan)
             continue
-        state.invalid.pop(name, None)
-        ms = _model_state(obs, obs.spec, state, config)
-        if snapshot.now < ms.next_decision_at:
+        try:  # (free unless it raises) one model's failure is that model's only
+            ms = _model_state(obs, obs.spec, state, config)
+            if snapshot.now < ms.next_decision_at:
+                continue  # (a model whose decision failed stays reported until one succeeds)
+            s = _size(obs, obs.spec, ms, metrics, config, forecaster, snapshot.now)
+            current = obs.active_replicas
+            if s.target < current:
+                if config.consolidate_removals and per_node is None:
+                    per_node = scaledown.node_load(snapshot)  # once per tick: the snapshot's, not changed within it
+                removal = scaledown.removals(obs, current - s.target, per_node)
+        except Exception as e:  # any error: this model holds, the others proceed
+            _report_failed(obs, e, state, plan)
             continue
-        s = _size(obs, obs.spec, ms, metrics, config, forecaster, snapshot.now)
-        current = obs.active_replicas
         if s.target < current:
-            if config.consolidate_removals and per_node is None:
-                per_node = scaledown.node_load(snapshot)  # once per tick: the snapshot's, not changed within it
-            removals[name] = scaledown.removals(obs, current - s.target, per_node)
+            removals[name] = removal
+        state.invalid.pop(name, None)
         sized.append(s)
     return sized, removals
 
@@ -164,6 +181,25 @@ def _report_invalid(obs: ModelObservation, state: ControllerState, plan: Plan) -
         plan.actions.append(UpdateStatus(obs.name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
                                          message=message, condition_ok=False))
         state.invalid[obs.name] = message
+
+
+def _report_failed(obs: ModelObservation, error: Exception, state: ControllerState, plan: Plan) -> None:
+    """A model whose decision raised: the error on its status (condition false, so a Warning Event), once per
+    distinct message; nothing else is planned for it, so it keeps its replicas."""
+    text = f"{type(error).__name__}: {error}"
+    message = (f"model {obs.name}: the decision failed ({text[:300]}); its replicas are left as they are, the "
+               "other models proceed")
+    if state.invalid.get(obs.name) != message:
+        plan.actions.append(UpdateStatus(obs.name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
+                                         message=message, condition_ok=False))
+        state.invalid[obs.name] = message
+
+
+def _room(inventory: Inventory, config: CoreConfig) -> int:
+    """The most replicas of any one model the cluster could ever hold: every GPU cut into the most slots it can
+    have (seven MIG instances, each time-sliced into at most ``limits.max_time_slice_replicas`` shares). No model
+    asks for more, so a model's placement work is bounded by the cluster, not by its max-replicas."""
+    return inventory.gpus_total * 7 * config.limits.max_time_slice_replicas
 
 
 def _model_state(obs: ModelObservation, spec: ModelSpec, state: ControllerState, config: CoreConfig) -> ModelState:
@@ -214,7 +250,7 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
     return _Sized(obs, ms, ctx, learning, scaled.desired, scaled.reason, scaled.detail)
 
 
-def _ask(s: _Sized, order: int) -> Ask:
+def _ask(s: _Sized, order: int, room: int) -> Ask:
     spec = s.obs.spec
     assert spec is not None
     current = s.obs.active_replicas
@@ -224,7 +260,8 @@ def _ask(s: _Sized, order: int) -> Ask:
         # The policy sized in replicas of the kind it was sized for; a replica the packer puts on a slower kind
         # (the cheaper or the only one free) counts for its speed, and more are placed until the capacity asked
         # for is there (within max replicas).
-        wanted=float(s.target - current), current=current, max_new=max(0, spec.max_replicas - current),
+        wanted=float(min(s.target - current, room)), current=current,
+        max_new=max(0, min(spec.max_replicas - current, room)),
         load_rps=s.ms.sized.tail_rps if s.ms.sized else 0.0, profile=s.ctx.capacity,
         slo_target=spec.slo_percentile / 100.0, order=order,
         expected_rps=s.ms.sized.expected_rps if s.ms.sized else None,
@@ -284,8 +321,9 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
 
 def _finish_all(snapshot: ClusterSnapshot, state: ControllerState, sized: list[_Sized],
                 removals: dict[str, list[RemoveReplica]], outcome: ArbitrationResult, plan: Plan,
-                config: CoreConfig) -> None:
-    """The actions of every due model, and of the models preempted for them that did not decide this tick."""
+                config: CoreConfig) -> list[str]:
+    """The actions of every due model, and of the models preempted for them that did not decide this tick; the
+    models whose actions failed (reported, nothing else planned for them)."""
     preempted: dict[str, list[RemoveReplica]] = {}
     for r in outcome.preemptions:
         preempted.setdefault(r.model, []).append(r)
@@ -293,13 +331,23 @@ def _finish_all(snapshot: ClusterSnapshot, state: ControllerState, sized: list[_
     for sf in outcome.shortfalls:
         shortfalls.setdefault(sf.model, []).append(sf)
     due = set()
+    failed: list[str] = []
     for s in sized:
-        due.add(s.obs.name)
-        _finish(s, plan, outcome.placed.get(s.obs.name, ()), shortfalls.get(s.obs.name, ()),
-                removals.get(s.obs.name, []) + preempted.get(s.obs.name, []), config)
+        name = s.obs.name
+        due.add(name)
+        mark = len(plan.actions)
+        try:
+            _finish(s, plan, outcome.placed.get(name, ()), shortfalls.get(name, ()),
+                    removals.get(name, []) + preempted.get(name, []), config)
+        except Exception as e:  # this model's actions are dropped; the others' stand
+            del plan.actions[mark:]
+            plan.decisions.pop(name, None)
+            _report_failed(s.obs, e, state, plan)
+            failed.append(name)
     for name, victims in preempted.items():
         if name not in due:  # a model not deciding this tick, preempted for another
             _finish_victim(snapshot.models[name], state.models[name], victims, plan)
+    return failed
 
 
 def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfalls: Sequence[Shortfall],

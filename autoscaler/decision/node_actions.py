@@ -31,6 +31,7 @@ from typing import Any
 
 from autoscaler.api.plan import Action, PlaceReplica, Plan, SetMigLayout, SetSlotTemplate, SetTimeSlicing
 from autoscaler.api.snapshot import ClusterSnapshot, SlotTemplate
+from autoscaler.api.spec import SpecLimits
 from sharing.render import GPU_PRODUCT, layouts_from_inventory, mig_devices, mig_parted_config, pod_resources
 from sharing.slots import Inventory, Slot, SlotKind
 
@@ -111,11 +112,17 @@ def time_slicing_replicas(inv: Inventory) -> dict[str, int]:
     return most
 
 
-def time_slicing_action(inv: Inventory, current: dict[str, int]) -> SetTimeSlicing | None:
+def time_slicing_action(inv: Inventory, current: dict[str, int],
+                        max_replicas: int | None = None) -> SetTimeSlicing | None:
     """The config to write when the inventory needs more shares than ``current`` advertises (never fewer:
-    lowering the count under running pods would strand them; it is raised only)."""
+    lowering the count under running pods would strand them; it is raised only), and never past ``max_replicas``
+    (the operator's ``limits.max_time_slice_replicas``; None: no cap). The config is cluster-wide -- every GPU of
+    the resource gets that many replicas -- so no model's placements may raise it beyond what the operator set;
+    admission keeps a model's shares within the cap, and this is the last line."""
     wanted = dict(current)
     for res, n in time_slicing_replicas(inv).items():
+        if max_replicas is not None:
+            n = min(n, max_replicas)
         if n > 1 and n > wanted.get(res, 1):
             wanted[res] = n
     return None if wanted == current else SetTimeSlicing(wanted)
@@ -178,17 +185,23 @@ class NodeActionState:
     resource; :func:`time_slicing_action` only raises it)."""
 
     time_slicing: dict[str, int] = field(default_factory=dict)
+    # The cap on the shares per GPU the config may advertise (limits.max_time_slice_replicas); plan_tick passes the
+    # configured one, this default is SpecLimits' for callers that do not.
+    max_time_slice_replicas: int = SpecLimits().max_time_slice_replicas
 
 
 def node_actions(
-    snapshot: ClusterSnapshot, plan: Plan, after: Inventory | None, state: NodeActionState
+    snapshot: ClusterSnapshot, plan: Plan, after: Inventory | None, state: NodeActionState,
+    max_time_slice_replicas: int | None = None,
 ) -> list[Action]:
     """The node-level actions of a tick whose decision is ``plan``, ``after`` the inventory after its placements
-    (None: nothing placed): MIG re-layouts, the time-slicing config (``state`` remembers it), slot templates."""
+    (None: nothing placed): MIG re-layouts, the time-slicing config (``state`` remembers it; never raised past
+    ``max_time_slice_replicas``, else ``state.max_time_slice_replicas``), slot templates."""
     actions: list[Action] = []
     if after is not None:
         actions.extend(mig_layout_actions(snapshot.inventory, after))
-        ts = time_slicing_action(after, state.time_slicing)
+        cap = max_time_slice_replicas if max_time_slice_replicas is not None else state.max_time_slice_replicas
+        ts = time_slicing_action(after, state.time_slicing, cap)
         if ts is not None:
             actions.append(ts)
             state.time_slicing = dict(ts.replicas)

@@ -8,16 +8,25 @@ from dataclasses import dataclass
 from typing import Any
 
 ARBITRATION_MODES = ("slo", "priority", "partition")
+_TEAM_KEYS = ("name", "guaranteed_gpus", "borrowing_limit_gpus", "namespaces", "max_priority")
 
 
 @dataclass(frozen=True)
 class TeamQuota:
     """A team's GPU quota for inference, in GPU-equivalents: ``guaranteed_gpus`` it always gets when its models
-    need them, and at most ``borrowing_limit_gpus`` more of what others do not use (None: no limit)."""
+    need them, and at most ``borrowing_limit_gpus`` more of what others do not use (None: no limit).
+
+    Team and priority are annotations any namespace owner writes, so the operator binds them here:
+    ``namespaces`` (not empty) are the only namespaces whose models may claim the team, and a namespace listed by
+    any team may claim only the teams that list it; ``max_priority`` (None: only ``limits.max_priority``) is the
+    highest ``slotwise.io/priority`` the team's models may declare. A model breaking either is refused (a spec
+    error for that model: ``autoscaler/decision/admission.py``)."""
 
     name: str
     guaranteed_gpus: float = 0.0
     borrowing_limit_gpus: float | None = None
+    namespaces: tuple[str, ...] = ()
+    max_priority: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -29,6 +38,11 @@ class TeamQuota:
         if b is not None and not (isinstance(b, int | float) and math.isfinite(b) and b >= 0):
             raise ValueError(f"team {self.name}: borrowing_limit_gpus must be a number >= 0 (or absent: no limit), "
                              f"got {b!r}")
+        if not (isinstance(self.namespaces, tuple) and all(isinstance(n, str) and n for n in self.namespaces)):
+            raise ValueError(f"team {self.name}: namespaces must be a list of namespace names, got {self.namespaces!r}")
+        p = self.max_priority
+        if p is not None and not (isinstance(p, int) and not isinstance(p, bool)):
+            raise ValueError(f"team {self.name}: max_priority must be a whole number (or absent), got {p!r}")
 
     @property
     def limit_gpus(self) -> float:
@@ -78,8 +92,8 @@ class ArbitrationPolicy:
     @classmethod
     def from_mapping(cls, arbitration: Mapping[str, Any] | None, teams: Any = None) -> ArbitrationPolicy:
         """From configuration: ``arbitration`` (mode, preemption, min_runtime_s, max_preemptions_per_tick,
-        fairness_half_life_s) and ``teams`` (a list of {name, guaranteed_gpus, borrowing_limit_gpus}). Raises
-        ValueError naming the key for anything unknown or invalid."""
+        fairness_half_life_s) and ``teams`` (a list of {name, guaranteed_gpus, borrowing_limit_gpus, namespaces,
+        max_priority}). Raises ValueError naming the key for anything unknown or invalid."""
         doc = dict(arbitration or {})
         allowed = {"mode", "preemption", "min_runtime_s", "max_preemptions_per_tick", "fairness_half_life_s"}
         unknown = sorted(set(doc) - allowed)
@@ -91,13 +105,17 @@ class ArbitrationPolicy:
         for i, t in enumerate(teams or ()):
             if not isinstance(t, Mapping):
                 raise ValueError(f"teams[{i}] must be a mapping, got {t!r}")
-            extra = sorted(set(t) - {"name", "guaranteed_gpus", "borrowing_limit_gpus"})
+            extra = sorted(set(t) - set(_TEAM_KEYS))
             if extra:
-                raise ValueError(f"teams[{i}]: unknown key(s) {', '.join(extra)} "
-                                 "(known: name, guaranteed_gpus, borrowing_limit_gpus)")
+                raise ValueError(f"teams[{i}]: unknown key(s) {', '.join(extra)} (known: {', '.join(_TEAM_KEYS)})")
+            namespaces = t.get("namespaces") or ()
+            if isinstance(namespaces, str):
+                namespaces = (namespaces,)
             try:
                 quotas.append(TeamQuota(t.get("name", ""), t.get("guaranteed_gpus", 0.0),
-                                        t.get("borrowing_limit_gpus")))
+                                        t.get("borrowing_limit_gpus"),
+                                        tuple(namespaces) if isinstance(namespaces, list | tuple) else namespaces,
+                                        t.get("max_priority")))
             except ValueError as e:
                 raise ValueError(f"teams[{i}]: {e}") from None
         return cls(teams=tuple(quotas), **doc)
