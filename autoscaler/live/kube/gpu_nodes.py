@@ -1,5 +1,8 @@
 """GPU nodes as the Kubernetes API shows them -> what the inventory holds, and which of it a pod takes: pure.
 
+- :func:`out_of_service` says why a GPU node offers nothing now although its labels say GPUs: NotReady (its
+  ``Ready`` condition not True), or the device plugin stopped advertising them (allocatable 0 where capacity
+  is not).
 - :func:`read_gpu_node` reads a node's GPUs from GPU Feature Discovery's labels and the device plugin's capacity:
   kind (``nvidia.com/gpu.product``), count, time-slicing replicas, MIG strategy and per-profile instance counts
   (:class:`GpuNode`); :func:`node_spec` gives just the :class:`~sharing.slots.NodeSpec`.
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoscaler.live.kube.fields import metadata, parse_count
+from autoscaler.live.kube.fields import condition, metadata, parse_count
 from autoscaler.live.kube.objects import (
     GPU_COUNT,
     GPU_REPLICAS,
@@ -100,6 +103,33 @@ def is_gpu_node(node: Mapping[str, Any]) -> bool:
     if GPU_PRODUCT in (metadata(node).get("labels") or {}):
         return True
     return any(is_gpu_resource(k) and (parse_count(v) or 0) > 0 for k, v in _capacity(node).items())
+
+
+def out_of_service(node: Mapping[str, Any]) -> str | None:
+    """Why the node's GPUs are no capacity now (None: they are), whatever its labels say.
+
+    - **NotReady**: a ``Ready`` condition whose status is not ``True`` (``False``: the kubelet says so;
+      ``Unknown``: the node stopped reporting). Its pods may be dead or unreachable, and the node lifecycle
+      controller evicts them later; nothing new is scheduled there. A node with no Ready condition at all (not
+      reported yet) is not judged.
+    - **GPUs not advertised**: every GPU resource with capacity has allocatable 0 (or none): the device plugin
+      stopped or marked its devices unhealthy, so the scheduler places no GPU pod there. A node without an
+      ``allocatable`` map at all is not judged.
+    """
+    ready = condition(node, "Ready")
+    if ready is not None and ready.get("status") != "True":
+        why = ready.get("reason") or ready.get("message") or ""
+        return f"NotReady (Ready={ready.get('status')}{': ' + str(why) if why else ''})"
+    status = node.get("status") or {}
+    allocatable = status.get("allocatable")
+    if not isinstance(allocatable, Mapping):
+        return None
+    advertised = {k: parse_count(v) or 0 for k, v in (status.get("capacity") or {}).items() if is_gpu_resource(k)}
+    advertised = {k: n for k, n in advertised.items() if n > 0}
+    if advertised and all(not parse_count(allocatable.get(k)) for k in advertised):
+        what = ", ".join(f"{k}={n}" for k, n in sorted(advertised.items()))
+        return f"the device plugin advertises no GPUs (allocatable 0, capacity {what})"
+    return None
 
 
 def read_gpu_node(node: Mapping[str, Any], catalog: Catalog) -> GpuNode | str:

@@ -67,6 +67,10 @@ class ManagedModel:
     resources: Mapping[str, Any] = field(default_factory=dict)  # that container's resources as read
     node_selector: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # Its pods on GPU nodes out of service (NotReady, GPUs no longer advertised), not being deleted: observed as
+    # draining (no capacity), but the ReplicaSet still counts them in spec.replicas until they are evicted, so a
+    # scale write of N live replicas must ask for N + this many.
+    unavailable_replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class NodeInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()  # spec.taints as served
     pods: tuple[PodRef, ...] = ()  # live pods bound to the node, by key
+    # why the node is no capacity now although its labels say GPUs: NotReady, or the device plugin advertises
+    # none (gpu_nodes.out_of_service); None: in service. Out of service nodes are not in the inventory.
+    out_of_service: str | None = None
 
     @property
     def lent(self) -> bool:

@@ -16,9 +16,16 @@ What is read, and how (the details the tests pin down):
   model by key (a problem line). Succeeded/Failed pods are ignored everywhere. A replica's slot is None when
   its pod is pending, on a node outside the inventory, asks for no GPU, or its slot cannot be allocated
   (the last with a problem line); it is still counted.
-- **GPU nodes** carry ``nvidia.com/gpu.product`` (GPU Feature Discovery) or GPU capacity. Cordoned nodes and
-  nodes whose GPU the catalog does not know are left out of the inventory (the packer must not place there);
-  every GPU node still gets a :class:`NodeInfo`.
+- **Scope**: the inventory is built from every pod and node given, cluster-wide, whatever the models' scope: a
+  GPU that another namespace's pod holds is taken (the packer must not place on it, the MIG gate must not
+  re-partition under it). Only the *models* are scoped: with ``namespace`` set, Deployments of other namespaces
+  are not models (and their pods are nobody's replicas; they hold GPUs as ``pod:<ns>/<name>`` like any other).
+- **GPU nodes** carry ``nvidia.com/gpu.product`` (GPU Feature Discovery) or GPU capacity. Cordoned nodes, nodes
+  whose GPU the catalog does not know, and nodes out of service (NotReady, or the device plugin advertises none
+  of their GPUs: :func:`~autoscaler.live.kube.gpu_nodes.out_of_service`) are left out of the inventory (the
+  packer must not place there); every GPU node still gets a :class:`NodeInfo` (``out_of_service`` says why).
+  A replica on a node out of service is no capacity: it is observed as draining (not active, not ready), and its
+  model's :attr:`ManagedModel.unavailable_replicas` counts it (the ReplicaSet still does, until it is evicted).
 - **MIG layouts** are not visible in the API, only counts per profile (``nvidia.com/mig-<profile>``
   capacity, mixed strategy; or the single strategy's overloaded ``nvidia.com/gpu``). They are rebuilt as a
   mig-parted ``devices: all`` config lays them out: profiles largest first, instances spread round-robin over
@@ -59,13 +66,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, TrainingWorkload
 from autoscaler.api.spec import ModelSpec, SpecError, is_managed, parse_annotations
 from autoscaler.live.kube.fields import condition, grace_s, metadata, parse_count, parse_time
-from autoscaler.live.kube.gpu_nodes import GpuNode, find_slot, is_gpu_node, lay_out, read_gpu_node
+from autoscaler.live.kube.gpu_nodes import GpuNode, find_slot, is_gpu_node, lay_out, out_of_service, read_gpu_node
 from autoscaler.live.kube.objects import (
     LENT_LABEL,
     LENT_SINCE_ANNOTATION,
@@ -100,24 +107,28 @@ def build_view(
     catalog: Catalog | None = None,
     share_reserve_gib: float = 1.0,
     lending: LendingPolicy | None = None,
+    namespace: str | None = None,
 ) -> ClusterView:
     """One read of the caches -> the decision core's snapshot, the managed models, GPU node info, problems.
 
     Pure and deterministic: the same objects (in any order) give the same view. ``lending`` (the controller's
     lending settings) only matters in Kueue mode, where the GPUs training pods hold are what is lent (module
     docstring, "Lent GPUs"); nodes lent in pods mode are read from their label/taint whatever the settings.
-    Problem lines come in the order of the steps below.
+    ``namespace`` (the controller's scope; None: all) limits which Deployments are models; ``pods`` and ``nodes``
+    must be the whole cluster's, so that the inventory sees every GPU in use. Problem lines come in the order of
+    the steps below.
     """
     cat = catalog if catalog is not None else load_catalog()
     problems: list[str] = []
 
-    node_objs, gpu_nodes = _read_nodes(nodes, cat, problems)
+    node_objs, gpu_nodes, down = _read_nodes(nodes, cat, problems)
     inventory = Inventory.from_nodes([g.spec for g in gpu_nodes.values()], cat, share_reserve_gib)
     for gn in gpu_nodes.values():
         lay_out(inventory, gn, problems)
 
     live = live_pods(pods, now)
-    models = _read_models(deployments, live, problems)
+    models = _read_models(deployments, live, problems, namespace)
+    _count_unavailable(models, down)
     workloads, training_refs = read_training(training, live, cat, problems)
 
     lent_nodes = _lent_nodes(node_objs, now, problems)
@@ -130,37 +141,43 @@ def build_view(
         if gn is not None:
             _allocate_lent(inventory, gn, since, lent, problems)
 
-    snapshot = ClusterSnapshot(now=now, models=_observations(models, slots), inventory=inventory,
+    snapshot = ClusterSnapshot(now=now, models=_observations(models, slots, down), inventory=inventory,
                                training=workloads, lent=dict(sorted(lent.items())))
-    return ClusterView(snapshot=snapshot, models=models.models, nodes=_node_infos(node_objs, live, models.owner_of),
+    return ClusterView(snapshot=snapshot, models=models.models,
+                       nodes=_node_infos(node_objs, live, models.owner_of, down),
                        problems=problems, training=training_refs)
 
 
 # -- nodes ---------------------------------------------------------------------------------------------------
 def _read_nodes(
     nodes: Iterable[Mapping[str, Any]], catalog: Catalog, problems: list[str]
-) -> tuple[dict[str, Mapping[str, Any]], dict[str, GpuNode]]:
-    """Every GPU node by name (each gets a NodeInfo), and those that go into the inventory: schedulable, with a
-    GPU the catalog knows. By name, so the inventory's order does not depend on the informer's."""
+) -> tuple[dict[str, Mapping[str, Any]], dict[str, GpuNode], dict[str, str]]:
+    """Every GPU node by name (each gets a NodeInfo), those that go into the inventory (schedulable, in service,
+    with a GPU the catalog knows), and those out of service with why. By name, so the inventory's order does not
+    depend on the informer's."""
     node_objs: dict[str, Mapping[str, Any]] = {}
     gpu_nodes: dict[str, GpuNode] = {}
+    down: dict[str, str] = {}
     for node in sorted(nodes, key=lambda n: str(metadata(n).get("name"))):
         if not is_gpu_node(node):
             continue
         name = str(metadata(node).get("name"))
         node_objs[name] = node
+        why = out_of_service(node)
+        if why is not None:
+            down[name] = why  # no capacity now, and its replicas are none either
         got = read_gpu_node(node, catalog)
         if isinstance(got, str):
             problems.append(got)
             continue
         problems.extend(got.problems)
-        if not (node.get("spec") or {}).get("unschedulable"):
+        if not (node.get("spec") or {}).get("unschedulable") and why is None:
             gpu_nodes[name] = got
-    return node_objs, gpu_nodes
+    return node_objs, gpu_nodes, down
 
 
 def _node_infos(node_objs: Mapping[str, Mapping[str, Any]], live: Sequence[LivePod],
-                owner_of: Mapping[str, str]) -> dict[str, NodeInfo]:
+                owner_of: Mapping[str, str], down: Mapping[str, str]) -> dict[str, NodeInfo]:
     by_node: dict[str, list[LivePod]] = {n: [] for n in node_objs}
     for p in live:
         if p.node in by_node:
@@ -191,6 +208,7 @@ def _node_infos(node_objs: Mapping[str, Mapping[str, Any]], live: Sequence[LiveP
             annotations=dict(meta.get("annotations") or {}),
             taints=tuple(dict(t) for t in spec.get("taints") or () if isinstance(t, Mapping)),
             pods=tuple(refs),
+            out_of_service=down.get(name),
         )
     return out
 
@@ -227,9 +245,11 @@ def _managed_model(dep: Mapping[str, Any], key: str) -> ManagedModel:
     )
 
 
-def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePod], problems: list[str]) -> _Models:
-    """Managed Deployments (annotated), their specs, and their pods: those in the namespace that the selector
-    matches (a pod two selectors match goes to the first model by key)."""
+def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePod], problems: list[str],
+                 namespace: str | None = None) -> _Models:
+    """Managed Deployments (annotated; in ``namespace`` when one is given), their specs, and their pods: those in
+    the Deployment's namespace that the selector matches (a pod two selectors match goes to the first model by
+    key)."""
     # Index pods by namespace and by (namespace, label, value), so that a selector looks at few candidates.
     by_ns: dict[str, list[LivePod]] = {}
     by_label: dict[tuple[str, str, str], list[LivePod]] = {}
@@ -239,7 +259,9 @@ def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePo
             by_label.setdefault((p.namespace, k, v), []).append(p)
 
     managed = sorted(
-        ((object_key(dep), dep) for dep in deployments if is_managed(metadata(dep).get("annotations") or {})),
+        ((object_key(dep), dep) for dep in deployments
+         if is_managed(metadata(dep).get("annotations") or {})
+         and (namespace is None or metadata(dep).get("namespace") == namespace)),
         key=lambda kd: kd[0],
     )
     out = _Models()
@@ -276,18 +298,30 @@ def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePo
     return out
 
 
-def _observations(models: _Models, slots: Mapping[str, Slot]) -> dict[str, ModelObservation]:
+def _count_unavailable(models: _Models, down: Mapping[str, str]) -> None:
+    """Each model's pods on a node out of service that are not being deleted: the ReplicaSet still counts them
+    in the Deployment's replicas, but they are no capacity."""
+    if not down:
+        return
+    for key, members in models.members.items():
+        n = sum(1 for p in members if p.node in down and metadata(p.obj).get("deletionTimestamp") is None)
+        if n:
+            models.models[key] = replace(models.models[key], unavailable_replicas=n)
+
+
+def _observations(models: _Models, slots: Mapping[str, Slot], down: Mapping[str, str]) -> dict[str, ModelObservation]:
     observations: dict[str, ModelObservation] = {}
     for key, model in models.models.items():
         replicas = []
         for p in sorted(models.members[key], key=lambda p: p.key):
             ready = condition(p.obj, "Ready")
+            lost = p.node in down  # on a node out of service: no capacity, whatever the pod's last status said
             replicas.append(Replica(
                 replica_id=p.key,
                 slot=slots.get(p.key),
-                ready=bool(ready and ready.get("status") == "True"),
+                ready=bool(ready and ready.get("status") == "True") and not lost,
                 started_at=p.created,
-                draining=metadata(p.obj).get("deletionTimestamp") is not None,
+                draining=metadata(p.obj).get("deletionTimestamp") is not None or lost,
             ))
         observations[key] = ModelObservation(
             name=key,
