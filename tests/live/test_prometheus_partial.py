@@ -127,7 +127,7 @@ async def test_a_target_that_stops_answering_makes_the_model_partial_and_holds(t
         assert res.desired == 2, f"scaled 2 -> {res.desired} with one of two targets not answering ({res.detail})"
         assert res.reason is Reason.METRICS_PARTIAL
         # the same load judged by the whole was not a scale-down: the halving is the missing target
-        assert np.nanmean(alpha.in_flight) < 0.7 * np.nanmean(whole.in_flight)
+        assert np.nanmean(alpha.in_flight) < 0.8 * np.nanmean(whole.in_flight)
         # what the lead exports and puts in status; the same while its last sample was inside the window and now,
         # past it (the target remembered while up == 0)
         for m in (early, alpha):
