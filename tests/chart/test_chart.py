@@ -48,6 +48,7 @@ from autoscaler.decision.arbitration import ArbitrationPolicy, TeamQuota
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.actuator import ActuatorConfig, KubeActuator
 from autoscaler.live.kube.objects import POD_DELETION_COST, STATUS_ANNOTATION
+from autoscaler.live.prometheus.client import PrometheusAuth
 from autoscaler.live.prometheus.metrics import MetricNames
 from autoscaler.policies import make_policy
 from sharing.lending import LendingPolicy
@@ -138,7 +139,9 @@ PASSTHROUGH = {
     "extraEnv[].valueFrom.fieldRef", "extraEnv[].valueFrom.resourceFieldRef", "extraEnv[].valueFrom.configMapKeyRef",
     "extraEnv[].valueFrom.secretKeyRef", "podSecurityContext.seLinuxOptions", "securityContext.seLinuxOptions",
     "affinity.nodeAffinity", "affinity.podAffinity", "affinity.podAntiAffinity",
-    "topologySpreadConstraints[].labelSelector",
+    "topologySpreadConstraints[].labelSelector", "extraVolumes[]", "networkPolicy.extraEgress[]",
+    *(f"networkPolicy.{peers}[].{sel}" for peers in ("metricsFrom", "egress.prometheus.to", "egress.dns.to")
+      for sel in ("namespaceSelector", "podSelector")),
 }
 
 
@@ -162,12 +165,17 @@ def test_schema_covers_exactly_the_controller_settings() -> None:
     # set by the chart itself (http_port <- listenPort; identity = the pod's hostname) or fixed because RBAC is
     # derived from them (training_paths, kueue_workloads_path); metric_names is the `metrics:` mapping
     not_values = {"metric_names", "http_host", "http_port", "identity", "training_paths", "kueue_workloads_path"}
-    # `metrics:` becomes metric_names; `teams:` becomes arbitration.teams
-    assert set(config) - {"metrics", "teams"} <= settings_fields, set(config) - settings_fields
+    # `metrics:` becomes metric_names; `teams:` becomes arbitration.teams; `prometheus_auth:` is PrometheusAuth,
+    # a settings field once `slotwise run` reads it (the chart leaves it out of the settings file while unset)
+    chart_only = {"metrics", "teams"} | ({"prometheus_auth"} - settings_fields)
+    assert set(config) - chart_only <= settings_fields, set(config) - settings_fields
     assert settings_fields - set(config) == not_values, (
         "a ControllerSettings field is neither a chart value nor knowingly left out: expose it in values.yaml, "
         f"values.schema.json and README.md: {sorted(settings_fields - set(config) - not_values)}")
     assert set(config["actuator"]["properties"]) == {f.name for f in fields(ActuatorConfig)}
+    assert set(config["prometheus_auth"]["properties"]) == {f.name for f in fields(PrometheusAuth)}
+    chart_auth = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["config"]["prometheus_auth"]
+    assert PrometheusAuth(**chart_auth) == PrometheusAuth()  # verify, no credentials
     assert set(config["metrics"]["properties"]) == {f.name for f in fields(MetricNames)} | {"preset"}
     defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["config"]
     assert set(defaults["actuator"]) == {f.name for f in fields(ActuatorConfig)}
@@ -315,9 +323,18 @@ def test_rendered_settings_are_what_the_controller_loads(helm: Helm, values: Pat
     text = settings_text(docs)
     path = tmp_path / "config.yaml"
     path.write_text(text)
-    settings = load_settings(path)
     chosen = yaml.safe_load(values.read_text()) if values else {}
     cfg = {**yaml.safe_load((CHART_DIR / "values.yaml").read_text())["config"], **chosen.get("config", {})}
+    # what is set of prometheus_auth, and nothing else, reaches the settings file (the rest is the defaults)
+    auth = {k: v for k, v in cfg["prometheus_auth"].items() if v not in (None, "", False)}
+    rendered = yaml.safe_load(text)
+    assert rendered.get("prometheus_auth", {}) == auth
+    if "prometheus_auth" not in {f.name for f in fields(ControllerSettings)}:  # until `slotwise run` reads it
+        PrometheusAuth.from_mapping(rendered.pop("prometheus_auth", None))
+        path.write_text(yaml.safe_dump(rendered))
+    settings = load_settings(path)
+    if hasattr(settings, "prometheus_auth"):
+        assert settings.prometheus_auth == PrometheusAuth(**auth)
     act = {**cfg["actuator"], **cfg.get("actuator", {})}
     assert settings.actuator == ActuatorConfig(**act)
     assert settings.lending == LendingPolicy(**cfg["lending"])
@@ -328,6 +345,8 @@ def test_rendered_settings_are_what_the_controller_loads(helm: Helm, values: Pat
     assert settings.prometheus_url == (cfg["prometheus_url"] or None)
     assert settings.prices == cfg["prices"] and settings.lease_name == cfg["lease_name"]
     assert settings.http_port == 8080
+    address = chosen.get("listenAddress", "0.0.0.0")
+    assert settings.http_host == ("0.0.0.0" if address == "podIP" else address)  # podIP: a flag, below
     metrics = dict(cfg["metrics"])
     preset = metrics.pop("preset", "vllm")
     metrics = {k: tuple(v) if k == "key_labels" else v for k, v in metrics.items()}
@@ -360,6 +379,81 @@ def test_triton_unit_survives_go_float_formatting(helm: Helm, tmp_path: Path) ->
     settings = load_settings(path)
     assert settings.metric_names.duration_unit_s == pytest.approx(1e-6)
     assert settings.prices == {"big": 1e21}
+
+
+def test_metrics_bind_address(helm: Helm, tmp_path: Path) -> None:
+    """listenAddress: the settings' http_host, or (podIP) the pod's own IP through --listen and the downward API;
+    a loopback address is refused (the kubelet's probes and Prometheus come to the pod IP)."""
+    path = tmp_path / "config.yaml"
+    for address in ("0.0.0.0", "::", "10.1.2.3"):
+        docs = render(helm, "--set", f"listenAddress={address}")
+        path.write_text(settings_text(docs))
+        assert (load_settings(path).http_host, load_settings(path).http_port) == (address, 8080)
+        (ctr,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        assert "--listen" not in ctr["args"] and "POD_IP" not in {e["name"] for e in ctr["env"]}
+    docs = render(helm, "--set", "listenAddress=podIP", "--set", "listenPort=9100")
+    (ctr,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in ctr["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    i = ctr["args"].index("--listen")
+    assert ctr["args"][i + 1] == "$(POD_IP):9100"
+    path.write_text(settings_text(docs))
+    pod_ip = ctr["args"][i + 1].replace("$(POD_IP)", "10.244.1.7")  # what the kubelet expands it to
+    settings = load_settings(path, "--listen", pod_ip)
+    assert (settings.http_host, settings.http_port) == ("10.244.1.7", 9100)
+    assert ctr["ports"][0]["containerPort"] == 9100
+    for loopback in ("127.0.0.1", "::1", "localhost"):
+        done = helm.run("template", "rel", str(CHART_DIR), "--set", f"listenAddress={loopback}")
+        assert done.returncode != 0 and "loopback" in done.stderr, done.stderr
+
+
+def test_network_policy(helm: Helm) -> None:
+    assert "NetworkPolicy" not in {d["kind"] for d in render(helm)}, "off by default (needs an enforcing CNI)"
+    docs = render(helm, "-f", str(CHART_DIR / "ci" / "network-values.yaml"))
+    pol = one(docs, "NetworkPolicy")["spec"]
+    dep = one(docs, "Deployment")
+    assert pol["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert pol["policyTypes"] == ["Ingress", "Egress"]
+    # ingress: the metrics port only, from the monitoring namespace's Prometheus only
+    (ingress,) = pol["ingress"]
+    assert ingress["ports"] == [{"port": "http-metrics", "protocol": "TCP"}]
+    assert ingress["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    assert {p["name"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]} == {"http-metrics"}
+    # egress: the API server's endpoints, Prometheus on its URL's port, DNS, the extra rule -- nothing else
+    api, prom, dns, extra = pol["egress"]
+    assert api == {"ports": [{"port": 6443, "protocol": "TCP"}],
+                   "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "10.0.0.11/32"}}]}
+    assert prom == {"ports": [{"port": 9091, "protocol": "TCP"}],
+                    "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}
+    assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    assert dns["to"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert extra["ports"] == [{"port": 8443, "protocol": "TCP"}]
+    # defaults: no ingress at all; the API server on 443/6443 anywhere; Prometheus' port from its URL (or scheme)
+    for url, port in (("http://prom.mon:9090", 9090), ("https://prom.mon", 443), ("http://prom.mon/", 80)):
+        pol = one(render(helm, "--set", "networkPolicy.enabled=true", "--set", f"config.prometheus_url={url}"),
+                  "NetworkPolicy")["spec"]
+        assert pol["ingress"] == []
+        assert pol["egress"][0] == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+        assert pol["egress"][1] == {"ports": [{"port": port, "protocol": "TCP"}]}
+    # no Prometheus configured: no egress to it
+    pol = one(render(helm, "--set", "networkPolicy.enabled=true", "--set", "networkPolicy.egress.dns.enabled=false"),
+              "NetworkPolicy")["spec"]
+    assert len(pol["egress"]) == 1
+
+
+def test_prometheus_credentials_from_a_mounted_secret(helm: Helm) -> None:
+    docs = render(helm, "-f", str(CHART_DIR / "ci" / "network-values.yaml"))
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["prometheus-client"]["secret"]["secretName"] == "slotwise-prometheus-client"
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts["/etc/slotwise-prometheus"]["readOnly"] is True
+    auth = yaml.safe_load(settings_text(docs))["prometheus_auth"]
+    assert PrometheusAuth.from_mapping(auth) == PrometheusAuth(ca_file="/etc/slotwise-prometheus/ca.crt",
+                                                              bearer_token_file="/etc/slotwise-prometheus/token")
+    done = helm.run("template", "rel", str(CHART_DIR), "--set", "config.prometheus_auth.bearer_tokenfile=/t")
+    assert done.returncode != 0 and "bearer_tokenfile" in done.stderr
 
 
 def test_rbac_follows_the_settings(helm: Helm) -> None:
@@ -584,7 +678,9 @@ def release(helm: Helm, kube_apiserver: KubeApiserver, tmp_path_factory: pytest.
         "policy_knobs": {"tick_s": 1.0},
         "actuator": {"mig_relayout": True, "time_slicing_configmap": f"{gpu_ns}/time-slicing-config",
                      "mig_parted_configmap": f"{gpu_ns}/slotwise-mig-parted-config"},
-    }}))
+    }, "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {"matchLabels": {"team": "mon"}}}],
+                         "egress": {"apiServer": {"cidrs": ["10.0.0.1/32"]}}},
+        "listenAddress": "podIP"}))
     name = f"sw-{suffix}"
     done = helm.run("install", name, str(CHART_DIR), "--namespace", ns, "--create-namespace", "-f", str(values),
                     "--timeout", "60s", kubeconfig=kube_apiserver.kubeconfig, timeout=120, check=True)

@@ -89,7 +89,20 @@ mig_relayout (and acting).
 {{- end }}
 
 {{/*
-The settings file: .Values.config without empty strings (the controller's defaults apply), plus http_port.
+The bind address of /metrics, /healthz, /readyz (listenAddress), refused when it is a loopback address: the
+kubelet's probes and Prometheus come to the pod's IP. "podIP": the Deployment passes --listen $(POD_IP):port.
+*/}}
+{{- define "slotwise.listenAddress" -}}
+{{- $addr := .Values.listenAddress | default "0.0.0.0" }}
+{{- if or (hasPrefix "127." $addr) (eq $addr "::1") (eq $addr "localhost") (eq $addr "[::1]") }}
+{{- fail (printf "listenAddress %s is a loopback address: the kubelet's probes and Prometheus could not reach /healthz, /readyz, /metrics (use 0.0.0.0, :: or podIP)" $addr) }}
+{{- end }}
+{{- $addr }}
+{{- end }}
+
+{{/*
+The settings file: .Values.config without empty strings (the controller's defaults apply), plus http_port and
+http_host (listenAddress, unless podIP).
 Go renders a float such as 1e-06 without a decimal point, which YAML 1.1 (PyYAML) reads as a STRING: such plain
 scalars get ".0" in their mantissa (1.0e-06) so the controller reads a number.
 */}}
@@ -100,7 +113,24 @@ scalars get ".0" in their mantissa (1.0e-06) so the controller reads a number.
 {{- $_ := set $cfg $k $v }}
 {{- end }}
 {{- end }}
+{{- /* prometheus_auth: only what is set (null, "" and the default insecure_skip_verify: false left out); nothing
+set: no key at all */}}
+{{- $auth := dict }}
+{{- range $k, $v := .Values.config.prometheus_auth | default dict }}
+{{- if not (or (kindIs "invalid" $v) (and (kindIs "string" $v) (eq $v "")) (and (kindIs "bool" $v) (not $v))) }}
+{{- $_ := set $auth $k $v }}
+{{- end }}
+{{- end }}
+{{- if $auth }}
+{{- $_ := set $cfg "prometheus_auth" $auth }}
+{{- else }}
+{{- $_ := unset $cfg "prometheus_auth" }}
+{{- end }}
 {{- $_ := set $cfg "http_port" (int .Values.listenPort) }}
+{{- $addr := include "slotwise.listenAddress" . }}
+{{- if ne $addr "podIP" }}
+{{- $_ := set $cfg "http_host" $addr }}
+{{- end }}
 {{- regexReplaceAll "(?m)((?:^|:|-)\\s+-?[0-9]+)([eE][-+]?[0-9]+)$" (toYaml $cfg) "${1}.0${2}" }}
 {{- end }}
 
