@@ -1,0 +1,64 @@
+"""``slotwise run``'s settings for issue 16's annotation safety: ``limits:`` (caps on every model's annotations) and
+the team bindings in ``teams:`` (``namespaces``, ``max_priority``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from autoscaler.api.spec import SpecLimits
+from autoscaler.cli.main import build_parser
+from autoscaler.cli.run import _limits, build_settings
+from autoscaler.decision.arbitration import TeamQuota
+from autoscaler.live.controller import Controller, ControllerSettings
+
+HAS_LIMITS = "limits" in {f.name for f in fields(ControllerSettings)}
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_teams_bind_namespaces_and_cap_priority(tmp_path: Path) -> None:
+    cfg = tmp_path / "slotwise.yaml"
+    cfg.write_text("teams:\n"
+                   "  - {name: search, guaranteed_gpus: 8, namespaces: [search-prod, search-dev], max_priority: 10}\n"
+                   "  - {name: research, namespaces: research}\n")
+    s = build_settings(_args("--config", str(cfg)))
+    assert s.arbitration.teams == (TeamQuota("search", 8, None, ("search-prod", "search-dev"), 10),
+                                   TeamQuota("research", 0.0, None, ("research",)))
+    assert Controller(object(), s).core.arbitration.teams == s.arbitration.teams  # what admission reads
+
+
+def test_the_limits_section_is_read_and_checked() -> None:
+    data = {"limits": {"max_replicas": 5000, "max_time_slice_replicas": 48}}
+    _limits(data)
+    assert data["limits"] == SpecLimits(max_replicas=5000, max_time_slice_replicas=48)
+    nothing: dict = {}
+    _limits(nothing)
+    assert nothing == {}  # absent: the controller's default (SpecLimits())
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"max_replicas": 0}, "limits.max_replicas must be a whole number in [1, 1e9], got 0"),
+    ({"max_rps": "lots"}, "limits.max_rps must be a number in [1, 1e12], got 'lots'"),
+    ({"max_replicaz": 5}, "unknown limits setting(s) max_replicaz"),
+    ([5], "limits: expected a mapping of settings"),
+])
+def test_bad_limits_name_the_key(section: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _limits({"limits": section})
+
+
+@pytest.mark.skipif(not HAS_LIMITS, reason="ControllerSettings.limits is wired by the lead (issue 16)")
+def test_the_limits_reach_the_decision_core(tmp_path: Path) -> None:
+    cfg = tmp_path / "slotwise.yaml"
+    cfg.write_text("limits: {max_replicas: 5000, max_concurrency: 512}\n")
+    s = build_settings(_args("--config", str(cfg)))
+    assert Controller(object(), s).core.limits == SpecLimits(max_replicas=5000, max_concurrency=512)
+    cfg.write_text("tick_s: 3\n")
+    assert Controller(object(), build_settings(_args("--config", str(cfg)))).core.limits == SpecLimits()
