@@ -238,7 +238,8 @@ class LendingActuator:
         self._eviction_version: str | None = None  # "policy/v1" or "policy/v1beta1", from discovery
         self._kueue_version: str | None = None  # "v1beta2" or "v1beta1", from discovery
         self._not_before: dict[str, float] = {}  # pod key -> when its eviction may be asked again (Retry-After)
-        self._throttled_until = -math.inf  # a plain 429 (the server throttling): no write before this time
+        self._throttled_until = -math.inf  # a plain 429 (the server throttling): no request before this time
+        self._limit_due = False  # kueue mode: reclaims started while throttled, their lendingLimit not written yet
         self._event_seq = 0
         # Test seam, as KubeActuator's: awaited after a read and before the write depending on it, with (what, key),
         # what in {"lend", "unlabel", "release", "lending-limit"}.
@@ -259,6 +260,7 @@ class LendingActuator:
         self.reclaims.clear()
         self._not_before.clear()
         self._throttled_until = -math.inf
+        self._limit_due = False
         self._eviction_version = None
         self._kueue_version = None
 
@@ -288,17 +290,20 @@ class LendingActuator:
             r.skipped.extend((describe(a), "dry-run") for a in (*reclaims, *lends))
             return r
         kueue = self.policy.mode == "kueue"
-        if not kueue:
-            await self._guarded(tick, "recover", self._recover(tick))
-        new = [a for a in reclaims if self._submit(tick, a)]
         if tick.now < self._throttled_until:
-            # the server asked us to wait (429 Retry-After): no request this tick; the reclaims' age still counts
+            # the server asked us to wait (429 Retry-After): no request at all this tick. New reclaims are
+            # remembered (the core does not ask twice) and their lendingLimit is written on the next tick.
+            self._limit_due |= any([self._submit(tick, a) for a in reclaims])
             r.skipped.extend((describe(a), "retry-after") for a in (*reclaims, *lends))
             self._age(tick)
             return r
+        if not kueue:
+            await self._guarded(tick, "recover", self._recover(tick))
+        new = [a for a in reclaims if self._submit(tick, a)]
         limit_ok = True
-        if kueue and (lends or new):
+        if kueue and (lends or new or self._limit_due):
             limit_ok = await self._limit(tick, lends)
+            self._limit_due = not limit_ok
         # reclaims first: inference is waiting for them, lends can wait a tick
         for node in sorted(self.reclaims):
             job = self.reclaims.get(node)
