@@ -88,7 +88,8 @@ def need_soon(
     learning = ms.learning
     lead_s = spec.cold_start_s if learning is None else learning.cold_start.lead_s
     horizon_s = lending.max_reclaim_s + lead_s + config.policy.tick_s + config.metric_lag_s
-    values = None if m.stale or forecaster is None else forecaster.quantiles(obs.name, now, horizon_s)
+    unknown = m.stale or forecaster is None or m.partial_reason() is not None  # a partial load: need unknown
+    values = None if unknown else forecaster.quantiles(obs.name, now, horizon_s)
     next_at = max(ms.next_decision_at, now + 1e-9)
     if values is None:
         return NeedSoon(floor, request, True, next_at, spec)

@@ -208,7 +208,7 @@ class FleetForecaster:
             y = np.full((len(shard.names), d), np.nan)
             for i, name in enumerate(shard.names):
                 m = metrics.models.get(name)
-                if m is None or m.stale or m.rate.size == 0:
+                if m is None or m.stale or m.rate.size == 0 or m.partial is not None:  # missing, not halved
                     continue
                 rate = m.rate[: m.rate.size - offset] if offset else m.rate
                 y[i] = aggregate(rate, per, d)

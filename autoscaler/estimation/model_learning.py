@@ -144,7 +144,7 @@ class ModelLearning:
         for duration in self.ready.update(obs, now):
             self.cold_start.observe(duration)
         ready_kind = self._scan_kinds(obs)
-        if m.stale or m.rate.size == 0:
+        if m.stale or m.rate.size == 0 or m.partial_reason() is not None:  # a partial window: half a load
             return
         # The samples since the previous decision (a policy tick may span several metric steps).
         n = max(1, min(m.rate.size, round(tick_s / step_s)))
