@@ -220,6 +220,10 @@ class Controller:
         if self.prometheus.last_error:
             self.exporter.error("prometheus")
             log.warning("metrics: %s (models hold their replicas)", self.prometheus.last_error)
+        elif health_error := getattr(self.prometheus, "health_error", None):
+            # the scrape-health query failed: every model is "partially observed" this tick (no scale-down)
+            self.exporter.error("prometheus")
+            log.warning("metrics: scrape health unknown, %s (no model scales down)", health_error)
         return window
 
     def plan(self, view: ClusterView, window: MetricsWindow) -> Plan:
