@@ -24,11 +24,19 @@ in what order, the node patches, the lendingLimit) are in :mod:`~autoscaler.live
   1.20: asked once from discovery) with ``deleteOptions.gracePeriodSeconds`` = the pod's own grace period capped
   by ``max_reclaim_s``, and ``preconditions`` (uid, resourceVersion) so that the pod evicted is exactly the one
   read -- still labelled preemptible. A pod WITHOUT the preemptible label is never evicted, whatever the plan
-  says: a plan naming one gets it reported in ``report.refused`` instead. A 429 (a PodDisruptionBudget) is retried
-  on the next tick. The reclaim's duration is measured from the decision (the view's ``now`` when the action
-  first came) to the taint's removal.
-- After a restart a node with the taint but no label is a reclaim in flight: it is adopted (its decision time
+  says: a plan naming one gets it reported in ``report.refused`` instead. Right before evicting, the node is read
+  again: one lent again meanwhile (the other replica, in a term this one did not lead) or released is not evicted
+  from -- the reclaim ends there. A 429 is told apart: a PodDisruptionBudget's refusal (its Status cause or
+  message) is asked again next tick (or after its ``Retry-After``); a plain 429 (the server throttling) stops
+  every request until its ``Retry-After``. The reclaim's duration is measured from the decision (the view's
+  ``now`` when the action first came) to the taint's removal.
+- After a restart, and at every new term of leadership (:meth:`LendingActuator.new_term` drops what the earlier
+  term remembered), a node with the taint but no label is a reclaim in flight: it is adopted (its decision time
   read back from ``slotwise.io/reclaim-since``) and finished.
+- A reclaim still in flight past its deadline is said once: a ``ReclaimOverdue`` Warning Event on the pod holding
+  it up (else the node), ``report.overdue``; ``report.in_flight_age_s`` (the oldest in flight) feeds the gauge
+  the alert ``SlotwiseReclaimStuck`` reads. Opt-in (``LendingPolicy.force_after_s``): pods a budget still
+  protects that long after the deadline are deleted (preconditions, capped grace; ``ReclaimForced`` Event).
 
 **Kueue mode** (``mode: kueue``) has no per-node state; the inference ClusterQueue's
 ``spec.resourceGroups[*].flavors[kueue_flavor].resources[kueue_resource].lendingLimit`` caps what its cohort may
@@ -39,7 +47,14 @@ named workloads' Kueue Workloads, in the plan's preemption order (Kueue evicts a
 releases its quota); a named workload without a Workload (a bare preemptible pod) is evicted as in pods mode.
 The reclaim is done when no pod of the named workloads is left on the node. Kueue stops a deactivated Job's pods
 with their own grace period: keep ``terminationGracePeriodSeconds`` of workloads in the training ClusterQueue within
-``max_reclaim_s`` (the reclaim contract), or the reclaims measured here will be late.
+``max_reclaim_s`` (the reclaim contract), or the reclaims measured here will be late. A Workload deactivated here
+carries slotwise's mark (label ``slotwise.io/deactivated=reclaim``, annotations of when and for which node); on a
+later tick that lends capacity again, every marked Workload whose reclaim is over is reactivated (the mark off:
+Kueue queues it and admits it as the lendingLimit allows); Workloads deactivated by anyone else are never touched.
+The Kueue API version is asked from discovery once (v1beta2 preferred, v1beta1 otherwise).
+
+Every request that changes the cluster is preceded by the write gate's check (``apply(..., gate=)``):
+``LeadershipLost`` ends the tick and reaches the caller.
 
 Every write is idempotent (read first, no write when it already says so), read-modify-writes carry the read
 ``resourceVersion`` and are retried on 409 with full-jitter backoff, lends are rate-limited per tick
@@ -264,24 +279,15 @@ class LendingActuator:
         self._eviction_version = None
         self._kueue_version = None
 
-    def has_work(self, view: ClusterView) -> bool:
-        """Whether :meth:`apply` must run this tick: lending is on, a reclaim is in flight in memory, or -- lending
-        switched off, after a restart or a new term, when nothing is in memory -- the cluster still shows what
-        lending left: a node lent or being reclaimed (pods mode), GPUs lent (the decision core reclaims them,
-        reason ``disabled``, and apply carries that out)."""
-        if self.policy.enabled or self.reclaims:
-            return True
-        if self.policy.mode == "pods":
-            return any(info.lent or info.reclaiming for info in view.nodes.values())
-        return bool(view.snapshot.lent)
-
     async def apply(self, actions: Sequence[Any], view: ClusterView, gate: WriteGate = ALWAYS_OPEN
                     ) -> LendingReport:
         """Apply this tick's lending actions (``plan.actions`` may be passed whole: other actions are ignored) and
-        advance every reclaim in flight. Call it every tick (with no actions too) while :meth:`has_work` says so:
-        a reclaim finishes over several ticks. ``view`` is the tick's view (its ``snapshot.now`` is taken as the
-        decision time of new reclaims). ``gate`` is checked right before every request that changes the cluster;
-        :class:`~autoscaler.live.kube.term.LeadershipLost` ends the tick there (raised to the caller)."""
+        advance every reclaim in flight. Call it every tick (with no actions too) while lending is on, a reclaim is
+        in flight (``self.reclaims``) or the view shows GPUs still lent (lending switched off: the plan reclaims
+        them, reason ``disabled``): a reclaim finishes over several ticks. ``view`` is the tick's view (its
+        ``snapshot.now`` is taken as the decision time of new reclaims). ``gate`` is checked right before every
+        request that changes the cluster; :class:`~autoscaler.live.kube.term.LeadershipLost` ends the tick there
+        (raised to the caller)."""
         tick = _Tick(view=view, now=self.clock(), gate=gate)
         r = tick.report
         lends = [a for a in actions if isinstance(a, LendGpus)]
@@ -609,7 +615,7 @@ class LendingActuator:
             log.warning("reclaim %s: %s", job.node, message)
             holder = next((p for p in wait if pod_key(p) in job.blocked), wait[0] if wait else None)
             await self._event(tick, _pod_ref(holder) if holder else {"kind": "Node", "name": job.node},
-                              RECLAIM_OVERDUE_REASON, message)
+                              RECLAIM_OVERDUE_REASON, message, job.node)
         if force is None or waited <= job.deadline_s + force:
             return
         for pod in wait:
@@ -640,20 +646,26 @@ class LendingActuator:
         tick.report.applied.append(line)
         tick.report.forced.append(key)
         log.warning("reclaim %s: %s", job.node, line)
-        await self._event(tick, _pod_ref(pod), RECLAIM_FORCED_REASON, line[:1].upper() + line[1:])
+        await self._event(tick, _pod_ref(pod), RECLAIM_FORCED_REASON, line[:1].upper() + line[1:], job.node)
 
-    async def _event(self, tick: _Tick, ref: Mapping[str, str], reason: str, message: str) -> None:
-        """A Warning Event (a report: a failure to write it is logged, never the action's failure)."""
-        self._event_seq += 1
-        name = f"{ref['name'][:200]}.{int(tick.now * 1e9) + self._event_seq:x}"
-        body = reclaim_event(ref, "Warning", reason, message, tick.now, name)
-        tick.gate.check(f"event {reason} {ref['kind']} {ref['name']}")
-        try:
-            await self._core.create_namespaced_event(body["metadata"]["namespace"], body,
-                                                     field_manager=FIELD_MANAGER)
-        except ApiException as e:
-            log.warning("event %s on %s %s: %s", reason, ref["kind"], ref["name"], api_error(e))
-            tick.report.skipped.append((f"event {reason} {ref['kind']} {ref['name']}", "error"))
+    async def _event(self, tick: _Tick, ref: Mapping[str, str], reason: str, message: str, node: str) -> None:
+        """A Warning Event (a report: a failure to write it is logged, never the action's failure). One about a
+        training pod that may not be written there (403: with ``namespace:`` set the chart grants Events in the
+        models' namespace and ``default`` only) is written about the node instead (in ``default``)."""
+        for target in (ref, {"kind": "Node", "name": node}):
+            self._event_seq += 1
+            name = f"{target['name'][:200]}.{int(tick.now * 1e9) + self._event_seq:x}"
+            body = reclaim_event(target, "Warning", reason, message, tick.now, name)
+            tick.gate.check(f"event {reason} {target['kind']} {target['name']}")
+            try:
+                await self._core.create_namespaced_event(body["metadata"]["namespace"], body,
+                                                         field_manager=FIELD_MANAGER)
+                return
+            except ApiException as e:
+                log.warning("event %s on %s %s: %s", reason, target["kind"], target["name"], api_error(e))
+                if e.status != 403 or target["kind"] == "Node":
+                    tick.report.skipped.append((f"event {reason} {target['kind']} {target['name']}", "error"))
+                    return
 
     def _refuse(self, tick: _Tick, job: Reclaim, keys: Iterable[str]) -> None:
         for key in keys:
