@@ -578,3 +578,9 @@ async def test_kueue_speaks_v1beta2_and_reactivates_only_what_it_deactivated(api
     got = await custom.get_cluster_custom_object(g, v, "clusterqueues", cq)
     assert got["spec"]["cohortName"] == "gpus"
     assert got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] == "2"
+    # a deposed leader (the gate closed) does not raise the lendingLimit
+    with pytest.raises(LeadershipLost):
+        await act.apply([LendGpus(n1, (0, 1), "H100-80GB"), LendGpus(n2, (0, 1), "H100-80GB")], await view(),
+                        gate=Gate(open_for=0).gate())
+    got = await custom.get_cluster_custom_object(g, v, "clusterqueues", cq)
+    assert got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] == "2"
