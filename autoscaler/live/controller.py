@@ -51,6 +51,7 @@ from autoscaler.live.kube.informer import Informer, frozen_informers
 from autoscaler.live.kube.leader import LeaderElector
 from autoscaler.live.kube.lending import LendingActuator
 from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
+from autoscaler.live.kube.pods import slim_pod
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
 from autoscaler.live.kube.translate import build_view
 from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
@@ -157,7 +158,9 @@ class Controller:
         ns, sel = settings.namespace, settings.label_selector
         self.deployments = Informer(api_client, _collection("/apis/apps/v1", "deployments", ns),
                                     label_selector=sel, name="deployments")
-        self.pods = Informer(api_client, _collection("/api/v1", "pods", ns), name="pods")
+        # every pod of the cluster, whatever the models' scope: the GPU inventory must see what other namespaces
+        # hold (read-only; slimmed to the fields the readers use, so no env or volumes are cached)
+        self.pods = Informer(api_client, "/api/v1/pods", name="pods", transform=slim_pod)
         self.nodes = Informer(api_client, "/api/v1/nodes", name="nodes")
         self.training = [
             Informer(api_client, path, label_selector=f"{PREEMPTIBLE_LABEL}=true", name=f"training:{path}",
