@@ -27,6 +27,7 @@ from realparts.scripted import deployment as _deployment
 from autoscaler.api.plan import ScaleModel
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.client import TimeoutApiClient, request_timeout_for
+from autoscaler.live.kube.informer import frozen_informers
 from autoscaler.live.kube.leader import LeaderElector
 
 pytest_plugins = ("realparts.kube",)
@@ -176,3 +177,39 @@ async def test_regained_lease_waits_the_stabilization_window_like_a_fresh_start(
                 assert later is not None and down(later), later.plan.describe() if later else "no tick"
     finally:
         await client.CoreV1Api(api).delete_node(node)
+
+
+async def test_a_frozen_cache_holds_every_decision(kube_apiserver, api: client.ApiClient, namespace: str) -> None:
+    """Failure mode 3: watches paused and a Deployment scaled 1 -> 6 by someone else: the cache still says 1 and
+    is still synced. The controller plans and writes nothing until the cache is confirmed again."""
+    ns = namespace
+    async with FaultProxy(kube_apiserver.url, ca_file=kube_apiserver.ca_file) as proxy, \
+            TimeoutApiClient(proxy.client_configuration(kube_apiserver.token), request_timeout_s=5.0) as via:
+        # heavy load on m0: an unfrozen tick plans (its scale, statuses, Events)
+        ctl = Controller(via, _settings(ns, "ctl-frozen"), metrics_source=ScriptedLoad({f"{ns}/m0": 50.0}))
+        for inf in (ctl.deployments, ctl.pods, ctl.nodes):  # a watch of 2 s: frozen after 3 s without contact
+            inf.watch_timeout_s, inf.contact_grace_s = 2, 1.0
+        async with _running(*(i.run() for i in ctl.informers), ctl.elector.run()):
+            for inf in ctl.informers:
+                assert await inf.wait_synced(20.0), inf.stats.last_error
+            await asyncio.wait_for(ctl.elector.wait_leader(), 20)
+            live = await ctl.tick()
+            assert live.plan.actions, "the test needs a tick that plans something"
+            proxy.pause_watches()
+            await client.AppsV1Api(api).patch_namespaced_deployment_scale("m1", ns, {"spec": {"replicas": 6}})
+            deadline = time.time() + 15
+            while not any(i.frozen() for i in (ctl.deployments, ctl.pods)) and time.time() < deadline:
+                await asyncio.sleep(0.2)
+            assert ctl.deployments.get(f"{ns}/m1")["spec"]["replicas"] == 1  # the stale cache
+            before = len(proxy.writes())
+            held = await ctl.tick()
+            assert held.plan.actions == [] and held.report is None, held.plan.describe()
+            assert len(proxy.writes()) == before
+            scale = await client.AppsV1Api(api).read_namespaced_deployment_scale("m1", ns)
+            assert scale.spec.replicas == 6
+            proxy.resume_watches()
+            deadline = time.time() + 15
+            while frozen_informers(ctl.informers) and time.time() < deadline:
+                await asyncio.sleep(0.2)
+            assert ctl.deployments.get(f"{ns}/m1")["spec"]["replicas"] == 6
+            assert (await ctl.tick()).report is not None, "decisions resume once the cache is confirmed"
