@@ -57,7 +57,7 @@ from autoscaler.live.kube.objects import (
     NodeInfo,
 )
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
-from autoscaler.live.kube.writes import stable_text, status_change, status_payload
+from autoscaler.live.kube.writes import scale_outcome, stable_text, status_change, status_payload
 from sharing.catalog import load_catalog
 from sharing.render import GPU_PRODUCT, mig_parted_config
 from sharing.slots import Inventory
@@ -116,6 +116,16 @@ def test_noise_within_the_ratio_is_never_written_before_the_refresh(rps: float, 
     old = _json(_status(rps=rps, latency=100.0), T0)
     new = status_payload(_status(rps=rps * (1 + noise), latency=100.0 * (1 + noise)), dry_run=False, now=T0 + after)
     assert status_change(old, new, now=T0 + after, refresh_s=300.0, ratio=0.2) is None
+
+
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 50))
+def test_a_scale_write_never_lowers_the_live_value_unless_planned_from_it(live: int, target: int,
+                                                                         planned_from: int) -> None:
+    outcome = scale_outcome(live, target, planned_from)
+    if outcome == "write" and target < live:
+        assert planned_from == live  # a decrease only from the count the rails decided on
+    assert (outcome == "unchanged") == (target == live)
+    assert outcome != "stale-view" or (target < live != planned_from)
 
 
 def test_mig_gate_new_term_forgets_the_old_terms_relayouts() -> None:
@@ -361,6 +371,8 @@ async def test_a_frozen_cache_never_turns_a_scale_up_into_a_scale_down(api: ApiC
     try:
         for inf in informers:
             assert await inf.wait_synced(10.0)
+        # every watch open first: pause_watches cuts open watches, and one still being set up would slip through
+        await eventually(lambda: proxy.open_watches == 3, "the informers' watches")
         proxy.pause_watches()
         await eventually(lambda: proxy.held_watches >= 3, "the informers to try to watch again")
         await client.AppsV1Api(api).patch_namespaced_deployment_scale(m.name, ns, {"spec": {"replicas": 6}},

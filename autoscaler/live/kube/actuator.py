@@ -106,6 +106,7 @@ from autoscaler.live.kube.writes import (
     merged_resources,
     retry_after_s,
     rfc3339,
+    scale_outcome,
     shortfall_event,
     split_key,
     stable_text,
@@ -340,12 +341,9 @@ class KubeActuator:
             nonlocal marked, live
             scale = await _or_gone(self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace), mm.key)
             current = live = scale.spec.replicas or 0
-            if current == a.replicas:
-                return "unchanged"
-            if a.replicas < current and current != a.previous:
-                # planned from another starting point (a frozen cache, another writer): writing it would remove
-                # replicas no scale-down rail approved
-                return "stale-view"
+            outcome = scale_outcome(current, a.replicas, a.previous)
+            if outcome != "write":
+                return outcome
             if a.replicas < current and not marked:
                 await self._mark_for_removal(tick, mm, removals)
                 marked = True

@@ -38,6 +38,19 @@ def split_key(key: str, default_namespace: str) -> tuple[str, str]:
     return (ns, name) if sep else (default_namespace, key)
 
 
+def scale_outcome(live: int, target: int, planned_from: int) -> str:
+    """What to do with a plan's scale to ``target`` (planned from ``planned_from`` replicas) when the Scale just
+    read says ``live``: ``"unchanged"``, ``"write"``, or ``"stale-view"`` -- a value below ``live`` planned from
+    another starting point (a frozen cache, another writer), which is never written: it would remove replicas
+    no scale-down rail approved. A value above ``live`` is written whatever it was planned from: it lowers
+    nothing."""
+    if target == live:
+        return "unchanged"
+    if target < live and live != planned_from:
+        return "stale-view"
+    return "write"
+
+
 def merged_resources(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """A container's ``resources`` after a slot change: ``old`` without ANY GPU resource (``nvidia.com/gpu``,
     ``nvidia.com/mig-*``: the old slot kind must go, not linger beside the new one), then ``new``'s entries.
