@@ -9,7 +9,8 @@ the fault proxy where a fault is injected), plus the pure rules they rest on.
 - **lending switched off** (mode 7): a fresh controller with lending off and a node still lent (label, taint,
   training on it) reclaims it: unlabelled, the training evicted, the taint lifted;
 - **Kueue** (mode 8): the version the server prefers (v1beta2) is found by discovery and spoken; the Workloads a
-  reclaim deactivated carry slotwise's mark, and only those are reactivated once capacity is lent again;
+  reclaim deactivated carry slotwise's mark (a new term adopts the reclaim from it), and only those are
+  reactivated once capacity is lent again and their reclaim is over;
 - **a PodDisruptionBudget blocking a reclaim** (mode 10): the refusal is told from plain throttling (429 without a
   budget, through the fault proxy, waits for its ``Retry-After``); a reclaim past its deadline raises a Warning
   Event once and the in-flight age gauge the alert reads; the opt-in force deletes the protected pod only past
@@ -554,16 +555,23 @@ async def test_kueue_speaks_v1beta2_and_reactivates_only_what_it_deactivated(api
     assert wa["spec"]["active"] is False and wa["metadata"]["labels"][DEACTIVATED_LABEL] == "reclaim"
     assert wa["metadata"]["annotations"][DEACTIVATED_FOR_ANNOTATION] == f"{n1} (shortfall)"
     assert {f["apiVersion"] for f in wa["metadata"]["managedFields"] if f["manager"] == "slotwise"} == {f"{g}/{v}"}
-    # capacity is lent again while the reclaim is in flight (ja's pod still there): nothing reactivated yet
+    # a new term (leadership lost and regained): the reclaim in flight is adopted from the Workloads' marks. Capacity
+    # is lent again while it is in flight (ja's pod still there): n1's GPUs count as coming back in the
+    # lendingLimit, and nothing is reactivated yet
+    act.new_term()
     clock.t += 5
     r = await act.apply([LendGpus(n2, (0, 1), "H100-80GB")], await view())
+    assert set(act.reclaims) == {n1} and act.reclaims[n1].recovered and act.reclaims[n1].reason == "shortfall"
     assert r.lends == 1 and not r.reactivated and (await workload("ja"))["spec"]["active"] is False
+    cq_now = await custom.get_cluster_custom_object(g, v, "clusterqueues", cq)
+    assert cq_now["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] == "2"
     # Kueue (played) stops the deactivated Workloads' pods; the reclaim ends
     for name in ("ja", "jb"):
         await core.delete_namespaced_pod(f"{name}-0", ns, grace_period_seconds=0)
     clock.t += 5
     r = await act.apply([], await view())
-    assert len(r.reclaims_done) == 1 and not act.reclaims
+    (done,) = r.reclaims_done
+    assert done.seconds == 10.0 and not act.reclaims  # from the deactivation, read back from its mark
     # capacity lent again, the reclaim over: ja goes back to Kueue's queue, unmarked; jb (not ours) stays off
     clock.t += 60
     r = await act.apply([LendGpus(n1, (0, 1), "H100-80GB")], await view())

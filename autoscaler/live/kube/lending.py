@@ -81,14 +81,17 @@ from kubernetes_asyncio.client.rest import ApiException
 from autoscaler.api.plan import LendGpus, ReclaimGpus
 from autoscaler.live.kube.lending_rules import (
     DEACTIVATED_LABEL,
+    DEACTIVATED_SINCE_ANNOTATION,
     DEACTIVATED_VALUE,
     DEFAULT_RETRY_AFTER_S,
     KUEUE_VERSIONS,
     RECLAIM_FORCED_REASON,
     RECLAIM_OVERDUE_REASON,
+    admits,
     belongs_to,
     deactivate_patch,
     deactivated_by_slotwise,
+    deactivation_reason,
     eviction_grace,
     eviction_order,
     eviction_refusal,
@@ -255,6 +258,7 @@ class LendingActuator:
         self._not_before: dict[str, float] = {}  # pod key -> when its eviction may be asked again (Retry-After)
         self._throttled_until = -math.inf  # a plain 429 (the server throttling): no request before this time
         self._limit_due = False  # kueue mode: reclaims started while throttled, their lendingLimit not written yet
+        self._adopt_kueue = True  # kueue mode: adopt reclaims in flight from the Workloads' marks (start, new term)
         self._event_seq = 0
         # Test seam, as KubeActuator's: awaited after a read and before the write depending on it, with (what, key),
         # what in {"lend", "unlabel", "release", "lending-limit"}.
@@ -276,6 +280,7 @@ class LendingActuator:
         self._not_before.clear()
         self._throttled_until = -math.inf
         self._limit_due = False
+        self._adopt_kueue = True
         self._eviction_version = None
         self._kueue_version = None
 
@@ -305,6 +310,8 @@ class LendingActuator:
             return r
         if not kueue:
             await self._guarded(tick, "recover", self._recover(tick))
+        elif self._adopt_kueue:
+            await self._guarded(tick, "recover", self._recover_kueue(tick))
         new = [a for a in reclaims if self._submit(tick, a)]
         limit_ok = True
         if kueue and (lends or new or self._limit_due):
@@ -476,6 +483,51 @@ class LendingActuator:
                 decided_at=since if since is not None else tick.now, deadline_s=self.policy.max_reclaim_s,
                 phase=Phase.EVICT, recovered=True, timed=since is not None)
             log.info("reclaim %s: adopted (in flight since %s)", name, annotations.get(RECLAIM_SINCE_ANNOTATION))
+
+    async def _marked_workloads(self) -> list[dict[str, Any]]:
+        """Kueue mode: the Workloads carrying slotwise's deactivation mark, cluster-wide (one LIST, by label)."""
+        try:
+            listed = await self._custom.list_cluster_custom_object(
+                KUEUE_GROUP, await self._kueue(), "workloads",
+                label_selector=f"{DEACTIVATED_LABEL}={DEACTIVATED_VALUE}")
+        except ApiException as e:
+            if e.status == 404:  # no Kueue CRDs: no Workloads
+                return []
+            raise
+        return [w for w in listed.get("items") or () if deactivated_by_slotwise(w)]
+
+    async def _recover_kueue(self, tick: _Tick) -> None:
+        """Kueue mode, first tick of a process or of a term: the reclaims in flight are the Workloads slotwise
+        deactivated (their mark) whose training pods are still on nodes. They are adopted per node, in flight
+        since the mark's time: they count as coming back in the lendingLimit, finish and age as any reclaim, and
+        are not reactivated before their pods are gone."""
+        running = {w.name: w for w in tick.view.snapshot.training}
+        found: dict[str, tuple[list[str], set[str], list[float], str]] = {}
+        for w in await self._marked_workloads():
+            if (w.get("spec") or {}).get("active") is not False:
+                continue
+            since = parse_rfc3339(((w.get("metadata") or {}).get("annotations") or {}).get(
+                DEACTIVATED_SINCE_ANNOTATION))
+            for name, ref in sorted(tick.view.training.items()):
+                if not admits(w, ref) or name not in running:
+                    continue
+                for node in running[name].nodes:
+                    names, keys, sinces, _ = found.setdefault(node, ([], set(), [], deactivation_reason(w) or ""))
+                    if name not in names:
+                        names.append(name)
+                    keys.add(pod_key(w))
+                    sinces.extend([since] if since is not None else [])
+        for node, (names, keys, sinces, reason) in sorted(found.items()):
+            if node in self.reclaims:
+                self.reclaims[node].deactivated |= keys
+                continue
+            devices = tuple(sorted(d for n, d in tick.view.snapshot.lent if n == node))
+            self.reclaims[node] = Reclaim(node, devices, tuple(names), reason or "recovered",
+                                          decided_at=min(sinces) if sinces else tick.now,
+                                          deadline_s=self.policy.max_reclaim_s, phase=Phase.EVICT, recovered=True,
+                                          timed=bool(sinces), deactivated=keys)
+            log.info("reclaim %s: adopted from the Workloads slotwise deactivated (%s)", node, ", ".join(sorted(keys)))
+        self._adopt_kueue = False
 
     async def _advance(self, tick: _Tick, job: Reclaim) -> None:
         if job.phase is Phase.UNLABEL and not await self._unlabel(tick, job):
@@ -928,17 +980,10 @@ class LendingActuator:
         lendingLimit this tick wrote). Listed server-side by the mark's label: one request per such tick."""
         r = tick.report
         version = await self._kueue()
-        try:
-            listed = await self._custom.list_cluster_custom_object(
-                KUEUE_GROUP, version, "workloads", label_selector=f"{DEACTIVATED_LABEL}={DEACTIVATED_VALUE}")
-        except ApiException as e:
-            if e.status == 404:
-                return
-            raise
         in_flight = {k for j in self.reclaims.values() for k in j.deactivated}
-        for w in sorted(listed.get("items") or (), key=lambda w: pod_key(w)):
+        for w in sorted(await self._marked_workloads(), key=pod_key):
             key = pod_key(w)
-            if key in in_flight or not deactivated_by_slotwise(w):
+            if key in in_flight:
                 continue  # its reclaim is still under way (its pods are leaving)
             ns, name = key.split("/", 1)
             current: Mapping[str, Any] = w

@@ -256,7 +256,7 @@ def kueue_version(served: Iterable[str]) -> str | None:
 def deactivate_patch(now: float, node: str, reason: str) -> dict[str, Any]:
     """The merge patch that deactivates a Workload for a reclaim, marked as slotwise's doing."""
     return {"metadata": {"labels": {DEACTIVATED_LABEL: DEACTIVATED_VALUE},
-                         "annotations": {DEACTIVATED_SINCE_ANNOTATION: rfc3339(now),
+                         "annotations": {DEACTIVATED_SINCE_ANNOTATION: rfc3339_precise(now),
                                          DEACTIVATED_FOR_ANNOTATION: f"{node} ({reason})"}},
             "spec": {"active": False}}
 
@@ -264,6 +264,27 @@ def deactivate_patch(now: float, node: str, reason: str) -> dict[str, Any]:
 def deactivated_by_slotwise(workload: Mapping[str, Any]) -> bool:
     """A Workload slotwise deactivated and has not reactivated yet (its mark is there)."""
     return ((workload.get("metadata") or {}).get("labels") or {}).get(DEACTIVATED_LABEL) == DEACTIVATED_VALUE
+
+
+def deactivation_reason(workload: Mapping[str, Any]) -> str | None:
+    """The reclaim reason a marked Workload's annotation names (``"<node> (<reason>)"``), or None."""
+    value = ((workload.get("metadata") or {}).get("annotations") or {}).get(DEACTIVATED_FOR_ANNOTATION)
+    if not isinstance(value, str) or not value.endswith(")") or " (" not in value:
+        return None
+    return value.rsplit(" (", 1)[1][:-1] or None
+
+
+def admits(workload: Mapping[str, Any], ref: TrainingRef) -> bool:
+    """Whether the Kueue Workload admits the training workload ``ref``: it is the Workload itself, one the caches
+    linked to it, or one it owns (by kind and name or uid, in its namespace)."""
+    meta = workload.get("metadata") or {}
+    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    if key == ref.name or key in ref.workloads:
+        return True
+    _, _, obj = ref.name.partition("/")
+    return meta.get("namespace") == ref.namespace and any(
+        o.get("kind") == ref.kind and (o.get("name") == obj or (ref.uid and o.get("uid") == ref.uid))
+        for o in meta.get("ownerReferences") or ())
 
 
 def reactivate_patch(workload: Mapping[str, Any]) -> dict[str, Any]:
