@@ -41,7 +41,7 @@ import yaml
 
 from autoscaler.api.plan import Plan, Reason, RemoveReplica, ScaleModel, SetTimeSlicing, Shortfall
 from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
-from autoscaler.api.spec import ModelSpec
+from autoscaler.api.spec import ModelSpec, SpecLimits
 from autoscaler.cli.main import build_parser
 from autoscaler.cli.run import build_settings
 from autoscaler.decision.arbitration import ArbitrationPolicy, TeamQuota
@@ -167,13 +167,15 @@ def test_schema_covers_exactly_the_controller_settings() -> None:
     not_values = {"metric_names", "http_host", "http_port", "identity", "training_paths", "kueue_workloads_path"}
     # `metrics:` becomes metric_names; `teams:` becomes arbitration.teams; `prometheus_auth:` is PrometheusAuth,
     # a settings field once `slotwise run` reads it (the chart leaves it out of the settings file while unset)
-    chart_only = {"metrics", "teams"} | ({"prometheus_auth"} - settings_fields)
+    # `limits:` likewise SpecLimits (left out of the settings file while empty)
+    chart_only = {"metrics", "teams"} | ({"prometheus_auth", "limits"} - settings_fields)
     assert set(config) - chart_only <= settings_fields, set(config) - settings_fields
     assert settings_fields - set(config) == not_values, (
         "a ControllerSettings field is neither a chart value nor knowingly left out: expose it in values.yaml, "
         f"values.schema.json and README.md: {sorted(settings_fields - set(config) - not_values)}")
     assert set(config["actuator"]["properties"]) == {f.name for f in fields(ActuatorConfig)}
     assert set(config["prometheus_auth"]["properties"]) == {f.name for f in fields(PrometheusAuth)}
+    assert set(config["limits"]["properties"]) == {f.name for f in fields(SpecLimits)}
     chart_auth = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["config"]["prometheus_auth"]
     assert PrometheusAuth(**chart_auth) == PrometheusAuth()  # verify, no credentials
     assert set(config["metrics"]["properties"]) == {f.name for f in fields(MetricNames)} | {"preset"}
@@ -454,6 +456,21 @@ def test_prometheus_credentials_from_a_mounted_secret(helm: Helm) -> None:
                                                               bearer_token_file="/etc/slotwise-prometheus/token")
     done = helm.run("template", "rel", str(CHART_DIR), "--set", "config.prometheus_auth.bearer_tokenfile=/t")
     assert done.returncode != 0 and "bearer_tokenfile" in done.stderr
+
+
+def test_limits_and_prometheus_auth_reach_the_settings_only_when_set(helm: Helm) -> None:
+    """Unset, neither key is in the settings file (the controller's defaults: verify TLS, no credentials, safe
+    caps); set, exactly what was set, in the shape SpecLimits / PrometheusAuth take."""
+    default = yaml.safe_load(settings_text(render(helm)))
+    assert "limits" not in default and "prometheus_auth" not in default
+    docs = render(helm, "--set", "config.limits.max_replicas=50", "--set", "config.limits.max_rps=2000",
+                  "--set", "config.prometheus_auth.insecure_skip_verify=true")
+    rendered = yaml.safe_load(settings_text(docs))
+    assert rendered["limits"] == {"max_replicas": 50, "max_rps": 2000}
+    assert SpecLimits(**rendered["limits"]) == SpecLimits(max_replicas=50, max_rps=2000)
+    assert rendered["prometheus_auth"] == {"insecure_skip_verify": True}
+    done = helm.run("template", "rel", str(CHART_DIR), "--set", "config.limits.max_replica=5")
+    assert done.returncode != 0 and "max_replica" in done.stderr
 
 
 def test_rbac_follows_the_settings(helm: Helm) -> None:

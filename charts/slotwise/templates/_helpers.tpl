@@ -126,6 +126,10 @@ set: no key at all */}}
 {{- else }}
 {{- $_ := unset $cfg "prometheus_auth" }}
 {{- end }}
+{{- /* limits: left out when empty (the controller's defaults) */}}
+{{- if not .Values.config.limits }}
+{{- $_ := unset $cfg "limits" }}
+{{- end }}
 {{- $_ := set $cfg "http_port" (int .Values.listenPort) }}
 {{- $addr := include "slotwise.listenAddress" . }}
 {{- if ne $addr "podIP" }}
