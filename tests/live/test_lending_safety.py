@@ -592,3 +592,45 @@ async def test_kueue_speaks_v1beta2_and_reactivates_only_what_it_deactivated(api
                         gate=Gate(open_for=0).gate())
     got = await custom.get_cluster_custom_object(g, v, "clusterqueues", cq)
     assert got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] == "2"
+
+
+@aio
+async def test_kueue_lending_switched_off_rolls_back_the_limit_and_the_workloads_it_deactivated(
+        api: client.ApiClient, ns: str, nodes: list[str], kueue_crds: None) -> None:
+    """Mode 7, Kueue: lending off after a restart, nothing lent any more (the reclaims are over): the inference
+    ClusterQueue lends nothing again and the Workloads slotwise deactivated go back to Kueue (on quota that is not
+    inference's); one deactivated by someone else stays as it is."""
+    custom = client.CustomObjectsApi(api)
+    g, v = "kueue.x-k8s.io", "v1beta2"
+    cq = f"inference-{uuid.uuid4().hex[:6]}"
+    await custom.create_cluster_custom_object(g, v, "clusterqueues", {
+        "apiVersion": f"{g}/{v}", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4, "lendingLimit": 2}]}]}]}})
+    await make_node(api, nodes, f"off-kq-{uuid.uuid4().hex[:6]}", 2)
+    # what an earlier run left: "ours" deactivated for a reclaim that finished (its pods gone), with slotwise's
+    # mark as that run wrote it; "theirs" deactivated by its owner
+    marked = {"labels": {DEACTIVATED_LABEL: "reclaim"},
+              "annotations": {DEACTIVATED_FOR_ANNOTATION: "gone-node (shortfall)",
+                              "slotwise.io/deactivated-since": "2024-05-01T11:00:00.000000Z"}}
+    for name, meta in (("ours", marked), ("theirs", {})):
+        await custom.create_namespaced_custom_object(g, v, ns, "workloads", {
+            "apiVersion": f"{g}/{v}", "kind": "Workload", "metadata": {"name": name, **meta},
+            "spec": {"active": False, "queueName": "training", "podSets": [{"name": "main", "count": 1}]}})
+    policy = LendingPolicy(enabled=False, mode="kueue", kueue_cluster_queue=cq, kueue_flavor="h100")
+    clock = Clock()
+    act = LendingActuator(api, policy, clock=clock)
+    view = await live_view(api, nodes, clock(), policy)
+    assert not view.snapshot.lent
+    r = await act.apply([], view)
+    assert not r.errors, r.errors
+    ours = await custom.get_namespaced_custom_object(g, v, ns, "workloads", "ours")
+    assert ours["spec"]["active"] is True, "lending is off and the Workload it deactivated stays deactivated"
+    assert DEACTIVATED_LABEL not in (ours["metadata"].get("labels") or {})
+    assert (await custom.get_namespaced_custom_object(g, v, ns, "workloads", "theirs"))["spec"]["active"] is False
+    got = await custom.get_cluster_custom_object(g, v, "clusterqueues", cq)
+    assert got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] == "0"
+    # done once: the controller need not call apply for it any more
+    assert not act.cleanup_due
+    r = await act.apply([], await live_view(api, nodes, clock(), policy))
+    assert not r.applied and not r.errors

@@ -259,6 +259,7 @@ class LendingActuator:
         self._throttled_until = -math.inf  # a plain 429 (the server throttling): no request before this time
         self._limit_due = False  # kueue mode: reclaims started while throttled, their lendingLimit not written yet
         self._adopt_kueue = True  # kueue mode: adopt reclaims in flight from the Workloads' marks (start, new term)
+        self._rolled_back = False  # kueue mode, lending off: the lendingLimit and the Workloads were rolled back
         self._event_seq = 0
         # Test seam, as KubeActuator's: awaited after a read and before the write depending on it, with (what, key),
         # what in {"lend", "unlabel", "release", "lending-limit"}.
@@ -281,8 +282,16 @@ class LendingActuator:
         self._throttled_until = -math.inf
         self._limit_due = False
         self._adopt_kueue = True
+        self._rolled_back = False
         self._eviction_version = None
         self._kueue_version = None
+
+    @property
+    def cleanup_due(self) -> bool:
+        """Kueue mode with lending switched off: what lending left is not rolled back yet (the lendingLimit back to
+        0, the Workloads slotwise deactivated given back to Kueue). Call :meth:`apply` while it is true, even with
+        nothing lent and no reclaim in flight: it rolls back once every reclaim is over and nothing is lent."""
+        return self.policy.mode == "kueue" and not self.policy.enabled and not self._rolled_back
 
     async def apply(self, actions: Sequence[Any], view: ClusterView, gate: WriteGate = ALWAYS_OPEN
                     ) -> LendingReport:
@@ -328,7 +337,9 @@ class LendingActuator:
         elif lends and limit_ok and self.policy.enabled:
             # capacity is lent again: the Workloads slotwise deactivated go back to Kueue's queue (admitted as the
             # lendingLimit just written allows)
-            await self._guarded(tick, "reactivate", self._reactivate(tick))
+            await self._guarded(tick, "reactivate", self._reactivate(tick, "capacity lent again"))
+        elif self.cleanup_due and not self.reclaims and not tick.view.snapshot.lent:
+            await self._guarded(tick, "roll back", self._roll_back(tick))
         self._age(tick)
         level = logging.WARNING if r.errors else logging.INFO
         log.log(level, "lending: %d applied, %d skipped, %d pending, %d refused, %d error(s)%s", len(r.applied),
@@ -974,7 +985,15 @@ class LendingActuator:
                 r.deactivated.append(f"{ns}/{wl}")
         job.phase = Phase.EVICT
 
-    async def _reactivate(self, tick: _Tick) -> None:
+    async def _roll_back(self, tick: _Tick) -> None:
+        """Kueue mode, lending switched off, every reclaim over and nothing lent: the inference ClusterQueue lends
+        nothing (lendingLimit 0), then the Workloads slotwise deactivated go back to Kueue -- admitted, if at all,
+        on quota that is not inference's. Once per process and term."""
+        if await self._limit(tick, ()):
+            await self._reactivate(tick, "lending switched off: rolled back")
+            self._rolled_back = True
+
+    async def _reactivate(self, tick: _Tick, why: str) -> None:
         """Kueue mode, capacity lent again: every Workload slotwise deactivated (its mark) whose reclaim is over
         goes back to Kueue (``spec.active: true``; Kueue queues it and admits it as quota allows -- the
         lendingLimit this tick wrote). Listed server-side by the mark's label: one request per such tick."""
@@ -1008,7 +1027,7 @@ class LendingActuator:
 
             try:
                 if await self._retrying(tick, attempt):
-                    r.applied.append(f"reactivate Workload {key} (capacity lent again)")
+                    r.applied.append(f"reactivate Workload {key} ({why})")
                     r.reactivated.append(key)
             except ApiException as e:
                 if e.status != 404:
