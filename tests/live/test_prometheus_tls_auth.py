@@ -13,6 +13,7 @@ What each test shows:
 - with the right ``ca_file`` and basic auth a query answers; without credentials or with a wrong password
   Prometheus says 401 and the client raises :class:`PrometheusError`;
 - ``insecure_skip_verify: true`` (only when written) accepts the certificate;
+- a session given by the caller (the metrics window's) gets the TLS settings and credentials too (per request);
 - a mutual-TLS Prometheus answers only a client presenting its certificate;
 - the bearer token comes from its file at every request: after a rotation the next query uses the new token;
 - ``slotwise report --prometheus https://...`` takes the same settings as flags and reaches the secured
@@ -180,6 +181,18 @@ async def test_the_configured_ca_is_verified_and_a_wrong_one_refused(secured: Se
 
 
 @pytest.mark.asyncio
+async def test_a_callers_session_gets_the_tls_and_the_credentials(secured: Secured, certs: Certs) -> None:
+    """The metrics window hands its own aiohttp session to the client: TLS and credentials are per request."""
+    auth = PrometheusAuth(ca_file=str(certs.ca), username=USER, password=PASSWORD)
+    async with aiohttp.ClientSession() as session:
+        client = PrometheusClient(secured.url, timeout_s=5.0, session=session, auth=auth)
+        (item,) = await client.query("vector(3)", time.time())
+        assert item["value"][1] == "3"
+        with pytest.raises(PrometheusError, match="certificate verify failed"):
+            await PrometheusClient(secured.url, timeout_s=5.0, session=session).query("vector(3)", time.time())
+
+
+@pytest.mark.asyncio
 async def test_insecure_skip_verify_only_when_written(secured: Secured) -> None:
     assert await _vector(secured.url, PrometheusAuth(insecure_skip_verify=True, username=USER,
                                                      password=PASSWORD)) == 42
@@ -287,6 +300,12 @@ async def test_the_bearer_token_file_is_reread_after_rotation(token_gate: tuple[
 def test_settings_are_checked(data: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         PrometheusAuth.from_mapping(data)
+
+
+def test_credentials_in_the_url_and_the_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="both in the URL and in prometheus_auth"):
+        PrometheusClient("https://u:p@prom.example:9091", auth=PrometheusAuth(bearer_token="t"))
+    PrometheusClient("https://u:p@prom.example:9091/x@y")  # the URL's own credentials alone: aiohttp sends them
 
 
 def test_default_settings_verify_and_send_nothing() -> None:

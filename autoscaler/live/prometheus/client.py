@@ -183,6 +183,8 @@ class PrometheusClient:
             self._ssl = self.auth.ssl_context()
         except (OSError, ssl.SSLError) as exc:  # a missing or unreadable CA / client certificate
             raise PrometheusError(f"Prometheus {self.url}: cannot load the TLS files: {exc}", url=self.url) from exc
+        if self.auth.sends_credentials and "@" in self.url.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError(f"Prometheus {self.url}: credentials both in the URL and in prometheus_auth; keep one")
         if self.auth.sends_credentials and not self.url.lower().startswith("https://"):
             log.warning("Prometheus %s: credentials are sent over plain HTTP; use an https:// URL", self.url)
 
