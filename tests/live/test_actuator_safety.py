@@ -439,6 +439,37 @@ async def test_a_relayout_from_an_earlier_term_never_relabels_a_node_someone_els
 
 
 @aio
+async def test_a_retargeted_relayout_is_adopted_as_the_config_it_applied(api: ApiClient, ns: str) -> None:
+    """A relayout retargeted while it waited (cfg-b -> cfg-c), then relabeled to cfg-c; the process ends (or loses
+    the Lease). Whoever adopts the node must wait for the MIG manager's answer about cfg-c, not uncordon a node
+    whose GPUs are being re-partitioned (the owner label still named cfg-b)."""
+    core = client.CoreV1Api(api)
+    node = await make_node(api, {MIG_CONFIG: "all-1g.10gb", MIG_CONFIG_STATE: "success"})
+    config = ActuatorConfig(mig_relayout=True, mig_parted_configmap=f"{ns}/mig-parted")
+    act = KubeActuator(api, config, clock=lambda: T0)
+
+    async def tick(a: KubeActuator, action: SetMigLayout | None, pods: dict[str, int]) -> ActuationReport:
+        info = await node_info(api, node)
+        view = view_of([], {node: NodeInfo(node, info.labels, info.unschedulable, pods)})
+        return await a.apply(Plan(T0, [action] if action else []), view)
+
+    await tick(act, layout(node, "cfg-b"), {MIG_1G: 1})  # cordon for cfg-b; a pod still there
+    r = await tick(act, layout(node, "cfg-c"), {MIG_1G: 1})  # the plan changed its mind: retarget
+    assert any("retargeted" in line for line in r.applied), r.applied
+    r = await tick(act, layout(node, "cfg-c"), {})  # free: relabel to cfg-c
+    assert f"mig-layout {node}: relabel {MIG_CONFIG}=cfg-c" in r.applied
+    restarted = KubeActuator(api, config, clock=lambda: T0 + 60)
+    r = await tick(restarted, None, {})
+    n = await core.read_node(node)
+    assert n.spec.unschedulable, "uncordoned while the MIG manager re-partitions the GPUs"
+    assert restarted.gate.jobs[node].phase is Phase.WAIT_SUCCESS and not r.errors
+    await core.patch_node(node, {"metadata": {"labels": {MIG_CONFIG_STATE: "success"}}}, _content_type=MERGE)
+    await tick(restarted, None, {})
+    n = await core.read_node(node)
+    assert not n.spec.unschedulable and OWNER_LABEL not in n.metadata.labels
+
+
+@aio
 async def test_a_new_term_adopts_what_the_node_says(api: ApiClient, ns: str) -> None:
     """After ``new_term`` the actuator acts on the node's labels, not its memory: a relayout it started before is
     forgotten and the node's own state (relabeled, waiting for the MIG manager) is adopted and finished."""

@@ -742,10 +742,15 @@ class _KubeGateIO:
                 return False
             await self.a._hook("relabel", name)
             self.tick.gate.check(f"relabel node {name}")
-            # both labels in ONE patch: a later "success" can only be the MIG manager's answer to this config
+            # both labels in ONE patch: a later "success" can only be the MIG manager's answer to this config;
+            # our owner label names the config too (a retargeted relayout's cordon named the first one), so a
+            # process adopting the node after a restart or a new term waits for this config instead of
+            # uncordoning a node the MIG manager is re-partitioning
+            labels = {MIG_CONFIG: config_name, MIG_CONFIG_STATE: STATE_PENDING}
+            if owner is not None:
+                labels[OWNER_LABEL] = config_name
             await self.a._core.patch_node(
-                name, {"metadata": {"resourceVersion": node.resource_version,
-                                    "labels": {MIG_CONFIG: config_name, MIG_CONFIG_STATE: STATE_PENDING}}},
+                name, {"metadata": {"resourceVersion": node.resource_version, "labels": labels}},
                 _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
             return True
 

@@ -217,9 +217,10 @@ class GateIO(Protocol):
         ...
 
     async def relabel(self, name: str, config_name: str, owner: str | None = None) -> bool:
-        """Set ``nvidia.com/mig.config=config_name`` and ``nvidia.com/mig.config.state=pending`` in one patch, if the
-        node read right before still carries ``owner`` (None: not ours to check, an admin's cordon) and is
-        still cordoned; False (nothing written) otherwise."""
+        """Set ``nvidia.com/mig.config=config_name`` and ``nvidia.com/mig.config.state=pending`` (and our owner label
+        to ``config_name`` when ``owner`` is given) in one patch, if the node read right before still carries
+        ``owner`` (None: not ours to check, an admin's cordon) and is still cordoned; False (nothing written)
+        otherwise."""
         ...
 
     async def event(self, node: str, type_: str, reason: str, message: str) -> None: ...
@@ -363,6 +364,8 @@ class MigGate:
                             report.skipped.append((f"{prefix} -> {job.config_name}", "node-changed"))
                             job.enter(Phase.DONE, now)
                             return
+                        if job.we_cordoned:
+                            job.owner = job.config_name  # the relabel renamed our owner label to this config
                         report.applied.append(f"{prefix}: relabel {MIG_CONFIG}={job.config_name}")
                     job.enter(Phase.WAIT_SUCCESS, now)
                     report.pending.append(f"{prefix}: {job.phase}: relabeled this tick")
