@@ -158,6 +158,8 @@ class LendingPolicy:
                 raise ValueError(f"lending {name} must be a finite number >= 0, got {value!r}")
         if self.max_reclaim_s <= 0:
             raise ValueError("lending max_reclaim_s must be > 0")
+        if self.force_after_s is not None and not (math.isfinite(self.force_after_s) and self.force_after_s >= 0):
+            raise ValueError(f"lending force_after_s must be a finite number >= 0 or unset, got {self.force_after_s!r}")
 
     def buffer_gpus(self, inference_gpus: float) -> int:
         """Whole idle GPUs of one GPU kind never lent: ``max(warm_buffer_gpus, warm_buffer_fraction x

@@ -49,17 +49,20 @@ from autoscaler.live.health import Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.live.kube.informer import Informer, frozen_informers
 from autoscaler.live.kube.leader import LeaderElector
-from autoscaler.live.kube.lending import LendingActuator
+from autoscaler.live.kube.lending import LendingActuator, kueue_workloads_path
 from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
 from autoscaler.live.kube.pods import slim_pod
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
 from autoscaler.live.kube.translate import build_view
+from autoscaler.live.prometheus.client import PrometheusAuth
 from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
 from autoscaler.policies import make_policy
 from sharing.catalog import load_catalog
 from sharing.lending import LendingPolicy
 
 log = logging.getLogger("slotwise.controller")
+
+KUEUE_V1BETA1_WORKLOADS = "/apis/kueue.x-k8s.io/v1beta1/workloads"  # until discovery says otherwise
 
 
 @dataclass
@@ -72,6 +75,8 @@ class ControllerSettings:
     policy_knobs: dict = field(default_factory=dict)  # the policy's constructor parameters (HPA/KPA-style names)
     tick_s: float = 5.0  # how often the loop runs; each policy decides on its own tick_s within it
     prometheus_url: str | None = None
+    # TLS (verified always, unless insecure_skip_verify is written), bearer token or basic auth for Prometheus
+    prometheus_auth: PrometheusAuth = field(default_factory=PrometheusAuth)
     metric_names: MetricNames = field(default_factory=lambda: MetricNames.preset("vllm"))
     metrics_step_s: float = 15.0
     metrics_window_s: float = 900.0
@@ -95,7 +100,7 @@ class ControllerSettings:
     prices: dict = field(default_factory=dict)
     # preemptible training workloads (the lending issue acts on them; here they are observed)
     training_paths: tuple[str, ...] = ("/api/v1/pods", "/apis/batch/v1/jobs")
-    kueue_workloads_path: str = "/apis/kueue.x-k8s.io/v1beta1/workloads"
+    kueue_workloads_path: str | None = None  # None: the version the apiserver serves (v1beta2, else v1beta1)
 
 
 def _collection(group_path: str, resource: str, namespace: str | None) -> str:
@@ -166,7 +171,7 @@ class Controller:
             Informer(api_client, path, label_selector=f"{PREEMPTIBLE_LABEL}=true", name=f"training:{path}",
                      optional=True)
             for path in (*[p for p in settings.training_paths if p != "/api/v1/pods"],
-                         settings.kueue_workloads_path)
+                         settings.kueue_workloads_path or KUEUE_V1BETA1_WORKLOADS)
         ]
         self.informers = [self.deployments, self.pods, self.nodes, *self.training]
         self.cluster: ViewPort[ClusterView] = InformerCluster(self.deployments, self.pods, self.nodes, self.training,
@@ -192,7 +197,7 @@ class Controller:
         if self.prometheus is None and settings.prometheus_url:
             self.prometheus = PrometheusMetrics(
                 settings.prometheus_url, settings.metric_names, step_s=settings.metrics_step_s,
-                window_s=settings.metrics_window_s, stale_after_s=settings.stale_after_s,
+                window_s=settings.metrics_window_s, stale_after_s=settings.stale_after_s, auth=settings.prometheus_auth,
             )
         # Configured as the simulator configures itself (decision/config.py). A disabled lending policy is passed on:
         # with GPUs still lent the lend stage reclaims them (reason "disabled").
@@ -294,7 +299,8 @@ class Controller:
             log.error("action failed: %s", line)
             self.exporter.error("actuation")
         lending_actions = any(isinstance(a, (LendGpus, ReclaimGpus)) for a in plan.actions)
-        if self.settings.lending.enabled or self.lender.reclaims or view.snapshot.lent or lending_actions:
+        if (self.settings.lending.enabled or self.lender.reclaims or self.lender.cleanup_due or view.snapshot.lent
+                or lending_actions):
             # every tick, even without lending actions: a reclaim spans ticks and is advanced here. With lending
             # switched off, GPUs still lent (seen in the cluster, e.g. after a restart) are reclaimed by the plan
             # (reason "disabled") and the reclaim carried to its end.
@@ -338,6 +344,8 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """Observe always (a follower keeps warm caches), decide and act only as the leader; until ``stop``."""
         runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port)
+        if self.settings.kueue_workloads_path is None:
+            await self._discover_kueue()
         informer_tasks = [asyncio.create_task(i.run(), name=f"informer:{i.name}") for i in self.informers]
         elector_task = asyncio.create_task(self.elector.run(), name="leader-election")
         try:
@@ -365,6 +373,18 @@ class Controller:
             await asyncio.gather(*informer_tasks, return_exceptions=True)
             await runner.cleanup()
             log.info("stopped")
+
+    async def _discover_kueue(self) -> None:
+        """Watch Kueue Workloads in the version the apiserver serves (v1beta2 on a current Kueue)."""
+        path = await kueue_workloads_path(self.api)
+        old = self.training[-1]
+        if path == old.path:
+            return
+        new = Informer(self.api, path, label_selector=old.label_selector, name=f"training:{path}", optional=True)
+        self.training[-1] = new
+        self.informers[self.informers.index(old)] = new
+        self.cluster = InformerCluster(self.deployments, self.pods, self.nodes, self.training, self.settings.lending)
+        log.info("Kueue Workloads watched at %s", path)
 
     async def _run_tick(self) -> None:
         """One tick as its own task: not cancelled by ``stop`` (a tick finishes cleanly), cancelled when

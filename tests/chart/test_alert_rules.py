@@ -176,6 +176,11 @@ def test_rules_read_only_metrics_the_exporter_exports() -> None:
 # The unit tests must catch a rule made wrong: each mutation (file, text, replacement) weakens one rule,
 # and `promtool test rules` must then fail.
 MUTATIONS = [
+    # the stuck-reclaim alert: only the leader's gauge, and strictly past the deadline
+    ("capacity.yaml", "(slotwise_reclaim_in_flight_age_seconds and on (job, instance) (slotwise_is_leader == 1))",
+     "(slotwise_reclaim_in_flight_age_seconds)"),
+    ("capacity.yaml", "> on () max(slotwise_reclaim_deadline_seconds)",
+     ">= on () max(slotwise_reclaim_deadline_seconds)"),
     ("slo.yaml", "rate1h > on (model) (14.4", "rate1h > on (model) (13"),  # 1h at 14.17 % would page
     ("slo.yaml", "slotwise:slo_error_ratio:rate5m > on (model) (14.4",  # the short window dropped: the page
      "slotwise:slo_error_ratio:rate1h > on (model) (14.4"),  # would ring after the errors stopped

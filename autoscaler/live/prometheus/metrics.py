@@ -66,7 +66,7 @@ import numpy as np
 from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
 from autoscaler.api.spec import ModelSpec
 from autoscaler.live.prometheus import promql
-from autoscaler.live.prometheus.client import PrometheusClient, PrometheusError, on_grid
+from autoscaler.live.prometheus.client import PrometheusAuth, PrometheusClient, PrometheusError, on_grid
 
 log = logging.getLogger(__name__)
 
@@ -253,12 +253,13 @@ class PrometheusMetrics:
         stale_after_s: float = 90.0,
         timeout_s: float = 10.0,
         session: aiohttp.ClientSession | None = None,
+        auth: PrometheusAuth | None = None,
     ) -> None:
         if not (math.isfinite(step_s) and step_s >= 0.001):
             raise ValueError(f"step_s must be at least 1 ms, got {step_s!r}")
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"window_s must be positive, got {window_s!r}")
-        self.client = PrometheusClient(url, timeout_s=timeout_s, session=session)
+        self.client = PrometheusClient(url, timeout_s=timeout_s, session=session, auth=auth)
         self.url = self.client.url
         self.names = names
         self.step_s = float(step_s)
