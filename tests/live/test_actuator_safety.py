@@ -339,6 +339,11 @@ async def test_retry_after_of_a_429_is_waited_for(api: ApiClient, kube_apiserver
         assert r.applied == [f"scale {m.key}: 1 -> 3 (panic)"]
         assert [s.status for s in proxy.requests if s.method == "PUT"] == [429, 200]
         assert times[1] - times[0] >= 1.0  # the server's Retry-After was honoured
+        # an Event too (its first request is the write itself)
+        proxy.fail_next(1, status=429)
+        r = await act.apply(Plan(0.0, [Shortfall(m.key, 1, "no free GPU slot fits the replica")]), view_of([m]))
+        assert not r.errors and r.events == 1, r.errors
+        assert [s.status for s in proxy.requests if s.method == "POST"] == [429, 201]
     assert await scale_of(api, m) == 3
 
 

@@ -391,11 +391,15 @@ class KubeActuator:
         """Best effort: a pod already gone is fine, a failure is reported and does not stop the scale-down."""
         for x in removals:
             ns, pod = split_key(x.replica_id, mm.namespace)
-            tick.gate.check(f"{POD_DELETION_COST} on {ns}/{pod}")
-            try:
+
+            async def mark(ns: str = ns, pod: str = pod) -> None:
+                tick.gate.check(f"{POD_DELETION_COST} on {ns}/{pod}")  # in the attempt: checked again on a retry
                 await self._core.patch_namespaced_pod(
                     pod, ns, {"metadata": {"annotations": {POD_DELETION_COST: DELETION_COST_FIRST}}},
                     _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+
+            try:
+                await self._retrying(tick, mark)
             except ApiException as e:
                 if e.status == 404:
                     tick.report.skipped.append((describe(x), "gone"))
@@ -545,10 +549,14 @@ class KubeActuator:
             # already said (e.g. after a controller restart): neither the annotation nor a new Event
             r.skipped.append((line, "unchanged"))
             return
-        tick.gate.check(f"status {mm.key}")
-        await self._apps.patch_namespaced_deployment(
-            mm.name, mm.namespace, {"metadata": {"annotations": {STATUS_ANNOTATION: json.dumps(payload)}}},
-            _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+
+        async def write() -> None:
+            tick.gate.check(f"status {mm.key}")
+            await self._apps.patch_namespaced_deployment(
+                mm.name, mm.namespace, {"metadata": {"annotations": {STATUS_ANNOTATION: json.dumps(payload)}}},
+                _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
+
+        await self._retrying(tick, write)  # a merge patch of one key: a retry is a 429's, never a conflict's
         r.applied.append(line)
         if why == "refresh":
             return  # only the numbers moved: nothing happened that an Event should tell
@@ -583,7 +591,9 @@ class KubeActuator:
             return False
         tick.events += 1
         try:
-            outcome = await self._record(tick, ref, type_, reason, message[:EVENT_MESSAGE_MAX], aggregate)
+            # through the retries too: a throttled (429) Event waits a short Retry-After like every write
+            outcome = await self._retrying(
+                tick, lambda: self._record(tick, ref, type_, reason, message[:EVENT_MESSAGE_MAX], aggregate))
         except LeadershipLost:
             raise
         except Exception as e:  # an Event is a report, never a reason to fail the action it reports
