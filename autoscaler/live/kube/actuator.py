@@ -128,7 +128,7 @@ EVENT_MESSAGE_MAX = 4096  # core/v1 has no limit of its own; keep one runaway me
 @dataclass
 class ActuatorConfig:
     dry_run: bool = False  # read only: nothing is written, not even status or Events
-    report_only: bool = False  # write only the status annotation and Events (settings ``mode: report``)
+    report_only: bool = False  # write only the status annotation and Events (settings `actuator: {report_only: true}`)
     max_scale_actions_per_tick: int = 50
     max_template_changes_per_tick: int = 5
     max_events_per_tick: int = 50
