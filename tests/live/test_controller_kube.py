@@ -196,17 +196,17 @@ async def test_controller_scales_reports_and_isolates_a_bad_annotation(api: clie
         assert ctl.pods.items(), "the pod informer saw no pods"
 
 
-async def test_dry_run_changes_nothing_but_reports(api: client.ApiClient, cluster: dict) -> None:
+async def test_report_mode_changes_nothing_but_reports(api: client.ApiClient, cluster: dict) -> None:
     ns = cluster["ns"]
     apps = client.AppsV1Api(api)
     before = {d.metadata.name: (d.spec.replicas, d.spec.template.to_dict())
               for d in (await apps.list_namespaced_deployment(ns)).items}
-    ctl = Controller(api, _settings(ns, cluster["suffix"], dry_run=True),
+    ctl = Controller(api, _settings(ns, cluster["suffix"], report_only=True),
                      metrics_source=ScriptedLoad({f"{ns}/chat": 30.0, f"{ns}/embed": 2.0}))
     async with leading(ctl):
         result = await ctl.tick()
         assert result.plan.of_type(ScaleModel), result.plan.describe()
-        assert result.report is not None and any(why == "dry-run" for _, why in result.report.skipped)
+        assert result.report is not None and any(why == "report-only" for _, why in result.report.skipped)
         after = {d.metadata.name: (d.spec.replicas, d.spec.template.to_dict())
                  for d in (await apps.list_namespaced_deployment(ns)).items}
         assert after == before

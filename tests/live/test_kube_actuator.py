@@ -473,11 +473,11 @@ async def test_status_annotation_and_events(api: client.ApiClient, ns: str) -> N
 
 
 @aio
-async def test_dry_run_writes_only_status_and_events(api: client.ApiClient, ns: str) -> None:
+async def test_report_mode_writes_only_status_and_events(api: client.ApiClient, ns: str) -> None:
     m = await make_model(api, ns, "llm-d", replicas=1)
     node = await make_node(api, f"dry-{uuid.uuid4().hex[:6]}", {MIG_CONFIG: "cfg-a", MIG_CONFIG_STATE: "success"})
-    act = KubeActuator(api, ActuatorConfig(dry_run=True, mig_relayout=True, time_slicing_configmap=f"{ns}/ts",
-                                           mig_parted_configmap=f"{ns}/mig"))
+    act = KubeActuator(api, ActuatorConfig(report_only=True, mig_relayout=True,
+                                           time_slicing_configmap=f"{ns}/ts", mig_parted_configmap=f"{ns}/mig"))
     before = await read_dep(api, m)
     slot = Slot(node, (0,), SlotKind.WHOLE, "H100-80GB", None, None, 80.0, 1.0)
     plan = Plan(0.0, [
@@ -491,7 +491,7 @@ async def test_dry_run_writes_only_status_and_events(api: client.ApiClient, ns: 
     ])
     r = await act.apply(plan, view_of([m], {node: await node_info(api, node)}))
     assert not r.errors
-    assert [why for _, why in r.skipped] == ["dry-run"] * 4 + ["scheduler-placed"]
+    assert [why for _, why in r.skipped] == ["report-only"] * 4 + ["scheduler-placed"]
     after = await read_dep(api, m)
     assert after["spec"] == before["spec"]
     assert json.loads(after["metadata"]["annotations"][STATUS_ANNOTATION])["dryRun"] is True
@@ -824,7 +824,7 @@ async def test_a_preemption_scales_the_victim_down_marks_its_replica_and_warns(a
 
 
 @aio
-async def test_a_preemption_in_dry_run_only_reports(api: client.ApiClient, ns: str) -> None:
+async def test_a_preemption_in_report_mode_only_reports(api: client.ApiClient, ns: str) -> None:
     victim = await make_model(api, ns, "llm-dry", replicas=2)
     await make_pod(api, ns, "llm-dry-0", "node-x", "nvidia.com/gpu", {"app": "llm-dry"})
     plan = Plan(0.0, [
@@ -832,8 +832,8 @@ async def test_a_preemption_in_dry_run_only_reports(api: client.ApiClient, ns: s
                       message="preempted: team search reclaims its guarantee"),
         ScaleModel(victim.key, 1, 2, Reason.PREEMPTED),
     ])
-    r = await KubeActuator(api, ActuatorConfig(dry_run=True)).apply(plan, view_of([victim]))
-    assert not r.errors and r.why(f"scale {victim.key}") == ["dry-run"]
+    r = await KubeActuator(api, ActuatorConfig(report_only=True)).apply(plan, view_of([victim]))
+    assert not r.errors and r.why(f"scale {victim.key}") == ["report-only"]
     assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(victim.name, ns)).spec.replicas == 2
     pod = await client.CoreV1Api(api).read_namespaced_pod("llm-dry-0", ns)
     assert POD_DELETION_COST not in (pod.metadata.annotations or {})
