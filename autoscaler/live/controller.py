@@ -184,7 +184,8 @@ class Controller:
         self.actuator = KubeActuator(api_client, settings.actuator)  # an AsyncActuator, with the write gate
         # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
         # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
-        self.lender = LendingActuator(api_client, settings.lending, dry_run=settings.actuator.dry_run, clock=clock)
+        # (report mode writes status and Events only: no lending, no evictions)
+        self.lender = LendingActuator(api_client, settings.lending, dry_run=not settings.actuator.acting, clock=clock)
         self.exporter = ControllerMetrics(reclaim_deadline_s=settings.lending.max_reclaim_s,
                                           teams=settings.arbitration.teams)
         # GPU-slot-seconds and cost per team/namespace/model, on the same /metrics registry
@@ -208,7 +209,10 @@ class Controller:
         self.node_state = NodeActionState()  # the time-slicing config last planned
         self.ticks = 0
         # every write is gated on leading, in the term the tick was planned in (live/kube/term.py)
-        self.gate = WriteGate(leading=lambda: self.elector.is_leader, term=lambda: self.elector.term)
+        # A dry run writes nothing, not even the Lease: it takes no part in the election and plans every tick.
+        self.elects = not settings.actuator.dry_run
+        self.gate = WriteGate(leading=lambda: self.elector.is_leader or not self.elects,
+                              term=lambda: self.elector.term if self.elects else 1)
         self._term = 0  # the leadership term the decision state belongs to (0: none yet)
         self._tick_task: asyncio.Task | None = None  # the tick in progress, cancelled when leadership is lost
         self.elector.on_change(self._leadership_changed)
@@ -347,16 +351,19 @@ class Controller:
         if self.settings.kueue_workloads_path is None:
             await self._discover_kueue()
         informer_tasks = [asyncio.create_task(i.run(), name=f"informer:{i.name}") for i in self.informers]
-        elector_task = asyncio.create_task(self.elector.run(), name="leader-election")
+        elector_task = asyncio.create_task(self.elector.run() if self.elects else asyncio.sleep(0),
+                                           name="leader-election")
         try:
             synced = await self._wait_synced(stop)
             if synced:
                 self.health.set_ready(True)
-                log.info("caches synced; %s", "dry run: nothing will be changed" if self.settings.actuator.dry_run
-                         else "acting when leader")
+                mode = ("dry run: nothing will be changed, no Lease taken" if self.settings.actuator.dry_run
+                        else "report mode: only status and Events written, when leader"
+                        if self.settings.actuator.report_only else "acting when leader")
+                log.info("caches synced; %s", mode)
             while synced and not stop.is_set():
                 started = self.clock()
-                if self.elector.is_leader:
+                if self.gate.open():
                     log.debug("acting: tick %d at %.3f", self.ticks, time.time())
                     await self._run_tick()
                 else:
