@@ -295,6 +295,8 @@ _CAPPED: tuple[tuple[str, str, str], ...] = (
 def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX) -> list[SpecProblem]:
     """Every value of ``spec`` over the operator's caps (empty: within them), each naming the annotation, the
     value and the cap. Plain comparisons, cheap enough to run for every model on every tick."""
+    if within_limits(spec, limits):
+        return []
     problems: list[SpecProblem] = []
     for key, attr, cap_name in _CAPPED:
         v = getattr(spec, attr)
@@ -305,7 +307,7 @@ def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX
         problems.append(SpecProblem(key_prefix + "priority", _shown(spec.priority),
                                     f"beyond the cap limits.max_priority (+-{limits.max_priority})"))
     floor = 1.0 / limits.max_time_slice_replicas
-    if "share" in spec.slot_kinds and spec.gpu_compute_share < floor - 1e-12:
+    if "share" in spec.slot_kinds and spec.gpu_compute_share * limits.max_time_slice_replicas < 1.0 - 1e-9:
         problems.append(SpecProblem(
             key_prefix + "gpu-compute-share", _shown(spec.gpu_compute_share),
             f"below 1/limits.max_time_slice_replicas ({floor:g}: at most {limits.max_time_slice_replicas} "
@@ -317,6 +319,28 @@ def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX
                                         f"speed outside [1/limits.max_slot_speed, limits.max_slot_speed] "
                                         f"([{1.0 / hi:g}, {hi:g}])"))
     return problems
+
+
+def within_limits(s: ModelSpec, lim: SpecLimits) -> bool:
+    """The common case of :func:`limit_problems` in one expression (a thousand models' admission in about a
+    millisecond): every cap met. Optional values (None) are met; the order puts the likeliest breaches first."""
+    latency = lim.max_latency_ms
+    if not (s.max_replicas <= lim.max_replicas and s.min_replicas <= lim.max_replicas
+            and s.concurrency <= lim.max_concurrency and s.gpus_per_replica <= lim.max_gpus_per_replica
+            and -lim.max_priority <= s.priority <= lim.max_priority
+            and s.slo_latency_ms <= latency and s.service_time_ms <= latency and s.cold_start_s <= lim.max_cold_start_s
+            and (s.gpu_memory_gib is None or s.gpu_memory_gib <= lim.max_gpu_memory_gib)
+            and (s.prefill_ms_per_1k_tokens is None or s.prefill_ms_per_1k_tokens <= latency)
+            and (s.decode_ms_per_token is None or s.decode_ms_per_token <= latency)
+            and (s.expected_rps is None or s.expected_rps <= lim.max_rps)):
+        return False
+    if "share" in s.slot_kinds and s.gpu_compute_share * lim.max_time_slice_replicas < 1.0 - 1e-9:
+        return False
+    hi = lim.max_slot_speed
+    for _kind, v in s.slot_speeds:  # noqa: SIM110 -- a loop, not all(<generator>): a third of the cost per model
+        if not (1.0 / hi <= v <= hi):
+            return False
+    return True
 
 
 def _shown(v: float) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation
-from autoscaler.api.spec import PREFIX, ModelSpec, SpecError, SpecLimits, SpecProblem, limit_problems
+from autoscaler.api.spec import PREFIX, ModelSpec, SpecError, SpecLimits, SpecProblem, limit_problems, within_limits
 from autoscaler.decision.arbitration import ArbitrationPolicy
 
 
@@ -76,6 +76,21 @@ def team_problems(spec: ModelSpec, b: TeamBindings) -> list[SpecProblem]:
     return problems
 
 
+def _team_ok(spec: ModelSpec, b: TeamBindings) -> bool:
+    """:func:`team_problems` is empty (without building it)."""
+    team = spec.team
+    allowed = b.namespaces_of.get(team)
+    if allowed is not None:
+        if spec.namespace not in allowed:
+            return False
+    else:
+        mine = b.teams_of.get(spec.namespace)
+        if mine is not None and team not in mine:
+            return False
+    cap = b.max_priority.get(team)
+    return cap is None or spec.priority <= cap
+
+
 def admit(snapshot: ClusterSnapshot, limits: SpecLimits, arbitration: ArbitrationPolicy) -> ClusterSnapshot:
     """``snapshot`` with every model over a cap or breaking a team binding made invalid (``spec`` None, the
     problems in ``spec_error``); the same object when every model is admitted (most ticks: nothing copied)."""
@@ -84,8 +99,8 @@ def admit(snapshot: ClusterSnapshot, limits: SpecLimits, arbitration: Arbitratio
     refused: dict[str, ModelObservation] | None = None
     for name, obs in snapshot.models.items():
         spec = obs.spec
-        if spec is None:
-            continue
+        if spec is None or (within_limits(spec, limits) and (not check_teams or _team_ok(spec, b))):
+            continue  # (the common case: a few comparisons per model and tick)
         problems = limit_problems(spec, limits)
         if check_teams:
             problems += team_problems(spec, b)

@@ -19,6 +19,7 @@ from autoscaler.api.spec import (
     SpecLimits,
     limit_problems,
     parse_annotations,
+    within_limits,
 )
 from autoscaler.sim.defaults import CLIENT_DEFAULTS, FUNCTION_DEFAULTS, LLM_DEFAULTS
 
@@ -116,5 +117,8 @@ def test_no_annotation_value_raises_anything_but_a_spec_error(values: dict[str, 
     except SpecError as e:
         assert e.problems
         return
-    for p in limit_problems(spec, SpecLimits()):  # never raises either
-        assert p.key.startswith(PREFIX) and p.reason
+    for limits in (SpecLimits(), SpecLimits(max_replicas=5, max_concurrency=2, max_time_slice_replicas=2,
+                                              max_priority=1, max_slot_speed=2.0, max_latency_ms=10.0)):
+        problems = limit_problems(spec, limits)  # never raises either
+        assert all(p.key.startswith(PREFIX) and p.reason for p in problems)
+        assert within_limits(spec, limits) is (not problems)  # the fast path agrees with the full check

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from autoscaler.api.plan import Reason, ScaleModel, UpdateStatus
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
 from autoscaler.api.spec import ModelSpec, SpecLimits
-from autoscaler.decision.admission import admit, bindings, team_problems
+from autoscaler.decision.admission import _team_ok, admit, bindings, team_problems
 from autoscaler.decision.arbitration import ArbitrationPolicy, TeamQuota
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.core import decide
@@ -72,6 +74,12 @@ def test_priority_is_capped_per_team_by_refusal(ns: str, team: str, priority: in
     assert bool(got) is refused
     if refused:
         assert got[0].startswith(f"slotwise.io/priority='{priority}'") and "teams[].max_priority" in got[0]
+
+
+@given(st.sampled_from(["search-prod", "search-dev", "research", "elsewhere", "ops"]),
+       st.sampled_from(["search", "research", "ops", "default", "adhoc"]), st.integers(-5, 20))
+def test_the_fast_check_agrees_with_the_named_problems(ns: str, team: str, priority: int) -> None:
+    assert _team_ok(spec(ns, team, priority), bindings(POLICY)) is (not problems(ns, team, priority))
 
 
 def _snapshot(*specs: ModelSpec) -> ClusterSnapshot:
