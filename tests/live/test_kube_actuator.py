@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import uuid
 from collections import Counter
@@ -283,7 +284,7 @@ async def test_scale_up_then_down_marks_the_removed_pods(api: client.ApiClient, 
         await make_pod(api, ns, f"llm-a-{i}", "node-x", "nvidia.com/gpu", {"app": "llm-a"})
     plan = Plan(1.0, [RemoveReplica(m.key, f"{ns}/llm-a-1"), RemoveReplica(m.key, f"{ns}/llm-a-gone"),
                       ScaleModel(m.key, 1, 3, Reason.FORECAST)])
-    r = await act.apply(plan, view_of([m]))
+    r = await act.apply(plan, view_of([dataclasses.replace(m, replicas=3)]))  # the view has seen the scale-up
     assert not r.errors
     assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(m.name, ns)).spec.replicas == 1
     costs = {}
@@ -840,3 +841,20 @@ async def test_a_preemption_in_report_mode_only_reports(api: client.ApiClient, n
     [ev] = [e for e in await events_of(api, ns, victim.name) if e["reason"].endswith("Preempted")]
     assert (ev["type"], ev["reason"], ev["message"]) == ("Warning", "DryRunPreempted",
                                                          "preempted: team search reclaims its guarantee")
+
+
+@aio
+async def test_a_scale_write_counts_the_replicas_lost_on_a_node_out_of_service(api: client.ApiClient, ns: str) -> None:
+    """Issue 16, failure mode 9: one of 3 pods is on a NotReady node. The ReplicaSet still counts it in
+    spec.replicas, the plan does not (it is no capacity): to have 3 serving replicas the scale must say 4, and a
+    plan of 2 serving replicas is a scale of 3, not a scale-down that would also take a healthy pod."""
+    m = await make_model(api, ns, "llm-lost", replicas=3)
+    lost = dataclasses.replace(m, replicas=3, unavailable_replicas=1)
+    act = KubeActuator(api, ActuatorConfig())
+    r = await act.apply(Plan(0.0, [ScaleModel(m.key, 3, 2, Reason.FORECAST)]), view_of([lost]))
+    assert not r.errors, r.errors
+    assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(m.name, ns)).spec.replicas == 4
+    r = await act.apply(Plan(1.0, [ScaleModel(m.key, 2, 2, Reason.FORECAST)]),
+                        view_of([dataclasses.replace(lost, replicas=4)]))
+    assert not r.errors, r.errors
+    assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(m.name, ns)).spec.replicas == 3

@@ -335,16 +335,20 @@ class KubeActuator:
             r.skipped.extend((describe(x), "rate-limit") for x in removals)
             return
         marked = False
-        live = a.previous
+        live = mm.replicas
+        # The ReplicaSet still counts pods on nodes out of service (NotReady, GPUs gone) until they are evicted:
+        # the plan's live replicas come on top of them. The plan started from the Deployment's spec.replicas as the
+        # view read it: a Scale that says otherwise now means the view is stale (a frozen cache, another writer).
+        target = a.replicas + mm.unavailable_replicas
 
         async def attempt() -> str:
             nonlocal marked, live
             scale = await _or_gone(self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace), mm.key)
             current = live = scale.spec.replicas or 0
-            outcome = scale_outcome(current, a.replicas, a.previous)
+            outcome = scale_outcome(current, target, mm.replicas)
             if outcome != "write":
                 return outcome
-            if a.replicas < current and not marked:
+            if target < current and not marked:
                 await self._mark_for_removal(tick, mm, removals)
                 marked = True
             await self._hook("scale", mm.key)
@@ -354,11 +358,11 @@ class KubeActuator:
                 "kind": "Scale",
                 "metadata": {"name": mm.name, "namespace": mm.namespace,
                              "resourceVersion": scale.metadata.resource_version},
-                "spec": {"replicas": a.replicas},
+                "spec": {"replicas": target},
             }
             await self._apps.replace_namespaced_deployment_scale(mm.name, mm.namespace, body,
                                                                  field_manager=FIELD_MANAGER)
-            return f"{current} -> {a.replicas}"
+            return f"{current} -> {target}"
 
         try:
             outcome = await self._retrying(tick, attempt)
@@ -366,8 +370,8 @@ class KubeActuator:
             r.skipped.extend((describe(x), "gone") for x in removals)
             raise
         if outcome == "stale-view":
-            log.warning("%s: not written, the scale is %d but the plan started from %d", line, live, a.previous)
-            r.skipped.append((f"{line}: scale is {live}, planned from {a.previous}", "stale-view"))
+            log.warning("%s: not written, the scale is %d but the plan started from %d", line, live, mm.replicas)
+            r.skipped.append((f"{line}: scale is {live}, planned from {mm.replicas}", "stale-view"))
             r.skipped.extend((describe(x), "stale-view") for x in removals)
             return
         if outcome == "unchanged":
