@@ -297,7 +297,7 @@ class KubeActuator:
                 if n == self.config.conflict_retries:
                     raise
                 if e.status == 429:
-                    wait = retry_after_s(e)
+                    wait = retry_after_s(getattr(e, "headers", None), e.body)
                     if wait is None or wait > self.config.retry_after_max_s:
                         raise  # the server asks for longer than a tick may wait: the next tick re-plans
                     log.info("too many requests (%s), retrying after %.1fs", api_error(e), wait)

@@ -27,6 +27,7 @@ from autoscaler.live.kube.objects import (
     TrainingRef,
     has_lent_taint,
 )
+from autoscaler.live.kube.writes import retry_after_s as retry_after_s  # re-exported: the eviction rules use it
 from autoscaler.live.kube.writes import rfc3339
 
 # Kueue mode: a Workload slotwise deactivated for a reclaim carries this label (selectable: the reactivation lists
@@ -310,24 +311,6 @@ def _status_body(body: Any) -> dict[str, Any]:
         except ValueError:
             return {"message": body}
     return body if isinstance(body, dict) else {}
-
-
-def retry_after_s(headers: Mapping[str, str] | None, body: Any = None) -> float | None:
-    """Seconds the server asks to wait (``Retry-After`` in seconds, else the Status's
-    ``details.retryAfterSeconds``), or None when it says nothing usable."""
-    for k, v in (headers or {}).items():
-        if k.lower() == "retry-after":
-            try:
-                seconds = float(str(v).strip())
-            except ValueError:
-                break  # an HTTP date: fall back to the body
-            if math.isfinite(seconds) and seconds >= 0:
-                return seconds
-    details = _status_body(body).get("details") or {}
-    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
-    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
-        return float(seconds)
-    return None
 
 
 def eviction_refusal(body: Any) -> str:

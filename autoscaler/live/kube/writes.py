@@ -250,21 +250,29 @@ def api_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def retry_after_s(e: ApiException) -> float | None:
-    """The seconds a 429's ``Retry-After`` header (or its Status's ``details.retryAfterSeconds``) asks to wait;
-    None when it says nothing usable (an HTTP date, absent)."""
-    for k, v in (getattr(e, "headers", None) or {}).items():
+def retry_after_s(headers: Mapping[str, str] | None, body: Any = None) -> float | None:
+    """Seconds a 429 asks to wait: its ``Retry-After`` header in seconds, else its Status's
+    ``details.retryAfterSeconds``; None when it says nothing usable (an HTTP date, absent). The one reading of it
+    for every writer (the actuator's retries, the lending actuator's evictions)."""
+    for k, v in (headers or {}).items():
         if k.lower() == "retry-after":
             try:
                 seconds = float(str(v).strip())
             except ValueError:
-                break
+                break  # an HTTP date: fall back to the body
             if math.isfinite(seconds) and seconds >= 0:
                 return seconds
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
     try:
-        body = json.loads(e.body) if e.body else {}
-    except (TypeError, ValueError):
+        status = json.loads(body) if isinstance(body, str) and body else body
+    except ValueError:
         return None
+    details = status.get("details") if isinstance(status, dict) else None
+    seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
+        return float(seconds)
+    return None
     details = body.get("details") if isinstance(body, dict) else None
     seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
     if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
