@@ -1,5 +1,8 @@
 """The controller's own Prometheus metrics (liveness, readiness and the HTTP server: :mod:`autoscaler.live.health`).
 
+One module: one registry and the one class that feeds every series of it from a tick, so that the table below is
+the whole of what ``/metrics`` serves.
+
 :class:`ControllerMetrics` holds the ``slotwise_*`` metrics in its OWN ``CollectorRegistry`` (two
 controllers in one process, or a test, never collide on the global one) and is fed once per tick
 (:meth:`~ControllerMetrics.record_tick`: the plan, the snapshot and the metrics window the core decided on)
@@ -51,6 +54,7 @@ Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or sha
 ``slotwise_shortfall_replicas{team,model,reason}``          replicas asked for but not placed this tick, by cause
                                                             (``reason`` = :class:`~autoscaler.api.plan.ShortfallCause`)
 ``slotwise_metrics_stale{model}``                           1 while the model's metrics are stale
+``slotwise_metrics_partial{model}``                         1 while only part of the model is observed (no scale-down)
 ``slotwise_tick_duration_seconds``                          histogram of the decision tick's duration
 ``slotwise_errors_total{kind}``                             errors by kind (``metrics``, ``kube``, ``actuation``, ...)
 ``slotwise_is_leader``                                      1 while this replica holds the leader Lease
@@ -285,6 +289,8 @@ class ControllerMetrics:
             ["team", "kind"], registry=r,
         )
         self.stale = Gauge("slotwise_metrics_stale", "1 while a model's metrics are stale.", ["model"], registry=r)
+        self.partial = Gauge("slotwise_metrics_partial", "1 while a model is partially observed (targets not "
+                             "scraped, an empty or NaN window): it does not scale down.", ["model"], registry=r)
         self.tick_duration = Histogram(
             "slotwise_tick_duration_seconds", "Duration of a decision tick.", buckets=TICK_BUCKETS, registry=r
         )
@@ -384,6 +390,7 @@ class ControllerMetrics:
             m = window.models.get(name)
             stale = m is None or m.stale
             self.stale.labels(name).set(1.0 if stale else 0.0)
+            self.partial.labels(name).set(0.0 if stale or m is None or m.partial_reason() is None else 1.0)
             observed = None
             if not stale and m is not None and m.rate.size and math.isfinite(float(m.rate[-1])):
                 observed = float(m.rate[-1])
@@ -518,7 +525,7 @@ class ControllerMetrics:
         """Remove every per-model series of a model that left (its counters too: a key that comes back
         starts from zero, which ``rate()`` reads as a counter reset)."""
         for g in (self.desired, self.current, self.forecast, self.observed, self.predicted, self.slo, self.stale,
-                  self.objective):
+                  self.partial, self.objective):
             self._remove(g, model)
         for c in (self.requests, self.requests_late):
             self._remove(c, model)

@@ -3,6 +3,7 @@ that leave vanish, /healthz and /readyz answer with status codes and reasons."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -56,6 +57,7 @@ CONTRACT = (
     "slotwise_fragmentation_ratio",
     "slotwise_shortfall_replicas",
     "slotwise_metrics_stale",
+    "slotwise_metrics_partial",
     "slotwise_tick_duration_seconds_bucket",
     "slotwise_errors_total",
     "slotwise_is_leader",
@@ -625,3 +627,18 @@ def test_a_shortfall_of_a_model_without_a_spec_takes_the_shortfalls_team() -> No
     get = m.registry.get_sample_value
     assert get("slotwise_shortfall_replicas", {"team": "search", "model": "ns/x", "reason": "borrowing_limit"}) == 1
     assert get("slotwise_shortfall_replicas", {"team": "default", "model": "ns/y", "reason": "other"}) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_partially_observed_model_is_exported_as_such(served) -> None:
+    """Issue 16, failure mode 4: a model whose targets are not all scraped is 1 in slotwise_metrics_partial
+    (its replicas are held from scaling down); whole and stale models are 0."""
+    window = _window()
+    window.models["ns/a"] = dataclasses.replace(window.models["ns/a"], partial="1 of 2 targets down",
+                                                observed_fraction=0.5)
+    served.metrics.record_tick(_plan(), _snapshot(), window, seconds=0.01)
+    got = await _scrape(served)
+    assert _value(got, "slotwise_metrics_partial", model="ns/a") == 1
+    assert _value(got, "slotwise_metrics_partial", model="ns/b") == 0  # stale is its own flag
+    served.metrics.record_tick(_plan(), _snapshot(), _window(), seconds=0.01)
+    assert _value(await _scrape(served), "slotwise_metrics_partial", model="ns/a") == 0

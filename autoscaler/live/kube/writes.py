@@ -175,9 +175,10 @@ _STATUS_REASONS = {
     Reason.INVALID_SPEC: "InvalidAnnotation",
     Reason.UNPLACEABLE: "Unplaceable",
     Reason.METRICS_STALE: "MetricsStale",
+    Reason.METRICS_PARTIAL: "MetricsPartial",
     Reason.SLO_UNATTAINABLE: "SloUnattainable",
 }
-_WARNING_REASONS = {Reason.UNPLACEABLE, Reason.METRICS_STALE}
+_WARNING_REASONS = {Reason.UNPLACEABLE, Reason.METRICS_STALE, Reason.METRICS_PARTIAL}
 
 
 def status_event(a: UpdateStatus) -> tuple[str, str, str]:
