@@ -265,15 +265,23 @@ class SpecLimits:
     max_cold_start_s: float = 3600.0
     max_rps: float = 1_000_000.0  # expected-rps
     max_slot_speed: float = 1000.0
+    # Floors, where a value too small is as harmful as one too large: an SLO below the median is no latency
+    # objective, and a service time or SLO of 1e-300 ms underflows the queueing model (its latency search never
+    # ended on either: issue 16).
+    min_slo_percentile: float = 50.0
+    min_latency_ms: float = 0.01
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.type == "int":
-                if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10**9):
-                    raise ValueError(f"limits.{f.name} must be a whole number in [1, 1e9], got {v!r}")
-            elif not (isinstance(v, int | float) and not isinstance(v, bool) and 1 <= v <= 1e12):
-                raise ValueError(f"limits.{f.name} must be a number in [1, 1e12], got {v!r}")
+            lo, hi = _LIMIT_RANGES.get(f.name, (1, 10**9 if f.type == "int" else 1e12))
+            whole = f.type == "int"
+            if not (isinstance(v, int if whole else int | float) and not isinstance(v, bool) and lo <= v <= hi):
+                raise ValueError(f"limits.{f.name} must be {'a whole number' if whole else 'a number'} in "
+                                 f"[{lo:g}, {hi:g}], got {v!r}")
+
+
+_LIMIT_RANGES = {"min_slo_percentile": (1, 99), "min_latency_ms": (1e-6, 1000)}
 
 
 # annotation key -> (ModelSpec field, SpecLimits field) for the keys whose cap is an upper bound on the value
@@ -303,6 +311,13 @@ def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX
         cap = getattr(limits, cap_name)
         if v is not None and v > cap:
             problems.append(SpecProblem(key_prefix + key, _shown(v), f"above the cap limits.{cap_name} ({cap:g})"))
+    for key, v in (("slo-latency-ms", spec.slo_latency_ms), ("service-time-ms", spec.service_time_ms)):
+        if v < limits.min_latency_ms:
+            problems.append(SpecProblem(key_prefix + key, _shown(v),
+                                        f"below the floor limits.min_latency_ms ({limits.min_latency_ms:g})"))
+    if spec.slo_percentile < limits.min_slo_percentile:
+        problems.append(SpecProblem(key_prefix + "slo-percentile", _shown(spec.slo_percentile),
+                                    f"below the floor limits.min_slo_percentile ({limits.min_slo_percentile:g})"))
     if abs(spec.priority) > limits.max_priority:
         problems.append(SpecProblem(key_prefix + "priority", _shown(spec.priority),
                                     f"beyond the cap limits.max_priority (+-{limits.max_priority})"))
@@ -329,6 +344,8 @@ def within_limits(s: ModelSpec, lim: SpecLimits) -> bool:
             and s.concurrency <= lim.max_concurrency and s.gpus_per_replica <= lim.max_gpus_per_replica
             and -lim.max_priority <= s.priority <= lim.max_priority
             and s.slo_latency_ms <= latency and s.service_time_ms <= latency and s.cold_start_s <= lim.max_cold_start_s
+            and s.slo_percentile >= lim.min_slo_percentile
+            and s.slo_latency_ms >= lim.min_latency_ms and s.service_time_ms >= lim.min_latency_ms
             and (s.gpu_memory_gib is None or s.gpu_memory_gib <= lim.max_gpu_memory_gib)
             and (s.prefill_ms_per_1k_tokens is None or s.prefill_ms_per_1k_tokens <= latency)
             and (s.decode_ms_per_token is None or s.decode_ms_per_token <= latency)

@@ -42,6 +42,10 @@ def _spec(**annotations: str) -> ModelSpec:
     ("expected-rps", "1e300", "limits.max_rps (1e+06)"),
     ("gpu-memory-gib", "1e300", "limits.max_gpu_memory_gib (4096)"),
     ("decode-ms-per-token", "1e300", "limits.max_latency_ms (3.6e+06)"),
+    # (the queueing model's latency search never ended for a percentile this low: issue 16)
+    ("slo-percentile", "0.001", "limits.min_slo_percentile (50)"),
+    ("service-time-ms", "1e-300", "limits.min_latency_ms (0.01)"),
+    ("slo-latency-ms", "1e-300", "limits.min_latency_ms (0.01)"),
 ])
 def test_a_value_over_its_cap_names_the_annotation_the_value_and_the_cap(key: str, value: str, cap: str) -> None:
     spec = _spec(**{key: value})  # it parses: the value is valid, only extreme
@@ -90,6 +94,12 @@ def test_defaults_and_the_simulators_models_are_within_the_caps(table: dict) -> 
 def test_limits_themselves_are_checked_and_named(bad: object) -> None:
     with pytest.raises(ValueError, match=r"limits\.max_replicas"):
         SpecLimits(max_replicas=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, 0.5, 99.5, 100, "50", float("nan")])
+def test_the_percentile_floor_is_a_percentile(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"limits\.min_slo_percentile must be a number in \[1, 99\]"):
+        SpecLimits(min_slo_percentile=bad)  # type: ignore[arg-type]
 
 
 def test_float_limits_refuse_infinity_and_nan() -> None:

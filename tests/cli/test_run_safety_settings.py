@@ -44,8 +44,8 @@ def test_the_limits_section_is_read_and_checked() -> None:
 
 
 @pytest.mark.parametrize(("section", "message"), [
-    ({"max_replicas": 0}, "limits.max_replicas must be a whole number in [1, 1e9], got 0"),
-    ({"max_rps": "lots"}, "limits.max_rps must be a number in [1, 1e12], got 'lots'"),
+    ({"max_replicas": 0}, "limits.max_replicas must be a whole number in [1, 1e+09], got 0"),
+    ({"max_rps": "lots"}, "limits.max_rps must be a number in [1, 1e+12], got 'lots'"),
     ({"max_replicaz": 5}, "unknown limits setting(s) max_replicaz"),
     ([5], "limits: expected a mapping of settings"),
 ])
