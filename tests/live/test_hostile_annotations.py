@@ -6,6 +6,8 @@ bullet on teams): the live controller against a REAL kube-apiserver, one namespa
   (no model scaled at all);
 - ``slicer``: hundredth-GPU time-slice shares and ``max-replicas: 100000``, which used to be scaled to fill the
   node and plan (and write) a cluster-wide device-plugin time-slicing config of 28 replicas for every GPU;
+- ``wide`` and ``vip``: ``gpus-per-replica`` and ``priority`` of 10^400 (the first overflowed arbitration; the
+  second ranked ahead of every other model);
 - ``intruder``: claims a team the operator bound to another namespace.
 
 Each hostile model gets a Warning Event naming the annotation, its value and the cap (or the binding) and keeps its
@@ -39,12 +41,16 @@ HOSTILE = {
     "huge": {**BASE, "slotwise.io/concurrency": "1" + "0" * 400, "slotwise.io/slot-kinds": "whole"},
     "slicer": {**BASE, "slotwise.io/slot-kinds": "share", "slotwise.io/gpu-memory-gib": "0.1",
                "slotwise.io/gpu-compute-share": "0.01", "slotwise.io/max-replicas": "100000"},
+    "wide": {**BASE, "slotwise.io/gpus-per-replica": "1" + "0" * 400},
+    "vip": {**BASE, "slotwise.io/priority": "1" + "0" * 400},
     "intruder": {**BASE, "slotwise.io/slot-kinds": "whole", "slotwise.io/team": "search"},
 }
 # what each hostile model's Warning Event must name
 EXPECTED = {
     "huge": ("slotwise.io/concurrency", "limits.max_concurrency"),
     "slicer": ("slotwise.io/max-replicas='100000'", "limits.max_time_slice_replicas"),
+    "wide": ("slotwise.io/gpus-per-replica", "limits.max_gpus_per_replica"),
+    "vip": ("slotwise.io/priority", "limits.max_priority"),
     "intruder": ("slotwise.io/team='search'", "bound to namespace(s) search-prod"),
 }
 
@@ -82,7 +88,7 @@ def _controller(api: client.ApiClient, ns: str, suffix: str, teams: tuple[TeamQu
         actuator=ActuatorConfig(time_slicing_configmap=f"{ns}/time-slicing-config"),
         arbitration=ArbitrationPolicy(teams=teams),
     )
-    load = {f"{ns}/chat": 20.0, f"{ns}/huge": 50.0, f"{ns}/slicer": 5000.0, f"{ns}/intruder": 20.0}
+    load = {f"{ns}/{name}": 20.0 for name in ("chat", *HOSTILE)} | {f"{ns}/slicer": 5000.0}
     return Controller(api, settings, metrics_source=ScriptedLoad(load))
 
 
@@ -112,7 +118,7 @@ async def test_extreme_annotations_affect_only_their_own_model(api: client.ApiCl
     ns = hostile["ns"]
     ctl = _controller(api, ns, hostile["suffix"])
     async with leading(ctl):
-        await _only_refused(api, ctl, ns, ("huge", "slicer"))
+        await _only_refused(api, ctl, ns, ("huge", "slicer", "wide", "vip"))
         # no model raised the cluster-wide time-slicing config past the cap
         try:
             cm = await client.CoreV1Api(api).read_namespaced_config_map("time-slicing-config", ns)
@@ -125,7 +131,7 @@ async def test_extreme_annotations_affect_only_their_own_model(api: client.ApiCl
         # the next tick again: the refused models stay refused, the others proceed
         await asyncio.sleep(1.1)
         again = await ctl.tick()
-        assert not [a for a in again.plan.of_type(ScaleModel) if a.model in (f"{ns}/huge", f"{ns}/slicer")]
+        assert not [a for a in again.plan.of_type(ScaleModel) if a.model.split("/")[1] in HOSTILE]
 
 
 async def test_a_team_bound_to_another_namespace_is_refused(api: client.ApiClient, hostile: dict) -> None:
@@ -134,4 +140,4 @@ async def test_a_team_bound_to_another_namespace_is_refused(api: client.ApiClien
     ns = hostile["ns"]
     ctl = _controller(api, ns, hostile["suffix"], teams=(TeamQuota("search", namespaces=("search-prod",)),))
     async with leading(ctl):
-        await _only_refused(api, ctl, ns, ("huge", "slicer", "intruder"))
+        await _only_refused(api, ctl, ns, tuple(HOSTILE))
