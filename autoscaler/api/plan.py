@@ -31,6 +31,7 @@ class Reason(StrEnum):
     STATIC = "static"
     ORACLE = "oracle"
     INVALID_SPEC = "invalid_spec"
+    DECISION_FAILED = "decision_failed"  # the model's decision raised: it alone keeps its replicas
     PREEMPTED = "preempted"  # replicas drained for a higher-priority model or a team reclaiming its guarantee
 
 

@@ -190,8 +190,8 @@ def _report_failed(obs: ModelObservation, error: Exception, state: ControllerSta
     message = (f"model {obs.name}: the decision failed ({text[:300]}); its replicas are left as they are, the "
                "other models proceed")
     if state.invalid.get(obs.name) != message:
-        plan.actions.append(UpdateStatus(obs.name, obs.desired_replicas, obs.active_replicas, Reason.INVALID_SPEC,
-                                         message=message, condition_ok=False))
+        plan.actions.append(UpdateStatus(obs.name, obs.desired_replicas, obs.active_replicas,
+                                         Reason.DECISION_FAILED, message=message, condition_ok=False))
         state.invalid[obs.name] = message
 
 

@@ -25,5 +25,6 @@ def plan_tick(
     last one) and the slot templates the placements need, appended to the plan in that order."""
     decision = decide(snapshot, metrics, state, config)
     plan = decision.plan
-    plan.actions.extend(node_actions(snapshot, plan, decision.inventory, nodes))
+    plan.actions.extend(node_actions(snapshot, plan, decision.inventory, nodes,
+                                     max_time_slice_replicas=config.limits.max_time_slice_replicas))
     return plan

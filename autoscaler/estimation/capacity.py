@@ -340,9 +340,15 @@ def predicted_latency_s(rate: float, replicas: int, profile: ServiceProfile, rel
         return np.mean(within_prob(latency[None, :] - parts[:, None], p_wait, decay), axis=0) >= target
 
     lo, hi = float(np.min(parts)), float(np.max(parts)) + 1.0 / float(decay)
-    while not met(np.array([hi]))[0]:
-        lo, hi = hi, 2.0 * hi
-    while hi - lo > rel_tol * hi:
+    # (bounded loops: a profile whose parts are <= 0 -- e.g. a service time at the floor -- would otherwise never
+    # double away from 0 or never narrow a negative bracket)
+    for _ in range(200):
+        if met(np.array([hi]))[0]:
+            break
+        lo, hi = hi, 2.0 * hi if hi > 0 else 1e-9
+    for _ in range(200):
+        if hi - lo <= rel_tol * abs(hi):
+            break
         grid = np.linspace(lo, hi, 33)
         ok = met(grid)
         first = int(np.argmax(ok))  # hi meets the target, so some grid point does

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from autoscaler.api.plan import LendGpus, Plan, ReclaimGpus
 from autoscaler.api.ports import AsyncMetricsPort, ViewPort
 from autoscaler.api.snapshot import STALE_METRICS, MetricsWindow, SlotTemplate
+from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.decision.config import build_core
 from autoscaler.decision.node_actions import NodeActionState, gpu_resources
@@ -95,6 +96,8 @@ class ControllerSettings:
     # who gets GPUs when they run out: team quotas (`teams:` in the settings file), priorities, preemption
     # (`arbitration:`); the default has no quotas and arbitrates by SLO damage
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+    # the operator's caps on every numeric annotation (`limits:`; a model over one is refused, alone)
+    limits: SpecLimits = field(default_factory=SpecLimits)
     # USD per GPU-hour by GPU kind (any catalog name or GFD product label), overriding the catalog's rough
     # defaults: the price table cost attribution uses
     prices: dict = field(default_factory=dict)
@@ -204,7 +207,7 @@ class Controller:
         # with GPUs still lent the lend stage reclaims them (reason "disabled").
         self.core = build_core(make_policy(settings.policy, **settings.policy_knobs), lending=settings.lending,
                                arbitration=settings.arbitration, metric_lag_s=settings.metrics_step_s,
-                               report_every_decision=True)
+                               report_every_decision=True, limits=settings.limits)
         self.state: ControllerState = fresh_state()
         self.node_state = NodeActionState()  # the time-slicing config last planned
         self.ticks = 0

@@ -173,6 +173,7 @@ def status_change(current: str | None, payload: Mapping[str, Any], *, now: float
 
 _STATUS_REASONS = {
     Reason.INVALID_SPEC: "InvalidAnnotation",
+    Reason.DECISION_FAILED: "DecisionFailed",
     Reason.UNPLACEABLE: "Unplaceable",
     Reason.METRICS_STALE: "MetricsStale",
     Reason.METRICS_PARTIAL: "MetricsPartial",
