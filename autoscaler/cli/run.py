@@ -22,7 +22,7 @@ from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.actuator import ActuatorConfig
-from autoscaler.live.prometheus.client import PrometheusClient, PrometheusError
+from autoscaler.live.prometheus.client import PrometheusAuth, PrometheusClient, PrometheusError
 from autoscaler.live.prometheus.history import warm_start_from_prometheus
 from autoscaler.live.prometheus.metrics import MetricNames
 from sharing.lending import LendingPolicy
@@ -53,7 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, help="controller settings (YAML; see docs/kubernetes.md)")
     p.add_argument("--prometheus", default=None, help="Prometheus URL for model metrics (e.g. http://prom:9090)")
     p.add_argument("--metrics-preset", default=None, choices=("vllm", "triton"), help="model server metric names")
-    p.add_argument("--dry-run", action="store_true", help="compute and report the plan; change nothing else")
+    p.add_argument("--dry-run", action="store_true",
+                   help="compute and log the plan; write nothing at all (not even status, Events or the Lease)")
+    p.add_argument("--report", action="store_true",
+                   help="report mode: write only each model's status annotation and Events, change nothing else")
     p.add_argument("--namespace", default=None, help="manage Deployments in this namespace only")
     p.add_argument("--selector", default=None, help="manage only Deployments matching this label selector")
     p.add_argument("--policy", default=None, help="sizing policy (default slotwise)")
@@ -137,9 +140,13 @@ def build_settings(args: argparse.Namespace) -> ControllerSettings:
     lending = _section(data, "lending", LendingPolicy)
     arbitration = _arbitration(data)
     _limits(data)
+    if "prometheus_auth" in data:
+        data["prometheus_auth"] = _section(data, "prometheus_auth", PrometheusAuth)
     metrics_data = data.pop("metrics", {}) or {}
     if args.dry_run:
         actuator = replace(actuator, dry_run=True)
+    if args.report:
+        actuator = replace(actuator, report_only=True)
     if args.allow_mig_relayout:
         actuator = replace(actuator, mig_relayout=True)
     if args.max_relayout_nodes is not None:
@@ -193,7 +200,7 @@ async def warm_start(controller: Controller) -> None:
         return
     forecaster = controller.core.forecaster_factory()
     try:
-        async with PrometheusClient(s.prometheus_url, timeout_s=WARM_START_TIMEOUT_S) as client:
+        async with PrometheusClient(s.prometheus_url, timeout_s=WARM_START_TIMEOUT_S, auth=s.prometheus_auth) as client:
             history = await warm_start_from_prometheus(
                 forecaster, client, s.metric_names, controller.clock(), s.history_hours, WARM_START_STEP_S
             )
@@ -218,7 +225,8 @@ async def main_async(args: argparse.Namespace) -> int:
     async with TimeoutApiClient(configuration=cfg, request_timeout_s=timeout_s) as api:
         controller = Controller(api, settings)
         await warm_start(controller)
-        log.info("slotwise %s starting (identity %s, lease %s/%s)", "DRY RUN" if settings.actuator.dry_run else "",
+        mode = "DRY RUN" if settings.actuator.dry_run else "REPORT MODE" if settings.actuator.report_only else ""
+        log.info("slotwise %s starting (identity %s, lease %s/%s)", mode,
                  settings.identity, settings.lease_namespace, settings.lease_name)
         await controller.run(stop)
     return 0

@@ -58,3 +58,25 @@ def test_the_limits_reach_the_decision_core(tmp_path: Path) -> None:
     assert Controller(object(), s).core.limits == SpecLimits(max_replicas=5000, max_concurrency=512)
     cfg.write_text("tick_s: 3\n")
     assert Controller(object(), build_settings(_args("--config", str(cfg)))).core.limits == SpecLimits()
+
+
+def test_prometheus_auth_and_the_modes_are_read(tmp_path: Path) -> None:
+    """``prometheus_auth:`` reaches the metrics window's client; ``--report`` is report mode, ``--dry-run`` writes
+    nothing and takes no Lease (issue 16's security section)."""
+    from autoscaler.live.prometheus.client import PrometheusAuth
+
+    cfg = tmp_path / "slotwise.yaml"
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    cfg.write_text(f"prometheus_url: https://prom.example:9090\nprometheus_auth: {{bearer_token_file: {token}}}\n")
+    s = build_settings(_args("--config", str(cfg), "--report"))
+    assert s.prometheus_auth == PrometheusAuth(bearer_token_file=str(token))
+    assert s.actuator.report_only and not s.actuator.dry_run
+    ctl = Controller(object(), s)
+    assert ctl.prometheus is not None and ctl.prometheus.client.auth == s.prometheus_auth
+    assert ctl.elects and ctl.lender.dry_run  # report mode: it leads, but lends and evicts nothing
+    dry = Controller(object(), build_settings(_args("--dry-run")))
+    assert not dry.elects and dry.gate.open()  # plans every tick, takes no Lease
+    cfg.write_text("prometheus_auth: {bearer_tokn: x}\n")
+    with pytest.raises(ValueError, match="unknown prometheus_auth setting"):
+        build_settings(_args("--config", str(cfg)))
