@@ -237,6 +237,40 @@ def test_capacity_already_draining_is_waited_for_not_preempted_again() -> None:
     assert causes(r)["top"] == [ShortfallCause.PREEMPTING]
 
 
+def test_room_a_tick_preempts_of_a_team_counts_against_its_limit_no_more() -> None:
+    # The example hypothesis found: team a (guarantee 0, borrowing limit 1) holds three 2g MIG slices (6/7 GPU)
+    # and asks for a fourth; team b's higher-priority model needs a whole GPU and preempts a's slice on GPU 1.
+    # a's new slice on GPU 0 keeps it at 6/7: the preempted replica drains and no longer counts, like any
+    # replica being removed. 6/7 held + 2/7 placed > 1 only counts the drained slice twice.
+    mig = SlotRequest("x", 20.0, 2 / 7, 1, ("mig", "share"))
+
+    def world() -> World:
+        policy = ArbitrationPolicy(teams=(TeamQuota("a", 0.0, 1.0),), min_runtime_s=0.0, max_preemptions_per_tick=1)
+        w = World(gpus=2, policy=policy)
+        w.inv = Inventory.from_nodes([NodeSpec("n0", "H100-80GB", 2, True)])
+        w.model("small", team="a", rate=0.0)
+        w.model("other", team="a", rate=0.0)
+        w.model("whole", team="b", priority=10, rate=1.0)
+        w.run("small", 2, req=mig)
+        w.run("other", 1, req=mig)
+        assert sorted(s.devices for _, s, _ in w.replicas["small"]) == [(0,), (1,)]  # GPU 1 holds one slice
+        return w
+
+    w = world()
+    r = w.arbitrate(w.ask("small", 1, mig, order=0), w.ask("whole", 1, order=1))
+    (p,) = r.preemptions
+    assert (p.model, p.preempted_by, p.reason) == ("small", "whole", PreemptionReason.PRIORITY)
+    ((_, placed),) = r.placed["small"]
+    assert placed.devices == (0,) and placed.gpu_fraction == pytest.approx(2 / 7)
+    assert r.team_gpus["a"] == pytest.approx(6 / 7)  # 6/7 - 2/7 preempted + 2/7 placed
+    assert causes(r)["whole"] == [ShortfallCause.PREEMPTING]
+    # a slice more would pass the limit: refused, however much room the tick frees
+    w = world()
+    r = w.arbitrate(w.ask("small", 2, mig, order=0), w.ask("whole", 1, order=1))
+    assert len(r.placed["small"]) == 1 and causes(r)["small"] == [ShortfallCause.BORROWING_LIMIT]
+    assert r.team_gpus["a"] == pytest.approx(6 / 7)
+
+
 def test_the_priority_baseline_preempts_for_headroom_too() -> None:
     w = World(gpus=2, policy=ArbitrationPolicy(mode="priority"))
     w.model("top", priority=100, rate=0.1)
@@ -307,6 +341,15 @@ def worlds(draw):
     return w, asks
 
 
+def limit_of(policy: ArbitrationPolicy, q: TeamQuota, gpus: int) -> float:
+    """The most a team may hold: its guarantee + borrowing limit; in partition mode its guarantee scaled to the
+    cluster."""
+    if policy.mode != "partition":
+        return q.limit_gpus
+    total = sum(t.guaranteed_gpus for t in policy.teams)
+    return q.guaranteed_gpus * gpus / total if total > 0 else 0.0
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
 def test_arbitration_invariants(case) -> None:
@@ -340,13 +383,20 @@ def test_arbitration_invariants(case) -> None:
     for q in policy.teams:
         if lost[q.name] > 0:  # what it holds after the tick (placements and grants included)
             assert r.team_gpus[q.name] >= q.guaranteed_gpus - 1e-9
-    # placements fit (the inventory accepted them) and no team passes its limit through them
+    # placements fit (the inventory accepted them) and no team passes its limit through them. A team's holding
+    # after the tick is what it held, less what this tick preempts of it (a preempted replica drains: like any
+    # replica being removed it no longer counts, autoscaler/decision/core.py `_arbitrate`), plus what it is placed
+    # -- a team may take, for one model, room freed by preempting another of its replicas (the regression test
+    # below) -- and plus the slots granted to it on capacity being freed (counted in ``team_gpus``).
     gained = {t: 0.0 for t in held_before}
     for m, placed in r.placed.items():
         gained[w.teams[m]] += sum(s.gpu_fraction for _, s in placed)
+    granted = {t: sum(s.missing for s in r.shortfalls if s.team == t and s.cause in GRANTS) for t in held_before}
     for q in policy.teams:
-        if gained[q.name] > 0 and policy.mode != "partition":
-            assert held_before[q.name] + gained[q.name] <= q.limit_gpus + 1e-9
+        after = held_before[q.name] - lost[q.name] + gained[q.name]
+        assert r.team_gpus[q.name] >= after - 1e-9  # grants only add to what it holds
+        if gained[q.name] > 0 or granted[q.name] > 0:
+            assert r.team_gpus[q.name] <= limit_of(policy, q, len(w.inv.devices)) + 1e-9
     # what was asked is accounted for: placed + granted-waiting + refused covers every ask
     for a in asks:
         got = len(r.placed.get(a.model, ())) + sum(s.missing for s in r.shortfalls if s.model == a.model)
