@@ -126,7 +126,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     asks = [_ask(s, i, room) for i, s in enumerate(sized) if s.target > s.obs.active_replicas]
     if asks:
         inventory = snapshot.inventory.copy()
-        outcome = _arbitrate(asks, snapshot, inventory, removals, state, config)
+        outcome = _arbitrate(asks, snapshot, metrics, inventory, removals, state, config)
     for name in _finish_all(snapshot, state, sized, removals, outcome, plan, config):
         if inventory is not None:  # a model that failed places nothing: its slots go back
             for rid, slot in outcome.placed.get(name, ()):
@@ -269,11 +269,14 @@ def _ask(s: _Sized, order: int, room: int) -> Ask:
     )
 
 
-def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
+def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindow, inventory: Inventory,
                removals: dict[str, list[RemoveReplica]], state: ControllerState,
                config: CoreConfig) -> ArbitrationResult:
     """The views arbitration needs: teams, GPUs held per team, what is being freed; the damage inputs and the
-    replicas that may be preempted only if it asks (when the asks do not all fit)."""
+    replicas that may be preempted only if it asks (when the asks do not all fit).
+
+    A model whose metrics are stale or partial is never a preemption victim: its load reads as 0 or as part of
+    itself, so it would look spare -- and a preemption is a scale-down, which no missing data may cause."""
     team_of: dict[str, str] = {}
     held: dict[str, float] = {}
     freeing: list[tuple[str, Slot]] = []
@@ -305,6 +308,9 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, inventory: Inventory,
     def views() -> tuple[Mapping[str, ModelLoad], list[Candidate]]:
         candidates: list[Candidate] = []
         for name, obs, spec in valid:
+            m = metrics.models.get(name, STALE_METRICS)
+            if m.stale or m.partial_reason() is not None:
+                continue  # unobserved (in part): its load is unknown, none of its replicas is spare
             removed = {r.replica_id for r in removals.get(name, ())}
             candidates.extend(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at)
                               for r in obs.replicas
