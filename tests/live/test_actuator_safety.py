@@ -118,14 +118,15 @@ def test_noise_within_the_ratio_is_never_written_before_the_refresh(rps: float, 
     assert status_change(old, new, now=T0 + after, refresh_s=300.0, ratio=0.2) is None
 
 
-@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 50))
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 50), st.booleans())
 def test_a_scale_write_never_lowers_the_live_value_unless_planned_from_it(live: int, target: int,
-                                                                         planned_from: int) -> None:
-    outcome = scale_outcome(live, target, planned_from)
+                                                                         planned_from: int, decrease: bool) -> None:
+    outcome = scale_outcome(live, target, planned_from, decrease=decrease)
     if outcome == "write" and target < live:
-        assert planned_from == live  # a decrease only from the count the rails decided on
+        # a decrease only from the count the rails decided on, and only when the plan was one
+        assert planned_from == live and decrease
     assert (outcome == "unchanged") == (target == live)
-    assert outcome != "stale-view" or (target < live != planned_from)
+    assert outcome != "stale-view" or (target < live and (live != planned_from or not decrease))
 
 
 def test_mig_gate_new_term_forgets_the_old_terms_relayouts() -> None:

@@ -847,14 +847,27 @@ async def test_a_preemption_in_report_mode_only_reports(api: client.ApiClient, n
 async def test_a_scale_write_counts_the_replicas_lost_on_a_node_out_of_service(api: client.ApiClient, ns: str) -> None:
     """Issue 16, failure mode 9: one of 3 pods is on a NotReady node. The ReplicaSet still counts it in
     spec.replicas, the plan does not (it is no capacity): to have 3 serving replicas the scale must say 4, and a
-    plan of 2 serving replicas is a scale of 3, not a scale-down that would also take a healthy pod."""
+    scale-down from 3 serving replicas to 2 is a scale of 3, not 2 (which would also take a healthy pod)."""
     m = await make_model(api, ns, "llm-lost", replicas=3)
     lost = dataclasses.replace(m, replicas=3, unavailable_replicas=1)
     act = KubeActuator(api, ActuatorConfig())
     r = await act.apply(Plan(0.0, [ScaleModel(m.key, 3, 2, Reason.FORECAST)]), view_of([lost]))
     assert not r.errors, r.errors
     assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(m.name, ns)).spec.replicas == 4
-    r = await act.apply(Plan(1.0, [ScaleModel(m.key, 2, 2, Reason.FORECAST)]),
+    r = await act.apply(Plan(1.0, [ScaleModel(m.key, 2, 3, Reason.FORECAST)]),
                         view_of([dataclasses.replace(lost, replicas=4)]))
     assert not r.errors, r.errors
     assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(m.name, ns)).spec.replicas == 3
+
+
+@aio
+async def test_a_scale_up_planned_on_a_lagging_pods_cache_never_lowers_the_scale(api: client.ApiClient,
+                                                                                  ns: str) -> None:
+    """Issue 16, failure mode 3 through the pods cache: someone scaled the Deployment to 6 and the Deployments
+    cache has seen it, but the pods cache still shows 1 pod, so the rails approved a scale-up 1 -> 3. Writing 3
+    would halve the fleet: it is skipped (stale-view), the scale stays 6."""
+    m = await make_model(api, ns, "llm-lag", replicas=6)
+    act = KubeActuator(api, ActuatorConfig())
+    r = await act.apply(Plan(0.0, [ScaleModel(m.key, 3, 1, Reason.FORECAST)]), view_of([m]))
+    assert [why for _, why in r.skipped] == ["stale-view"] and not r.applied, (r.applied, r.skipped)
+    assert (await client.AppsV1Api(api).read_namespaced_deployment_scale(m.name, ns)).spec.replicas == 6

@@ -345,7 +345,7 @@ class KubeActuator:
             nonlocal marked, live
             scale = await _or_gone(self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace), mm.key)
             current = live = scale.spec.replicas or 0
-            outcome = scale_outcome(current, target, mm.replicas)
+            outcome = scale_outcome(current, target, mm.replicas, decrease=a.replicas < a.previous)
             if outcome != "write":
                 return outcome
             if target < current and not marked:

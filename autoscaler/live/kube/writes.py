@@ -38,15 +38,17 @@ def split_key(key: str, default_namespace: str) -> tuple[str, str]:
     return (ns, name) if sep else (default_namespace, key)
 
 
-def scale_outcome(live: int, target: int, planned_from: int) -> str:
-    """What to do with a plan's scale to ``target`` (planned from ``planned_from`` replicas) when the Scale just
-    read says ``live``: ``"unchanged"``, ``"write"``, or ``"stale-view"`` -- a value below ``live`` planned from
-    another starting point (a frozen cache, another writer), which is never written: it would remove replicas
-    no scale-down rail approved. A value above ``live`` is written whatever it was planned from: it lowers
+def scale_outcome(live: int, target: int, planned_from: int, *, decrease: bool) -> str:
+    """What to do with a plan's scale to ``target`` (planned from the Deployment's ``planned_from`` replicas as the
+    view read them; ``decrease``: whether the plan lowers the model's replicas) when the Scale just read says
+    ``live``: ``"unchanged"``, ``"write"``, or ``"stale-view"`` -- a value below ``live`` that no scale-down rail
+    approved, never written: planned from another starting point (a frozen Deployments cache, another writer), or
+    planned as an increase (a pods cache lagging behind a scale someone else made: 1 pod seen, spec 6, a plan of
+    1 -> 3 would halve the fleet). A value above ``live`` is written whatever it was planned from: it lowers
     nothing."""
     if target == live:
         return "unchanged"
-    if target < live and live != planned_from:
+    if target < live and (live != planned_from or not decrease):
         return "stale-view"
     return "write"
 
