@@ -46,7 +46,7 @@ from autoscaler.api.snapshot import ClusterSnapshot
 from autoscaler.live.controller import read_view
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.live.kube.informer import Informer
-from autoscaler.live.kube.mig_gate import OWNER_LABEL, MigGate, Phase, Relayout
+from autoscaler.live.kube.mig_gate import OWNER_LABEL, MigGate, NodeRead, Op, Phase, Relayout, decide
 from autoscaler.live.kube.objects import (
     MIG_CONFIG,
     MIG_CONFIG_STATE,
@@ -127,6 +127,20 @@ def test_a_scale_write_never_lowers_the_live_value_unless_planned_from_it(live: 
         assert planned_from == live and decrease
     assert (outcome == "unchanged") == (target == live)
     assert outcome != "stale-view" or (target < live and (live != planned_from or not decrease))
+
+
+def test_an_adopted_relayout_never_uncordons_a_node_the_mig_manager_is_repartitioning() -> None:
+    """Adopted from a cache that had not seen the earlier leader's relabel (phase UNCORDON: "nothing changed yet"),
+    but the node as just read names our config with the MIG manager still at work: wait for it, as after a relabel;
+    uncordon once it reports success (found in review)."""
+    job = Relayout("n1", "cfg-b", {}, {}, phase=Phase.UNCORDON, we_cordoned=True, owner="cfg-b", recovered=True)
+    labels = {OWNER_LABEL: "cfg-b", MIG_CONFIG: "cfg-b"}
+    pending = NodeRead("n1", {**labels, MIG_CONFIG_STATE: "pending"}, True)
+    assert decide(job, pending, {}, 0.0, 600.0).op is Op.WAIT
+    assert decide(job, NodeRead("n1", {**labels, MIG_CONFIG_STATE: "failed"}, True), {}, 0.0, 600.0).op is Op.FAIL
+    assert decide(job, NodeRead("n1", {**labels, MIG_CONFIG_STATE: "success"}, True), {}, 0.0, 600.0).op is Op.UNCORDON
+    untouched = NodeRead("n1", {OWNER_LABEL: "cfg-b", MIG_CONFIG: "cfg-a", MIG_CONFIG_STATE: "success"}, True)
+    assert decide(job, untouched, {}, 0.0, 600.0).op is Op.UNCORDON  # nothing was relabelled: undo the cordon
 
 
 def test_mig_gate_new_term_forgets_the_old_terms_relayouts() -> None:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -191,6 +191,11 @@ def decide(job: Relayout, node: NodeRead | None, gpu_pods: Mapping[str, int], no
                 return Step(Op.FAIL, f"no {MIG_CONFIG_STATE}=success after {waited:.0f}s (state {state!r})")
             return Step(Op.WAIT, f"MIG manager state {state!r}")
         case Phase.UNCORDON:
+            if (job.recovered and node.labels.get(MIG_CONFIG) == job.config_name
+                    and node.labels.get(MIG_CONFIG_STATE) != STATE_SUCCESS):
+                # adopted from a cache that had not yet seen the earlier leader's relabel: the node as just read
+                # says the MIG manager is re-partitioning it now -- never uncordon under it; wait as after a relabel
+                return decide(replace(job, phase=Phase.WAIT_SUCCESS), node, gpu_pods, now, timeout_s)
             return Step(Op.UNCORDON)
     return Step(Op.WAIT, f"phase {job.phase}")
 
