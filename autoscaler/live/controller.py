@@ -351,8 +351,12 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """Observe always (a follower keeps warm caches), decide and act only as the leader; until ``stop``."""
         runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port)
-        if self.settings.kueue_workloads_path is None:
-            await self._discover_kueue()
+        try:
+            if self.settings.kueue_workloads_path is None:
+                await self._discover_kueue()
+        except BaseException:
+            await runner.cleanup()
+            raise
         informer_tasks = [asyncio.create_task(i.run(), name=f"informer:{i.name}") for i in self.informers]
         elector_task = asyncio.create_task(self.elector.run() if self.elects else asyncio.sleep(0),
                                            name="leader-election")

@@ -634,3 +634,14 @@ async def test_kueue_lending_switched_off_rolls_back_the_limit_and_the_workloads
     assert not act.cleanup_due
     r = await act.apply([], await live_view(api, nodes, clock(), policy))
     assert not r.applied and not r.errors
+
+
+@pytest.mark.asyncio
+async def test_kueue_discovery_against_an_unreachable_apiserver_falls_back_to_v1beta1() -> None:
+    """The controller discovers the Workload version at start, before its informers retry anything: an apiserver
+    that refuses connections must not crash it (found in review), it watches v1beta1 and the informer retries."""
+    from kubernetes_asyncio.client import ApiClient, Configuration
+    from realparts.kube import free_port
+
+    async with ApiClient(Configuration(host=f"http://127.0.0.1:{free_port()}")) as api:
+        assert await kueue_workloads_path(api) == "/apis/kueue.x-k8s.io/v1beta1/workloads"

@@ -150,6 +150,9 @@ async def kueue_workloads_path(api_client: Any) -> str:
     except ApiException as e:
         log.warning("discovery of %s failed (%s): assuming %s", KUEUE_GROUP, api_error(e), KUEUE_VERSION)
         version = None
+    except Exception as e:  # apiserver unreachable or slow at start: the controller must start anyway
+        log.warning("discovery of %s failed (%s: %s): assuming %s", KUEUE_GROUP, type(e).__name__, e, KUEUE_VERSION)
+        version = None
     return f"/apis/{KUEUE_GROUP}/{version or KUEUE_VERSION}/workloads"
 
 
