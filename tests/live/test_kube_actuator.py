@@ -613,8 +613,12 @@ class FakeMigManager:
             await asyncio.sleep(0.02)
 
     async def saw(self, predicate: Callable[[Seen], bool], timeout: float = 10.0) -> None:
+        # what the manager sees from NOW on: counted before yielding (inside wait_for's task it was counted only
+        # once that task ran, by when the manager could have seen the change and blocked on `release`: a flake
+        # under load)
+        start = len(self.seen)
+
         async def wait() -> None:
-            start = len(self.seen)
             while not any(predicate(s) for s in self.seen[start:]):
                 await asyncio.sleep(0.01)
         await asyncio.wait_for(wait(), timeout)

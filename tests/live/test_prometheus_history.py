@@ -280,9 +280,11 @@ async def test_slotwise_run_warm_starts_its_forecaster_or_starts_cold(prom, capl
     from realparts.prometheus import free_port
 
     from autoscaler.cli.run import warm_start
+    from autoscaler.live.prometheus.client import PrometheusAuth
 
     def controller(url: str) -> SimpleNamespace:
-        settings = SimpleNamespace(prometheus_url=url, history_hours=2.0, metric_names=NAMES)
+        settings = SimpleNamespace(prometheus_url=url, history_hours=2.0, metric_names=NAMES,
+                                   prometheus_auth=PrometheusAuth())
         return SimpleNamespace(settings=settings, core=SimpleNamespace(forecaster_factory=FleetForecaster),
                                clock=lambda: END + 7.0, state=SimpleNamespace(forecaster=None))
 

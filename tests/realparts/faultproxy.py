@@ -254,6 +254,9 @@ class FaultProxy:
 
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST_HEADERS}
+        # aiohttp would ask for gzip on its own, and the apiserver compresses large lists (a cluster-wide pods list
+        # in a long test session): the body would be relayed still compressed, without its Content-Encoding
+        headers["Accept-Encoding"] = "identity"
         body = await request.read()
         seen.done_at = time.time()
         async with self._session.request(
