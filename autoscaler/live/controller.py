@@ -324,14 +324,14 @@ class Controller:
     def _start_term(self, term: int) -> None:
         """A new term of leadership starts from the cluster as it is. What the decision state remembers from an
         earlier term (scale-down windows and their stabilization, the load last sized for, the lend stage's
-        memory, the time-slicing config last planned) may be stale by any amount of time: it is dropped, so
-        scale-downs wait out the stabilization window exactly as after a fresh start. What was learned about the
-        models (their service-time profiles) and the forecaster are kept: they are knowledge, not cluster state.
+        memory) may be stale by any amount of time: it is dropped, so scale-downs wait out the stabilization window
+        exactly as after a fresh start. What was learned about the models (their service-time profiles) and the
+        forecaster are kept: they are knowledge, not cluster state. So is the time-slicing config last planned: it
+        is only ever raised, and forgetting it could lower the device plugin's replicas under running shares.
         Reclaims and MIG re-layouts in flight are re-adopted from the cluster's labels and annotations."""
         if self._term:
             log.info("leadership term %d starts: decision state from term %d dropped", term, self._term)
             self.state = fresh_state(profiles=self.state.profiles, forecaster=self.state.forecaster)
-            self.node_state = NodeActionState()
         self.actuator.new_term()  # MIG re-layouts: re-adopted from the nodes' labels
         self.lender.new_term()  # reclaims: re-adopted from the nodes' taints and labels, the Workloads' marks
         self._term = term
