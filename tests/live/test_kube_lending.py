@@ -17,7 +17,6 @@ reclaimed; a lent GPU never holds an inference replica and is never free in the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import uuid
@@ -66,13 +65,14 @@ from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
 if TYPE_CHECKING:
     from realparts.kube import KubeApiserver
 
+from realparts.kueue import kueue_installed
+
 pytest_plugins = ("realparts.kube", "realparts.helm")
 
 aio = pytest.mark.asyncio
 MERGE = "application/merge-patch+json"
 H100 = "NVIDIA-H100-80GB-HBM3"
 PRE = {PREEMPTIBLE_LABEL: "true"}
-CRDS = Path(__file__).resolve().parents[1] / "realparts" / "kueue_crds.yaml"
 CAT = load_catalog()
 T0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z
 
@@ -647,37 +647,8 @@ async def test_reclaim_of_a_node_not_lent_is_a_no_op_and_dry_run_writes_nothing(
 @pytest_asyncio.fixture
 async def kueue_crds(api: client.ApiClient) -> AsyncIterator[None]:
     """The minimal Kueue CRDs, installed and Established; removed afterwards (other tests expect no Kueue)."""
-    ext = client.ApiextensionsV1Api(api)
-    docs = [d for d in yaml.safe_load_all(CRDS.read_text()) if d]
-    created = []
-    for crd in docs:
-        try:
-            await ext.create_custom_resource_definition(crd)
-            created.append(crd["metadata"]["name"])
-        except ApiException as e:
-            if e.status != 409:
-                raise
-    for crd in docs:
-        for _ in range(200):
-            got = await ext.read_custom_resource_definition(crd["metadata"]["name"])
-            if any(c.type == "Established" and c.status == "True" for c in got.status.conditions or ()):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail(f"CRD {crd['metadata']['name']} never Established")
-    yield
-    for name in created:
-        with contextlib.suppress(ApiException):
-            await ext.delete_custom_resource_definition(name)
-    for name in created:  # wait until gone (the apiserver's own finalizer removes the objects first)
-        for _ in range(400):
-            try:
-                await ext.read_custom_resource_definition(name)
-            except ApiException as e:
-                if e.status == 404:
-                    break
-                raise
-            await asyncio.sleep(0.05)
+    async with kueue_installed(api):
+        yield
 
 
 @aio

@@ -25,16 +25,15 @@ import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 from realparts.faultproxy import FaultProxy, SeenRequest
+from realparts.kueue import kueue_installed
 
 from autoscaler.api.plan import LendGpus, ReclaimGpus
 from autoscaler.live.exporter import ControllerMetrics
@@ -67,7 +66,6 @@ aio = pytest.mark.asyncio
 MERGE = "application/merge-patch+json"
 H100 = "NVIDIA-H100-80GB-HBM3"
 PRE = {PREEMPTIBLE_LABEL: "true"}
-CRDS = Path(__file__).resolve().parents[1] / "realparts" / "kueue_crds.yaml"
 T0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z
 PDB_REFUSAL = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429, "reason": "TooManyRequests",
                "message": "Cannot evict pod as it would violate the pod's disruption budget.",
@@ -468,41 +466,12 @@ async def test_a_fresh_controller_with_lending_off_reclaims_a_node_still_lent(ap
 @pytest_asyncio.fixture
 async def kueue_crds(api: client.ApiClient) -> AsyncIterator[None]:
     """The minimal Kueue CRDs (v1beta1 and v1beta2 served), Established and in discovery; removed afterwards."""
-    ext = client.ApiextensionsV1Api(api)
-    docs = [d for d in yaml.safe_load_all(CRDS.read_text()) if d]
-    created = []
-    for crd in docs:
-        try:
-            await ext.create_custom_resource_definition(crd)
-            created.append(crd["metadata"]["name"])
-        except ApiException as e:
-            if e.status != 409:
-                raise
-    for crd in docs:
-        for _ in range(200):
-            got = await ext.read_custom_resource_definition(crd["metadata"]["name"])
-            if any(c.type == "Established" and c.status == "True" for c in got.status.conditions or ()):
+    async with kueue_installed(api):
+        for _ in range(200):  # discovery follows the CRDs a moment later
+            if await discover_kueue_version(api) == "v1beta2":
                 break
             await asyncio.sleep(0.05)
-        else:
-            pytest.fail(f"CRD {crd['metadata']['name']} never Established")
-    for _ in range(200):  # discovery follows the CRDs a moment later
-        if await discover_kueue_version(api) == "v1beta2":
-            break
-        await asyncio.sleep(0.05)
-    yield
-    for name in created:
-        with contextlib.suppress(ApiException):
-            await ext.delete_custom_resource_definition(name)
-    for name in created:
-        for _ in range(400):
-            try:
-                await ext.read_custom_resource_definition(name)
-            except ApiException as e:
-                if e.status == 404:
-                    break
-                raise
-            await asyncio.sleep(0.05)
+        yield
 
 
 @aio
