@@ -7,7 +7,6 @@ survives a restart by."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -28,7 +27,7 @@ from autoscaler.live.kube.objects import (
     has_lent_taint,
 )
 from autoscaler.live.kube.writes import retry_after_s as retry_after_s  # re-exported: the eviction rules use it
-from autoscaler.live.kube.writes import rfc3339
+from autoscaler.live.kube.writes import rfc3339, status_body
 
 # Kueue mode: a Workload slotwise deactivated for a reclaim carries this label (selectable: the reactivation lists
 # them server-side) and the annotations below (when, which node, why); a Workload deactivated by anyone else has
@@ -302,22 +301,11 @@ def reactivate_patch(workload: Mapping[str, Any]) -> dict[str, Any]:
     return patch
 
 
-def _status_body(body: Any) -> dict[str, Any]:
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str):
-        try:
-            body = json.loads(body)
-        except ValueError:
-            return {"message": body}
-    return body if isinstance(body, dict) else {}
-
-
 def eviction_refusal(body: Any) -> str:
     """Why an Eviction got 429: ``"disruption-budget"`` when a PodDisruptionBudget refused it (the Status's cause
     ``DisruptionBudget``, or its message naming the disruption budget), else ``"too-many-requests"`` (the server
     throttling: API Priority and Fairness, max-requests-inflight)."""
-    status = _status_body(body)
+    status = status_body(body)
     causes = (status.get("details") or {}).get("causes") if isinstance(status.get("details"), dict) else None
     if any(isinstance(c, dict) and c.get("reason") == "DisruptionBudget" for c in causes or ()):
         return "disruption-budget"

@@ -254,6 +254,19 @@ def api_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def status_body(body: Any) -> dict[str, Any]:
+    """An error answer's body (bytes, text or parsed) as the API's ``Status`` mapping; text that is not JSON
+    becomes ``{"message": text}``, anything else ``{}``."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return {"message": body}
+    return body if isinstance(body, dict) else {}
+
+
 def retry_after_s(headers: Mapping[str, str] | None, body: Any = None) -> float | None:
     """Seconds a 429 asks to wait: its ``Retry-After`` header in seconds, else its Status's
     ``details.retryAfterSeconds``; None when it says nothing usable (an HTTP date, absent). The one reading of it
@@ -266,13 +279,7 @@ def retry_after_s(headers: Mapping[str, str] | None, body: Any = None) -> float 
                 break  # an HTTP date: fall back to the body
             if math.isfinite(seconds) and seconds >= 0:
                 return seconds
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    try:
-        status = json.loads(body) if isinstance(body, str) and body else body
-    except ValueError:
-        return None
-    details = status.get("details") if isinstance(status, dict) else None
+    details = status_body(body).get("details")
     seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
     if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
         return float(seconds)
