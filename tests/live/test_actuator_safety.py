@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from realparts.faultproxy import FaultProxy
+from test_kube_actuator import view_of
 
 from autoscaler.api.plan import (
     Plan,
@@ -237,10 +238,6 @@ async def make_node(api: ApiClient, labels: dict[str, str], unschedulable: bool 
 async def node_info(api: ApiClient, name: str) -> NodeInfo:
     node = await client.CoreV1Api(api).read_node(name)
     return NodeInfo(name, dict(node.metadata.labels or {}), bool(node.spec.unschedulable), {})
-
-
-def view_of(models: list[ManagedModel], nodes: dict[str, NodeInfo] | None = None) -> ClusterView:
-    return ClusterView(ClusterSnapshot(0.0, {}, Inventory.from_nodes([])), {m.key: m for m in models}, nodes or {})
 
 
 def layout(node: str, name: str) -> SetMigLayout:
