@@ -121,6 +121,9 @@ class ModelMetrics:
     within_rate: np.ndarray | None = None
     partial: str | None = None
     observed_fraction: float = 1.0
+    # the engines' own saturation signal: KV-cache use as a fraction (0..1) at the newest step, the mean over the
+    # model's replicas (vLLM's vllm:kv_cache_usage_perc, SGLang's token usage ...); NaN where the source has none
+    kv_cache_usage: float = float("nan")
 
     def partial_reason(self) -> str | None:
         """Why this window is not the whole model's load (a scale-down must not be decided on it); None when it

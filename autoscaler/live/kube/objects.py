@@ -56,13 +56,13 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class ManagedModel:
-    """How the actuator addresses one managed model (a Deployment) in Kubernetes."""
+    """How the actuator addresses one managed model (any workload with a ``/scale`` subresource) in Kubernetes."""
 
     key: str  # "<namespace>/<name>": the model's name in the snapshot and the plan
     namespace: str
     name: str
     uid: str
-    replicas: int  # the Deployment's spec.replicas as read
+    replicas: int  # the workload's spec.replicas as read
     container: str  # the container the slot resources are set on (the first one)
     resources: Mapping[str, Any] = field(default_factory=dict)  # that container's resources as read
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -71,6 +71,16 @@ class ManagedModel:
     # draining (no capacity), but the ReplicaSet still counts them in spec.replicas until they are evicted, so a
     # scale write of N live replicas must ask for N + this many.
     unavailable_replicas: int = 0
+    # Which workload it is: its kind, apiVersion and resource (plural, for paths): Deployment, StatefulSet,
+    # LeaderWorkerSet, Argo Rollout ... (autoscaler/live/kube/workloads.py)
+    kind: str = "Deployment"
+    api_version: str = "apps/v1"
+    resource: str = "deployments"
+    # pods per replica: a LeaderWorkerSet replica is a group (leader + workers) placed together; 1 elsewhere
+    group_size: int = 1
+    # the HorizontalPodAutoscaler or KEDA ScaledObject that targets the same workload ("<Kind> <ns>/<name>"):
+    # slotwise then never writes /scale (autoscaler/live/kube/autoscalers.py); None: nobody else scales it
+    autoscaled_by: str | None = None
 
 
 @dataclass(frozen=True)
