@@ -18,6 +18,8 @@ from autoscaler.live.kube.discovery import (
     parse_group_list,
 )
 
+pytest_plugins = ("realparts.kube",)
+
 
 @pytest.mark.asyncio
 async def test_a_1_20_server_serves_policy_v1beta1_autoscaling_v2beta2_and_no_dra(api) -> None:
