@@ -24,6 +24,9 @@ class Replica:
     ready: bool
     started_at: float  # when it was placed (scale-up decision time)
     draining: bool = False
+    # A replica that is a group of pods (a LeaderWorkerSet replica: leader + workers, ModelSpec.pods_per_replica):
+    # ``slot`` is the leader's, these the other pods' slots (the ones known); empty for a one-pod replica.
+    group_slots: tuple[Slot, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ class ModelSpec:
     gpu_memory_gib: float | None = None
     gpu_compute_share: float = 1.0
     gpus_per_replica: int = 1
+    # pods per replica, each with gpus_per_replica GPUs, placed together (all or none): a LeaderWorkerSet's group
+    # size. Not an annotation: read from the workload (autoscaler/live/kube/workloads.py); 1 for other kinds.
+    pods_per_replica: int = 1
     slot_kinds: tuple[str, ...] = SLOT_KINDS
     slot_speeds: tuple[tuple[str, float], ...] = ()  # (slot-kind key or pattern, relative speed > 0)
     team: str = "default"

@@ -108,6 +108,10 @@ def build_view(
     share_reserve_gib: float = 1.0,
     lending: LendingPolicy | None = None,
     namespace: str | None = None,
+    workloads: Iterable[dict] = (),
+    autoscalers: Iterable[dict] = (),
+    resource_slices: Iterable[dict] = (),
+    resource_claims: Iterable[dict] = (),
 ) -> ClusterView:
     """One read of the caches -> the decision core's snapshot, the managed models, GPU node info, problems.
 
@@ -117,6 +121,12 @@ def build_view(
     ``namespace`` (the controller's scope; None: all) limits which Deployments are models; ``pods`` and ``nodes``
     must be the whole cluster's, so that the inventory sees every GPU in use. Problem lines come in the order of
     the steps below.
+
+    Issue 17's inputs (each object as served, with ``kind`` and ``apiVersion`` set): ``workloads``, the scalable
+    workloads other than Deployments (StatefulSets, LeaderWorkerSets, Argo Rollouts) that may be models;
+    ``autoscalers``, the HorizontalPodAutoscalers and KEDA ScaledObjects (a model they target is not scaled by
+    slotwise); ``resource_slices`` and ``resource_claims`` (``resource.k8s.io``), the GPUs a DRA driver publishes
+    and which of them pods hold.
     """
     cat = catalog if catalog is not None else load_catalog()
     problems: list[str] = []
