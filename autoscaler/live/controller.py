@@ -48,6 +48,7 @@ from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.live.exporter import ControllerMetrics
 from autoscaler.live.health import Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
+from autoscaler.live.kube.discovery import ServedApis, discover
 from autoscaler.live.kube.informer import Informer, frozen_informers
 from autoscaler.live.kube.leader import LeaderElector
 from autoscaler.live.kube.lending import LendingActuator, kueue_workloads_path
@@ -55,6 +56,7 @@ from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, Managed
 from autoscaler.live.kube.pods import slim_pod
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
 from autoscaler.live.kube.translate import build_view
+from autoscaler.live.kube.watches import WATCHES, Watch, by_role, stamped
 from autoscaler.live.prometheus.client import PrometheusAuth
 from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
 from autoscaler.policies import make_policy
@@ -117,10 +119,12 @@ def pod_templates(models: Mapping[str, ManagedModel]) -> dict[str, SlotTemplate]
 
 def read_view(
     deployments: Iterable[dict], pods: Iterable[dict], nodes: Iterable[dict], training: Iterable[dict] = (), *,
-    now: float, lending: LendingPolicy | None = None,
+    now: float, lending: LendingPolicy | None = None, **watched: Iterable[dict],
 ) -> ClusterView:
-    """One read of the caches as the decision core's view: ``build_view``, each model's template in the snapshot."""
-    view = build_view(deployments, pods, nodes, training, now=now, lending=lending)
+    """One read of the caches as the decision core's view: ``build_view``, each model's template in the snapshot.
+    ``watched``: the issue-17 inputs by role (``workloads``, ``autoscalers``, ``resource_slices``,
+    ``resource_claims``; :mod:`~autoscaler.live.kube.watches`)."""
+    view = build_view(deployments, pods, nodes, training, now=now, lending=lending, **watched)
     return replace(view, snapshot=replace(view.snapshot, templates=pod_templates(view.models)))
 
 
@@ -129,15 +133,17 @@ class InformerCluster:
     (in memory: the informers' own tasks keep them current, so a read does no I/O)."""
 
     def __init__(self, deployments: Informer, pods: Informer, nodes: Informer, training: Sequence[Informer],
-                 lending: LendingPolicy) -> None:
+                 lending: LendingPolicy, watched: Mapping[Watch, Informer] | None = None) -> None:
         self.deployments, self.pods, self.nodes, self.training = deployments, pods, nodes, tuple(training)
         self.lending = lending
+        self.watched = dict(watched or {})
 
     def view(self, now: float) -> ClusterView:
         # (preemptible pods are found among the pods by build_view itself)
         training = [obj for inf in self.training for obj in inf.items()]
+        extra = by_role({w: inf.items() for w, inf in self.watched.items()})
         return read_view(self.deployments.items(), self.pods.items(), self.nodes.items(), training, now=now,
-                         lending=self.lending)
+                         lending=self.lending, **extra)
 
 
 @dataclass
@@ -176,9 +182,13 @@ class Controller:
             for path in (*[p for p in settings.training_paths if p != "/api/v1/pods"],
                          settings.kueue_workloads_path or KUEUE_V1BETA1_WORKLOADS)
         ]
-        self.informers = [self.deployments, self.pods, self.nodes, *self.training]
+        # issue 17: other workload kinds, HPAs and ScaledObjects, DRA's ResourceSlices and ResourceClaims, at the
+        # versions discovery picks (discover(), before the informers run; until then each watch's fallback)
+        self.apis: ServedApis | None = None
+        self.watched: dict[Watch, Informer] = {w: self._watch_informer(w) for w in WATCHES}
+        self.informers = [self.deployments, self.pods, self.nodes, *self.training, *self.watched.values()]
         self.cluster: ViewPort[ClusterView] = InformerCluster(self.deployments, self.pods, self.nodes, self.training,
-                                                              settings.lending)
+                                                              settings.lending, self.watched)
         self.elector = LeaderElector(
             api_client, settings.lease_namespace, settings.lease_name, settings.identity,
             lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
@@ -219,6 +229,27 @@ class Controller:
         self._term = 0  # the leadership term the decision state belongs to (0: none yet)
         self._tick_task: asyncio.Task | None = None  # the tick in progress, cancelled when leadership is lost
         self.elector.on_change(self._leadership_changed)
+
+    def _watch_informer(self, w: Watch) -> Informer:
+        path = w.path(self.apis, self.settings.namespace)
+        return Informer(self.api, path, label_selector=self.settings.label_selector if w.selected else None,
+                        name=w.name, optional=w.optional, transform=stamped(w.kind, w.api_version(path)))
+
+    async def discover(self) -> ServedApis:
+        """Ask the server which API versions it serves (once, before the informers run) and point every versioned
+        watch at the newest one slotwise speaks: Kueue Workloads, the workload kinds, HPAs, ScaledObjects, DRA."""
+        self.apis = await discover(self.api)
+        if self.settings.kueue_workloads_path is None:
+            await self._discover_kueue()
+        for w, old in list(self.watched.items()):
+            if w.path(self.apis, self.settings.namespace) != old.path:
+                new = self._watch_informer(w)
+                self.watched[w] = new
+                self.informers[self.informers.index(old)] = new
+                log.info("%s watched at %s", w.kind, new.path)
+        self.cluster = InformerCluster(self.deployments, self.pods, self.nodes, self.training, self.settings.lending,
+                                       self.watched)
+        return self.apis
 
     # -- one pass ---------------------------------------------------------------------------------------------
     def view(self) -> ClusterView:
@@ -352,8 +383,7 @@ class Controller:
         """Observe always (a follower keeps warm caches), decide and act only as the leader; until ``stop``."""
         runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port)
         try:
-            if self.settings.kueue_workloads_path is None:
-                await self._discover_kueue()
+            await self.discover()
         except BaseException:
             await runner.cleanup()
             raise
@@ -397,7 +427,6 @@ class Controller:
         new = Informer(self.api, path, label_selector=old.label_selector, name=f"training:{path}", optional=True)
         self.training[-1] = new
         self.informers[self.informers.index(old)] = new
-        self.cluster = InformerCluster(self.deployments, self.pods, self.nodes, self.training, self.settings.lending)
         log.info("Kueue Workloads watched at %s", path)
 
     async def _run_tick(self) -> None:
