@@ -56,7 +56,12 @@ class ModelSpec:
     """What the platform user declared for one model (a Deployment).
 
     Latency is end-to-end (``e2e``) or time to first token (``ttft``); ``slo_percentile`` of requests
-    must finish within ``slo_latency_ms``. ``gpu_memory_gib`` None means the replica takes whole GPUs.
+    must finish within ``slo_latency_ms``. ``slo_itl_ms`` (optional) is a second target, on the inter-token latency
+    (ITL, also called TPOT: the time between output tokens while a request decodes), at the same percentile: a
+    request is late when it misses either. With continuous batching a replica's ITL grows with the number of
+    requests it decodes at once, ``ITL(b) = decode_ms_per_token * (1 + decode_batch_slowdown * (b - 1))``
+    (``autoscaler/estimation/capacity.py``), so an ITL target caps the batch a replica may run.
+    ``gpu_memory_gib`` None means the replica takes whole GPUs.
     Service-time fields are priors for the capacity model (and drive the simulator): a request's
     service time is ``service_time_ms`` or, with token counts, ``prefill_ms_per_1k_tokens * in/1000 +
     decode_ms_per_token * out``; ``concurrency`` requests share one replica at a time.
@@ -70,6 +75,7 @@ class ModelSpec:
     slo_latency_ms: float = 1000.0
     slo_percentile: float = 95.0
     slo_metric: str = "e2e"
+    slo_itl_ms: float | None = None  # inter-token latency target (ms) at slo_percentile; None: no ITL SLO
     min_replicas: int = 1
     max_replicas: int = 100
     gpu_memory_gib: float | None = None
@@ -85,7 +91,8 @@ class ModelSpec:
     cold_start_s: float = 60.0
     service_time_ms: float = 100.0
     prefill_ms_per_1k_tokens: float | None = None
-    decode_ms_per_token: float | None = None
+    decode_ms_per_token: float | None = None  # the ITL of a request decoding alone (batch 1)
+    decode_batch_slowdown: float = 0.0  # ITL's growth per extra request in the decode batch (0: none)
     concurrency: int = 1
     expected_rps: float | None = None  # load hint for a new model, until it has history
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -97,6 +104,10 @@ class ModelSpec:
     @property
     def slo_latency_s(self) -> float:
         return self.slo_latency_ms / 1000.0
+
+    @property
+    def slo_itl_s(self) -> float | None:
+        return None if self.slo_itl_ms is None else self.slo_itl_ms / 1000.0
 
     @property
     def service_time_s(self) -> float:
@@ -124,6 +135,13 @@ def _nonneg_float(v: str) -> float:
     x = _float(v, "must be a number >= 0")
     if not math.isfinite(x) or x < 0:
         raise ValueError("must be a number >= 0")
+    return x
+
+
+def _slowdown(v: str) -> float:
+    x = _float(v, "must be a number in [0, 1]")
+    if not (math.isfinite(x) and 0 <= x <= 1):
+        raise ValueError("must be a number in [0, 1] (the ITL's growth per extra request in the batch, e.g. 0.02)")
     return x
 
 
@@ -226,6 +244,7 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
     "slo-latency-ms": ("slo_latency_ms", _positive_float),
     "slo-percentile": ("slo_percentile", _percentile),
     "slo-metric": ("slo_metric", _choice(SLO_METRICS)),
+    "slo-itl-ms": ("slo_itl_ms", _positive_float),
     "min-replicas": ("min_replicas", _nonneg_int),
     "max-replicas": ("max_replicas", _positive_int),
     "gpu-memory-gib": ("gpu_memory_gib", _positive_float),
@@ -239,6 +258,7 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
     "service-time-ms": ("service_time_ms", _positive_float),
     "prefill-ms-per-1k-tokens": ("prefill_ms_per_1k_tokens", _nonneg_float),
     "decode-ms-per-token": ("decode_ms_per_token", _nonneg_float),
+    "decode-batch-slowdown": ("decode_batch_slowdown", _slowdown),
     "concurrency": ("concurrency", _positive_int),
     "expected-rps": ("expected_rps", _nonneg_float),
 }
@@ -295,6 +315,7 @@ _CAPPED: tuple[tuple[str, str, str], ...] = (
     ("gpus-per-replica", "gpus_per_replica", "max_gpus_per_replica"),
     ("gpu-memory-gib", "gpu_memory_gib", "max_gpu_memory_gib"),
     ("slo-latency-ms", "slo_latency_ms", "max_latency_ms"),
+    ("slo-itl-ms", "slo_itl_ms", "max_latency_ms"),
     ("service-time-ms", "service_time_ms", "max_latency_ms"),
     ("prefill-ms-per-1k-tokens", "prefill_ms_per_1k_tokens", "max_latency_ms"),
     ("decode-ms-per-token", "decode_ms_per_token", "max_latency_ms"),
@@ -314,8 +335,9 @@ def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX
         cap = getattr(limits, cap_name)
         if v is not None and v > cap:
             problems.append(SpecProblem(key_prefix + key, _shown(v), f"above the cap limits.{cap_name} ({cap:g})"))
-    for key, v in (("slo-latency-ms", spec.slo_latency_ms), ("service-time-ms", spec.service_time_ms)):
-        if v < limits.min_latency_ms:
+    for key, v in (("slo-latency-ms", spec.slo_latency_ms), ("service-time-ms", spec.service_time_ms),
+                   ("slo-itl-ms", spec.slo_itl_ms)):
+        if v is not None and v < limits.min_latency_ms:
             problems.append(SpecProblem(key_prefix + key, _shown(v),
                                         f"below the floor limits.min_latency_ms ({limits.min_latency_ms:g})"))
     if spec.slo_percentile < limits.min_slo_percentile:
@@ -352,6 +374,7 @@ def within_limits(s: ModelSpec, lim: SpecLimits) -> bool:
             and (s.gpu_memory_gib is None or s.gpu_memory_gib <= lim.max_gpu_memory_gib)
             and (s.prefill_ms_per_1k_tokens is None or s.prefill_ms_per_1k_tokens <= latency)
             and (s.decode_ms_per_token is None or s.decode_ms_per_token <= latency)
+            and (s.slo_itl_ms is None or lim.min_latency_ms <= s.slo_itl_ms <= latency)
             and (s.expected_rps is None or s.expected_rps <= lim.max_rps)):
         return False
     if "share" in s.slot_kinds and s.gpu_compute_share * lim.max_time_slice_replicas < 1.0 - 1e-9:
@@ -406,6 +429,12 @@ def parse_mapping(
             problems.append(
                 SpecProblem(key_prefix + "min-replicas", str(lo), f"is greater than max-replicas ({hi})")
             )
+        itl = changes.get("slo_itl_ms", base.slo_itl_ms)
+        if itl is not None and changes.get("decode_ms_per_token", base.decode_ms_per_token) is None:
+            # the ITL of one request decoding alone is what the ITL model grows from: without it there is nothing
+            # to size an ITL target with
+            problems.append(SpecProblem(key_prefix + "slo-itl-ms", _shown(itl),
+                                        "needs decode-ms-per-token (the ITL of a request decoding alone)"))
     if problems:
         raise SpecError(f"{namespace}/{name}", problems)
     return replace(base, name=name, namespace=namespace, **changes)

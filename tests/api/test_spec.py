@@ -24,6 +24,7 @@ VALID: dict[str, tuple[str, str, object]] = {
     "slo-latency-ms": ("250.5", "slo_latency_ms", 250.5),
     "slo-percentile": ("99.9", "slo_percentile", 99.9),
     "slo-metric": ("ttft", "slo_metric", "ttft"),
+    "slo-itl-ms": ("45", "slo_itl_ms", 45.0),
     "min-replicas": ("3", "min_replicas", 3),
     "max-replicas": ("7", "max_replicas", 7),
     "gpu-memory-gib": ("20", "gpu_memory_gib", 20.0),
@@ -37,6 +38,7 @@ VALID: dict[str, tuple[str, str, object]] = {
     "service-time-ms": ("42", "service_time_ms", 42.0),
     "prefill-ms-per-1k-tokens": ("150", "prefill_ms_per_1k_tokens", 150.0),
     "decode-ms-per-token": ("0", "decode_ms_per_token", 0.0),
+    "decode-batch-slowdown": ("0.05", "decode_batch_slowdown", 0.05),
     "concurrency": ("8", "concurrency", 8),
     "expected-rps": ("12.5", "expected_rps", 12.5),
 }
@@ -72,6 +74,9 @@ INVALID: list[tuple[str, str, str]] = [
     ("service-time-ms", "0", "positive"),
     ("prefill-ms-per-1k-tokens", "-0.5", ">= 0"),
     ("decode-ms-per-token", "-2", ">= 0"),
+    ("decode-batch-slowdown", "1.5", "[0, 1]"),
+    ("decode-batch-slowdown", "-0.1", "[0, 1]"),
+    ("slo-itl-ms", "0", "positive"),
     ("concurrency", "0", ">= 1"),
 ]
 
@@ -94,6 +99,8 @@ def test_every_key_parses_to_its_field(key: str) -> None:
     annotations = {PREFIX + "slo-latency-ms": "500", PREFIX + key: raw}
     if key == "min-replicas":
         annotations[PREFIX + "max-replicas"] = "10"
+    if key == "slo-itl-ms":
+        annotations[PREFIX + "decode-ms-per-token"] = "20"  # an ITL target needs the ITL of a batch of one
     spec = parse_annotations("llama", annotations, namespace="ml")
     assert getattr(spec, field_name) == expected
     assert spec.name == "llama" and spec.namespace == "ml" and spec.key == "ml/llama"
