@@ -127,6 +127,9 @@ class ModelMetrics:
     # the engines' own saturation signal: KV-cache use as a fraction (0..1) at the newest step, the mean over the
     # model's replicas (vLLM's vllm:kv_cache_usage_perc, SGLang's token usage ...); NaN where the source has none
     kv_cache_usage: float = float("nan")
+    # observed inter-token latency (ITL/TPOT) at the model's SLO percentile over the last step, from the engine's
+    # ITL histogram (vLLM's vllm:inter_token_latency_seconds, SGLang's, TGI's mean time per token); NaN without one
+    itl_s: float = float("nan")
 
     def partial_reason(self) -> str | None:
         """Why this window is not the whole model's load (a scale-down must not be decided on it); None when it

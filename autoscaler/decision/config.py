@@ -12,6 +12,7 @@ from functools import partial
 
 from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
+from autoscaler.decision.scaledown import DEFAULT_KV_SATURATION
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from sharing.lending import LendingPolicy
@@ -48,6 +49,13 @@ class CoreConfig:
     # The operator's caps on what one model's annotations may ask for (the settings' `limits:`): a model over one is
     # refused before the core decides (autoscaler/decision/admission.py), so it cannot stall or reconfigure the rest.
     limits: SpecLimits = field(default_factory=SpecLimits)
+    # KV-cache use (ModelMetrics.kv_cache_usage, a fraction) at or above which a model's engines count as saturated:
+    # no scale-down, and one more replica when its queue grows (the rails, autoscaler/decision/scaledown.py); None: off.
+    kv_saturation: float | None = DEFAULT_KV_SATURATION
+
+    def __post_init__(self) -> None:
+        if self.kv_saturation is not None and not 0.0 < self.kv_saturation <= 1.0:
+            raise ValueError(f"kv_saturation must be a fraction in (0, 1] or None, got {self.kv_saturation!r}")
 
 
 def build_core(
@@ -61,6 +69,7 @@ def build_core(
     consolidate_removals: bool | None = None,
     device_anti_affinity: bool = False,
     limits: SpecLimits | None = None,
+    kv_saturation: float | None = DEFAULT_KV_SATURATION,
 ) -> CoreConfig:
     """The decision core's configuration from what ``slotwise run`` (the controller's settings) or ``slotwise
     simulate`` (the simulator's flags) set: the packer, the forecaster (its horizon) and the lend stage's settings.
@@ -74,6 +83,7 @@ def build_core(
     GPU-hours and SLO; section 10). ``prefer_open_nodes`` / ``consolidate_removals`` False turn either off (None:
     on); ``device_anti_affinity`` (pods-mode lending only) spreads a model's replicas over devices only, not nodes.
     ``limits``: the caps on every model's annotations (None: the safe defaults of :class:`SpecLimits`).
+    ``kv_saturation``: the KV-cache fraction at which the rails hold scale-downs (None: off; docs/metrics.md).
     """
     enabled = lending if lending is not None and lending.enabled else None
     whole_nodes = lending is not None and lending.mode == "pods"
@@ -92,4 +102,5 @@ def build_core(
         consolidate_removals=consolidate_removals is not False,
         arbitration=arbitration if arbitration is not None else ArbitrationPolicy(),
         limits=limits if limits is not None else SpecLimits(),
+        kv_saturation=kv_saturation,
     )

@@ -9,7 +9,9 @@ Every policy's result passes through :func:`normalize`, once per decision (``dec
    replicas whose scrapes time out are the overloaded ones -- but may scale up on what it does show (HPA counts a
    missing pod as busy for a scale-down and as idle for a scale-up: this is at least as careful); such a hold
    enters the down-stabilization window as the current count, so that a scale-down after the data is whole again
-   still waits a whole window; the spec's min/max replicas bound the result (reason ``bounds`` when they change
+   still waits a whole window; while the engines report their KV cache at or above ``CoreConfig.kv_saturation``
+   nothing scales down either, and a growing queue adds one replica at a time (:func:`_kv_rail`; not for a fixed
+   count or the oracle); the spec's min/max replicas bound the result (reason ``bounds`` when they change
    it, unless the behaviour counts them among its rate limits, as HPA's controller does);
 2. **stabilization**, as the policy declares it (:class:`~autoscaler.policies.base.ScalingBehavior`): down only
    to the highest recommendation of the window (with ``warm_up``, a window not yet seen whole holds the current
@@ -37,12 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoscaler.api.plan import Reason, RemoveReplica
-from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation
+from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica
 from autoscaler.api.spec import ModelSpec
 from autoscaler.policies.base import Policy, PolicyContext, PolicyResult, RateLimit, ScalingBehavior
 from sharing.lending import LENT_MODEL
 
 _EPS = 1e-9
+DEFAULT_KV_SATURATION = 0.9  # CoreConfig.kv_saturation's default: vLLM's KV cache 90 % used (docs/metrics.md)
 
 Window = tuple[tuple[float, int], ...]
 
@@ -71,9 +74,11 @@ class Scaled:
     arrival_scv: float | None = None  # as the policy reported it (None: not measured, or the policy was not asked)
 
 
-def normalize(policy: Policy, ctx: PolicyContext, window: ScaleDownState | None = None) -> Scaled:
+def normalize(policy: Policy, ctx: PolicyContext, window: ScaleDownState | None = None,
+              kv_saturation: float | None = DEFAULT_KV_SATURATION) -> Scaled:
     """Run ``policy`` on ``ctx`` and turn its recommendation into this decision's count (see the module
-    docstring). ``window``: the model's state from its previous decision (None: its first)."""
+    docstring). ``window``: the model's state from its previous decision (None: its first). ``kv_saturation``:
+    ``CoreConfig.kv_saturation``, the KV-cache fraction at which the engines count as saturated (None: no KV rail)."""
     window = window if window is not None else ScaleDownState()
     spec, current = ctx.spec, ctx.current_replicas
     if ctx.metrics.stale:
@@ -98,9 +103,60 @@ def normalize(policy: Policy, ctx: PolicyContext, window: ScaleDownState | None 
         # (a scale-up the policy asked for on what is observed; never below the held count, whatever the behaviour)
         bounded = max(bounded, min(max(current, spec.min_replicas), spec.max_replicas))
         detail = f"{detail}; metrics partial: {gap}"
+    if kv_saturation is not None and result.reason not in _FIXED_COUNT:
+        bounded, reason, detail, window = _kv_rail(ctx, kv_saturation, policy, bounded, reason, detail, window)
     if behavior is not None and not result.holds and (behavior.up_limits or behavior.down_limits):
         window = _record(window, behavior, ctx.now, bounded - current)
     return Scaled(bounded, reason, detail, result.state, window, result.arrival_scv)
+
+
+# Policies whose count is not sized on load: a fixed count, and the clairvoyant bound (rails would make it no bound).
+_FIXED_COUNT = frozenset({Reason.STATIC, Reason.ORACLE})
+
+
+def _kv_rail(ctx: PolicyContext, threshold: float, policy: Policy, bounded: int, reason: Reason, detail: str,
+             window: ScaleDownState) -> tuple[int, Reason, str, ScaleDownState]:
+    """KV-cache saturation as a signal beside the policy's (llm-d's variant autoscaler: up if any analyzer wants,
+    down only if all agree). While the engines report KV-cache use at or above ``threshold``:
+
+    - no scale-down: a full cache means requests wait for KV blocks or are preempted and recomputed, whatever the
+      request counts say (they lag: the queue is what fills first). The hold enters the down window as the current
+      count, like a partial hold, so that a scale-down after the cache drains still waits a whole window;
+    - one replica more when the queue also grows and every replica is ready, if the policy asks for no more: a load
+      signal the policy may not see (a rate-based policy sees steady throughput while requests pile up). One at a
+      time, and only once the last one serves, so a cold start is never stacked on: the next +1 comes when the new
+      replica is ready and the cache is still full. The +1 enters the down window too (no flap back on the next dip).
+
+    NaN (no KV gauge) fails every comparison: no effect."""
+    kv = ctx.metrics.kv_cache_usage
+    if not kv >= threshold:
+        return bounded, reason, detail, window
+    spec, current = ctx.spec, ctx.current_replicas
+    held = _bounded(current, spec)
+    what = f"KV cache {kv:.0%} >= {threshold:.0%}"
+    behavior = policy.behavior
+    if bounded < held:
+        return (held, Reason.KV_SATURATED, f"holding replicas: {what}, the engines are saturated (wanted {bounded})",
+                _hold_in_window(behavior, window, ctx.now, held))
+    if (bounded == current < spec.max_replicas and 0 < current <= ctx.ready_replicas
+            and _queue_grows(ctx, policy.tick_s)):
+        return (current + 1, Reason.KV_SATURATED, f"{what} and the queue grows: one more replica",
+                _hold_in_window(behavior, window, ctx.now, current + 1))
+    return bounded, reason, detail, window
+
+
+def _queue_grows(ctx: PolicyContext, tick_s: float) -> bool:
+    """Requests are queued and more are in the system now than a decision ago (in-flight is running + queued; with
+    the KV cache full the running part is pinned, so its growth is the queue's)."""
+    m = ctx.metrics
+    if not m.queue_depth > 0:
+        return False
+    back = max(1, round(tick_s / ctx.metrics_step_s)) if ctx.metrics_step_s > 0 else 1
+    f = m.in_flight
+    if f.size <= back:
+        return False
+    now, before = float(f[-1]), float(f[-1 - back])
+    return math.isfinite(now) and math.isfinite(before) and now > before
 
 
 def _hold_in_window(b: ScalingBehavior | None, w: ScaleDownState, now: float, current: int) -> ScaleDownState:
@@ -252,8 +308,19 @@ def choose_removals(obs: ModelObservation, count: int, per_node: dict[str, int] 
     if per_node is None:
         live.sort(key=lambda r: (r.ready, -r.started_at))
     else:
-        live.sort(key=lambda r: (r.ready, per_node.get(r.slot.node, 0) if r.slot is not None else 0, -r.started_at))
+        live.sort(key=lambda r: (r.ready, _node_load_of(r, per_node), -r.started_at))
     return [r.replica_id for r in live[:count]]
+
+
+def _node_load_of(r: Replica, per_node: dict[str, int]) -> int:
+    """The allocations on the replica's node; a replica that is a group of pods (it frees all its pods' slots):
+    its least used node's, the one its removal is likeliest to empty."""
+    if r.slot is None:
+        return 0
+    load = per_node.get(r.slot.node, 0)
+    for s in r.group_slots:
+        load = min(load, per_node.get(s.node, 0))
+    return load
 
 
 def node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
@@ -267,5 +334,7 @@ def node_load(snapshot: ClusterSnapshot) -> dict[str, int]:
 
 
 def removals(obs: ModelObservation, count: int, per_node: dict[str, int] | None = None) -> list[RemoveReplica]:
-    """The :class:`RemoveReplica` actions taking ``count`` replicas of ``obs`` down (see :func:`choose_removals`)."""
+    """The :class:`RemoveReplica` actions taking ``count`` replicas of ``obs`` down (see :func:`choose_removals`). A
+    replica that is a group of pods goes whole: the executor drains every pod, and the decision counts all its
+    pods' slots as being freed."""
     return [RemoveReplica(obs.name, rid) for rid in choose_removals(obs, count, per_node)]

@@ -19,6 +19,12 @@ ticks read the same values for the same steps), oldest first -- the shape the si
   is read follows the model's ``slo_metric`` (``e2e`` or ``ttft``); without a histogram (Triton's default
   exporter has none) it is the MEAN latency of the last step (duration-sum increase / request increase) --
   a mean, not a percentile, so it understates a p95; configure a histogram where the server has one;
+- ``itl_s``: the inter-token latency at the model's SLO percentile over the last step, from the ITL histogram the
+  same way (``MetricNames.itl_histogram``; NaN without one). vLLM and SGLang observe it per decode step of each
+  request (a percentile over tokens), TGI once per request (its mean time per token: a percentile over requests);
+- ``kv_cache_usage``: the engines' KV-cache use as a fraction, the mean over the model's series (replicas, engines)
+  at the newest step that has one, within ``stale_after_s`` (``MetricNames.kv_cache``; NaN without one: no
+  effect). The rails read it as a saturation signal (:func:`autoscaler.decision.scaledown.normalize`);
 - ``stale``: no sample of the model's request counter at all (unknown model, wrong names or labels), or
   its newest sample older than ``stale_after_s``; and for every model when Prometheus cannot be asked
   (unreachable, HTTP error, PromQL error, an answer we cannot read). :meth:`PrometheusMetrics.window` never
@@ -78,13 +84,19 @@ _EMPTY.setflags(write=False)
 class MetricNames:
     """Which series a model server exports, and which labels name the model.
 
-    ``requests``: counter of finished requests. ``e2e_histogram`` / ``ttft_histogram``: latency histograms
-    (base names, without ``_bucket``), bucket bounds in units of ``histogram_unit_s`` seconds.
+    ``requests``: counter of finished requests. ``e2e_histogram`` / ``ttft_histogram`` / ``itl_histogram``: latency
+    histograms (base names, without ``_bucket``; ``itl``: inter-token latency, the engine's ITL/TPOT), bucket bounds in
+    units of ``histogram_unit_s`` seconds.
     ``waiting`` / ``running``: gauges of queued / executing requests. ``duration_sum``: a counter of summed
     request latency in units of ``duration_unit_s`` (Triton's ``nv_inference_request_duration_us``): the
     mean-latency fallback without a histogram, and in-flight by Little's law without a running gauge.
     ``key_labels``: (namespace label, model label) -> model key ``"<ns>/<model>"`` (one label: its value is
     the key). ``matchers``: extra PromQL label matchers put on every selector, e.g. ``job="vllm"``.
+    ``kv_cache``: a gauge of each replica's KV-cache use, read as ``value * kv_cache_unit`` = the fraction used
+    (``kv_cache_unit`` 1.0: the gauge is a fraction 0..1, as vLLM's, SGLang's and TensorRT-LLM's are; 0.01: a
+    percent), averaged over the model's series; ``kv_cache_matchers``: matchers on that gauge only (TensorRT-LLM's
+    ``kv_cache_block_type="fraction"``). Every name but ``requests`` is optional (None: not read). The presets and
+    what each engine exports: docs/metrics.md.
     """
 
     requests: str
@@ -97,6 +109,10 @@ class MetricNames:
     duration_unit_s: float = 1.0
     key_labels: tuple[str, ...] = ("namespace", "model_name")
     matchers: str = ""
+    itl_histogram: str | None = None
+    kv_cache: str | None = None
+    kv_cache_unit: float = 1.0
+    kv_cache_matchers: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key_labels", tuple(self.key_labels))
@@ -107,10 +123,14 @@ class MetricNames:
         for unit in (self.histogram_unit_s, self.duration_unit_s):
             if not (math.isfinite(unit) and unit > 0):
                 raise ValueError(f"units must be positive seconds, got {unit!r}")
+        if not (math.isfinite(self.kv_cache_unit) and self.kv_cache_unit > 0):
+            raise ValueError(f"kv_cache_unit must be positive (1.0: a fraction, 0.01: percent), got "
+                             f"{self.kv_cache_unit!r}")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> MetricNames:
-        """The names a known server exports: ``vllm`` or ``triton``; ``overrides`` replace fields."""
+        """The names a known server exports (``vllm``, ``vllm-v0``, ``sglang``, ``tgi``, ``triton``: docs/metrics.md);
+        ``overrides`` replace fields."""
         try:
             base = _PRESETS[name]
         except KeyError:
@@ -136,24 +156,69 @@ class MetricNames:
 
 
 _PRESETS = {
-    # vLLM (v0 and v1 engines): every series carries model_name; request_success also finished_reason.
+    # vLLM 0.11 and later (vllm/v1/metrics/loggers.py): every series carries model_name (and engine, one per
+    # data-parallel engine); request_success also finished_reason. kv_cache_usage_perc is a fraction despite its name
+    # ("1 means 100 percent usage"); inter_token_latency_seconds replaced time_per_output_token_seconds in 0.11.
     "vllm": MetricNames(
         requests="vllm:request_success_total",
         e2e_histogram="vllm:e2e_request_latency_seconds",
         ttft_histogram="vllm:time_to_first_token_seconds",
+        itl_histogram="vllm:inter_token_latency_seconds",
         waiting="vllm:num_requests_waiting",
         running="vllm:num_requests_running",
+        kv_cache="vllm:kv_cache_usage_perc",
         key_labels=("namespace", "model_name"),
+    ),
+    # vLLM before 0.11, the V0 engine included: the names before the renames (gpu_cache_usage_perc became
+    # kv_cache_usage_perc in 0.9 and was hidden from 0.10; time_per_output_token_seconds became
+    # inter_token_latency_seconds in 0.11). On 0.10 set kv_cache="vllm:kv_cache_usage_perc" (docs/metrics.md).
+    "vllm-v0": MetricNames(
+        requests="vllm:request_success_total",
+        e2e_histogram="vllm:e2e_request_latency_seconds",
+        ttft_histogram="vllm:time_to_first_token_seconds",
+        itl_histogram="vllm:time_per_output_token_seconds",
+        waiting="vllm:num_requests_waiting",
+        running="vllm:num_requests_running",
+        kv_cache="vllm:gpu_cache_usage_perc",
+        key_labels=("namespace", "model_name"),
+    ),
+    # SGLang (python/sglang/srt/metrics/collector.py): every series carries model_name (the served model name). The
+    # request counter counts finished requests; token_usage is the KV pool's used fraction (0..1).
+    "sglang": MetricNames(
+        requests="sglang:num_requests_total",
+        e2e_histogram="sglang:e2e_request_latency_seconds",
+        ttft_histogram="sglang:time_to_first_token_seconds",
+        itl_histogram="sglang:inter_token_latency_seconds",
+        waiting="sglang:num_queue_reqs",
+        running="sglang:num_running_reqs",
+        kv_cache="sglang:token_usage",
+        key_labels=("namespace", "model_name"),
+    ),
+    # Hugging Face TGI (router, docs/source/reference/metrics.md): one model per server and NO model label, so the
+    # model is named by a target label -- ``service``, which a prometheus-operator ServiceMonitor adds (the Service
+    # named like the workload), else relabel or set key_labels. Counters have no _total suffix; every *_duration is
+    # a histogram in seconds. No TTFT histogram (a ttft SLO reads end-to-end) and no KV-cache gauge.
+    "tgi": MetricNames(
+        requests="tgi_request_success",
+        e2e_histogram="tgi_request_duration",
+        itl_histogram="tgi_request_mean_time_per_token_duration",
+        waiting="tgi_queue_size",
+        running="tgi_batch_current_size",
+        key_labels=("namespace", "service"),
     ),
     # Triton's default exporter: per (model, version) counters of successes and cumulative microseconds,
     # and a pending-request gauge (queued, not yet executing). No latency histogram by default (hence the
     # mean-latency fallback); with --metrics-config histogram_latencies=true set e.g.
     # ttft_histogram="nv_inference_first_response_histogram_ms", histogram_unit_s=0.001.
+    # The TensorRT-LLM backend adds its KV-cache block gauge (the used fraction is one kv_cache_block_type); other
+    # backends have none (NaN, no effect).
     "triton": MetricNames(
         requests="nv_inference_request_success",
         waiting="nv_inference_pending_request_count",
         duration_sum="nv_inference_request_duration_us",
         duration_unit_s=1e-6,
+        kv_cache="nv_trt_llm_kv_cache_block_metrics",
+        kv_cache_matchers='kv_cache_block_type="fraction"',
         key_labels=("namespace", "model"),
     ),
 }
@@ -229,6 +294,7 @@ class _Series:
     waiting: np.ndarray | None = None
     running: np.ndarray | None = None
     duration: np.ndarray | None = None
+    kv: np.ndarray | None = None
     hist: dict[str, dict[float, np.ndarray]] = dataclasses.field(default_factory=dict)  # name -> le -> counts
     newest: float | None = None  # timestamp of the newest request-counter sample
 
@@ -271,6 +337,7 @@ class PrometheusMetrics:
         self.health_error: str | None = None  # why the last target-health query failed (every model partial)
         # model key -> its scrape targets (job, instance) last seen: kept while they stay down (module docstring)
         self._targets: dict[str, frozenset[tuple[str, str]]] = {}
+        self._kv_warned: set[str] = set()  # models whose KV gauge read outside 0..1 (warned once each)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def close(self) -> None:
@@ -285,7 +352,8 @@ class PrometheusMetrics:
     # -- PromQL (built in promql.py) -------------------------------------------------------------------
     def queries(self, metrics: Sequence[str] = ("e2e", "ttft")) -> dict[str, str]:
         """The range queries one tick runs, by name (``metrics``: the models' SLO metrics, which decide the
-        latency histograms read). Their number does not grow with the number of models."""
+        latency histograms read; the ITL histogram and the KV-cache gauge are read whenever named). Their number does
+        not grow with the number of models."""
         n = self.names
         keys, step, m = n.key_labels, self.step_s, n.matchers
         out = {"requests": promql.step_increments(n.requests, keys, step, m)}
@@ -295,8 +363,11 @@ class PrometheusMetrics:
             out["running"] = promql.gauge_mean(n.running, keys, step, m)
         if n.duration_sum:
             out["duration"] = promql.step_increments(n.duration_sum, keys, step, m)
-        for which in dict.fromkeys(metrics):
-            hist = self._histogram_for(which)
+        if n.kv_cache:
+            kv_m = ", ".join(x for x in (m, n.kv_cache_matchers) if x.strip())
+            out["kv"] = promql.gauge_avg(n.kv_cache, keys, step, kv_m)
+        hists = [self._histogram_for(which) for which in dict.fromkeys(metrics)] + [n.itl_histogram]
+        for hist in dict.fromkeys(hists):
             if hist is not None:
                 out[f"hist:{hist}"] = promql.step_increments(hist + "_bucket", keys, step, m, ("le",))
         return out
@@ -452,21 +523,25 @@ class PrometheusMetrics:
         buckets = s.hist.get(hist_name) if hist_name is not None else None
         within_rate: np.ndarray | None = None
         latency = math.nan
+        q = spec.slo_percentile / 100.0
         if hist_name is not None:
             within_rate = nan.copy()
             if buckets:
-                bounds = sorted(buckets)
-                counts = np.vstack([buckets[b] for b in bounds])
-                missing = np.isnan(counts).all(axis=0)
-                scaled = [b * self.names.histogram_unit_s for b in bounds]
+                scaled, counts, missing = self._buckets(buckets)
                 within = np.asarray(bucket_count_below(spec.slo_latency_s, scaled, counts), dtype=float)
                 within_rate = np.where(missing, np.nan, within / step)
                 if not missing[-1]:
-                    latency = bucket_quantile(spec.slo_percentile / 100.0, scaled, counts[:, -1].tolist())
+                    latency = bucket_quantile(q, scaled, counts[:, -1].tolist())
         elif s.duration is not None and s.requests is not None:
             done = float(s.requests[-1])
             if done > 0 and math.isfinite(float(s.duration[-1])):
                 latency = float(s.duration[-1]) * self.names.duration_unit_s / done  # a mean (documented)
+        itl = math.nan
+        itl_buckets = s.hist.get(self.names.itl_histogram) if self.names.itl_histogram else None
+        if itl_buckets:
+            scaled, counts, missing = self._buckets(itl_buckets)
+            if not missing[-1]:
+                itl = bucket_quantile(q, scaled, counts[:, -1].tolist())
         stale = now - s.newest > self.stale_after_s
         partial, observed = health if health is not None else (None, 1.0)
         return ModelMetrics(
@@ -478,4 +553,31 @@ class PrometheusMetrics:
             within_rate=within_rate,
             partial=partial,
             observed_fraction=observed,
+            kv_cache_usage=self._kv(spec, s.kv),
+            itl_s=itl,
         )
+
+    def _buckets(self, buckets: Mapping[float, np.ndarray]) -> tuple[list[float], np.ndarray, np.ndarray]:
+        """A histogram's bounds in seconds, its per-step counts (one row per bound) and the steps without any."""
+        bounds = sorted(buckets)
+        counts = np.vstack([buckets[b] for b in bounds])
+        return [b * self.names.histogram_unit_s for b in bounds], counts, np.isnan(counts).all(axis=0)
+
+    def _kv(self, spec: ModelSpec, kv: np.ndarray | None) -> float:
+        """The model's KV-cache use as a fraction: the newest step's mean over its replicas, or the newest step that
+        has one within ``stale_after_s`` (a scrape interval longer than the step leaves steps without a sample; a
+        saturation signal must not blink with them). NaN without one, and for a value no fraction can be (a percent
+        gauge read as a fraction would hold every scale-down forever: warned once, ignored)."""
+        if kv is None:
+            return math.nan
+        ok = np.flatnonzero(np.isfinite(kv))
+        if ok.size == 0 or (kv.size - 1 - int(ok[-1])) * self.step_s > self.stale_after_s:
+            return math.nan
+        value = float(kv[ok[-1]]) * self.names.kv_cache_unit
+        if not -0.01 <= value <= 1.01:
+            if spec.key not in self._kv_warned:
+                self._kv_warned.add(spec.key)
+                log.warning("KV-cache gauge %s of %s reads %g, not a fraction 0..1: ignored (set kv_cache_unit to "
+                            "0.01 for a percent gauge)", self.names.kv_cache, spec.key, value)
+            return math.nan
+        return min(max(value, 0.0), 1.0)

@@ -65,6 +65,13 @@ def gauge_mean(gauge: str, key_labels: Sequence[str], step_s: float, matchers: s
     return f"sum by ({by}) (avg_over_time({selector(gauge, matchers)}[{duration(step_s)}]))"
 
 
+def gauge_avg(gauge: str, key_labels: Sequence[str], step_s: float, matchers: str = "") -> str:
+    """The mean of ``gauge`` over each step, AVERAGED per model: a per-replica ratio (KV-cache use) whose sum over
+    replicas means nothing. Every series counts once (a vLLM pod with several engines: each engine)."""
+    by = ", ".join(key_labels)
+    return f"avg by ({by}) (avg_over_time({selector(gauge, matchers)}[{duration(step_s)}]))"
+
+
 def newest_sample(counter: str, key_labels: Sequence[str], matchers: str = "") -> str:
     """The timestamp of each model's newest ``counter`` sample (staleness), as an instant query."""
     by = ", ".join(key_labels)
