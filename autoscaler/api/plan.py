@@ -27,6 +27,7 @@ class Reason(StrEnum):
     UNPLACEABLE = "unplaceable"
     METRICS_STALE = "metrics_stale"
     METRICS_PARTIAL = "metrics_partial"  # part of the model unobserved (a scrape target down, no rate now)
+    KV_SATURATED = "kv_saturated"  # the engines report KV-cache use at the saturation threshold: no scale-down
     BOUNDS = "bounds"  # clamped to min/max replicas
     STATIC = "static"
     ORACLE = "oracle"
