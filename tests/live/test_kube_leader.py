@@ -30,12 +30,15 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client
 
+from autoscaler.live.kube.discovery import ASSUMED, ServedApis, discover
 from autoscaler.live.kube.leader import (
     Action,
     LeaderElector,
+    LeaseApiNotServed,
     LeaseRecord,
     decide,
     leader_valid,
+    lease_api_missing,
     lease_expired,
     lease_seconds,
     micro_time,
@@ -140,6 +143,27 @@ def test_timings_are_validated() -> None:
         LeaderElector(None, "ns", "l", "a", lease_duration_s=4, renew_deadline_s=2, retry_period_s=2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="identity"):
         LeaderElector(None, "ns", "l", "", lease_duration_s=4, renew_deadline_s=2, retry_period_s=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_server_without_the_lease_api_is_refused_with_the_reason(api: client.ApiClient) -> None:
+    elector = LeaderElector(api, "ns", "ctl", "a", lease_duration_s=4, renew_deadline_s=2, retry_period_s=1)
+    elector.require_served(ServedApis({"coordination.k8s.io": ("v1", "v1beta1")}))  # served: nothing to say
+    elector.require_served(ASSUMED)  # discovery failed: no evidence against, the election runs as before
+    for apis, says in ((ServedApis({"": ("v1",), "apps": ("v1",)}), "does not serve coordination.k8s.io"),
+                       (ServedApis({"coordination.k8s.io": ("v1beta1",)}), "serves coordination.k8s.io v1beta1 only")):
+        assert lease_api_missing(apis) is not None
+        with pytest.raises(LeaseApiNotServed, match=r"coordination\.k8s\.io/v1") as e:
+            elector.require_served(apis)
+        assert says in str(e.value) and "ns/ctl" in str(e.value) and "--dry-run" in str(e.value)
+        assert isinstance(e.value, ValueError)  # `slotwise run` prints it as one line, exit 2
+
+
+@pytest.mark.asyncio
+async def test_the_real_server_serves_the_lease_api(api: client.ApiClient) -> None:
+    apis = await discover(api)
+    assert lease_api_missing(apis) is None
+    LeaderElector(api, "ns", "ctl", "a", lease_duration_s=4, renew_deadline_s=2, retry_period_s=1).require_served(apis)
 
 
 # --- fixtures ----------------------------------------------------------------------------------------------

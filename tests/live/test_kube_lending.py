@@ -35,7 +35,8 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from autoscaler.api.plan import LendGpus, ReclaimGpus
 from autoscaler.live.exporter import ControllerMetrics, gpu_slots
-from autoscaler.live.kube.lending import LendingActuator, Phase
+from autoscaler.live.kube.discovery import ASSUMED, POLICY, ServedApis
+from autoscaler.live.kube.lending import LendingActuator, Phase, workloads_path
 from autoscaler.live.kube.lending_rules import (
     eviction_grace,
     eviction_order,
@@ -608,7 +609,7 @@ async def test_a_restarted_actuator_finishes_a_reclaim_in_flight(api: client.Api
                           await live_view(api, clock()))
     assert r.evicted == [f"{ns}/train"]
     assert (await client.PolicyApi(api).get_api_group()).preferred_version.version == "v1beta1"
-    assert first._eviction_version == "policy/v1beta1"  # what discovery says on 1.20
+    assert first.apis is not None and first.apis.pick(POLICY) == "v1beta1"  # what discovery says on 1.20
     # the process dies; the pod goes; a new process sees a node with the taint and no label
     await client.CoreV1Api(api).delete_namespaced_pod("train", ns, grace_period_seconds=0)
     clock.t += 12
@@ -623,6 +624,39 @@ async def test_a_restarted_actuator_finishes_a_reclaim_in_flight(api: client.Api
     assert stale.nodes[node].reclaiming
     r = await LendingActuator(api, policy, clock=clock).apply([], stale)
     assert not r.reclaims_done and not r.applied and not r.errors
+
+
+@aio
+async def test_the_eviction_speaks_the_policy_version_discovery_handed_over(api: client.ApiClient, ns: str) -> None:
+    """The controller discovers once at start and hands the answer over (``apis=``): the lender speaks what it was
+    told, asks no discovery of its own, and a new term forgets it and asks the server again (1.20: v1beta1)."""
+    node = await make_node(api, f"served-{uuid.uuid4().hex[:6]}", 1)
+    clock = Clock()
+    policy = LendingPolicy(enabled=True, max_reclaim_s=30)
+    # told policy/v1 where the server (1.20) has only v1beta1: the lender believes it, and the server refuses
+    told = ServedApis({"policy": ("v1",)})
+    act = LendingActuator(api, policy, clock=clock, apis=told)
+    await act.apply([LendGpus(node, (0,), "H100-80GB")], await live_view(api, clock()))
+    await make_pod(api, ns, "train", node, labels=PRE, grace=5)
+    clock.t += 1
+    r = await act.apply([ReclaimGpus(node, (0,), (f"{ns}/train",), "shortfall", 30)], await live_view(api, clock()))
+    assert not r.evicted and r.errors, "the handed-over versions were not the ones spoken"
+    assert act.apis is told
+    # a new term: what discovery said is forgotten; the server's own answer is asked and spoken
+    act.new_term()
+    assert act.apis is None
+    clock.t += 1
+    r = await act.apply([], await live_view(api, clock()))
+    assert r.evicted == [f"{ns}/train"], (r.errors, r.skipped)
+    assert act.apis is not None and act.apis.discovered and act.apis.pick(POLICY) == "v1beta1"
+
+
+def test_the_workloads_path_follows_discovery() -> None:
+    assert workloads_path(None) == "/apis/kueue.x-k8s.io/v1beta1/workloads"  # not discovered yet
+    assert workloads_path(ASSUMED) == "/apis/kueue.x-k8s.io/v1beta1/workloads"  # discovery failed: no add-ons
+    both = ServedApis({"kueue.x-k8s.io": ("v1beta2", "v1beta1")})
+    assert workloads_path(both) == "/apis/kueue.x-k8s.io/v1beta2/workloads"
+    assert workloads_path(ServedApis({"kueue.x-k8s.io": ("v1beta1",)})) == "/apis/kueue.x-k8s.io/v1beta1/workloads"
 
 
 @aio

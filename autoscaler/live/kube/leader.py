@@ -19,6 +19,11 @@ Several controller replicas run; exactly one acts. :class:`LeaderElector` compet
 * transient API errors (HTTP errors, connection failures, timeouts) are logged and retried every retry
   period; leadership is still lost at the renew deadline.
 
+The Lease API must be served: :func:`lease_api_missing` (pure, on the controller's one discovery,
+:mod:`~autoscaler.live.kube.discovery`) says why not, and :meth:`LeaderElector.require_served` raises
+:class:`LeaseApiNotServed` with that reason -- a server without ``coordination.k8s.io/v1`` would otherwise read as
+"no Lease yet" forever and the create fail every retry period, leaving every replica a follower without a word.
+
 The decisions are small pure functions (:func:`decide`, :func:`next_spec`, :func:`released_spec`,
 :func:`lease_expired`, :func:`leader_valid`) so they are tested without a server; the class is the I/O
 around them. Lease objects travel as plain JSON dicts (camelCase), as the API serves them.
@@ -40,12 +45,26 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from autoscaler.live.kube.discovery import COORDINATION, ServedApis
+
 log = logging.getLogger(__name__)
 
 RELEASED_LEASE_SECONDS = 1  # what client-go writes on release: expires at once even for a reader ignoring ""
+LEASE_API_VERSION = f"{COORDINATION[0]}/{COORDINATION[1][0]}"  # coordination.k8s.io/v1 (Kubernetes 1.14+)
 
 
 # --- pure rules ----------------------------------------------------------------------------------------------
+
+
+def lease_api_missing(apis: ServedApis) -> str | None:
+    """Why leader election cannot run on this server (``coordination.k8s.io/v1`` Leases not served), or None.
+    Discovery that failed (``apis.discovered`` False: its assumptions) is no evidence either way: None."""
+    if not apis.discovered or apis.pick(COORDINATION) is not None:
+        return None
+    served = apis.groups.get(COORDINATION[0])
+    have = f"it serves {COORDINATION[0]} {', '.join(served)} only" if served else f"it does not serve {COORDINATION[0]}"
+    return (f"leader election needs Leases ({LEASE_API_VERSION}, Kubernetes 1.14+) and the API server does not "
+            f"serve them ({have}); upgrade the cluster, or run a single replica with --dry-run (which takes no Lease)")
 
 
 def micro_time(wall: float) -> str:
@@ -155,6 +174,10 @@ def released_spec(record: LeaseRecord, *, wall_now: float) -> dict:
 # --- I/O -------------------------------------------------------------------------------------------------------
 
 
+class LeaseApiNotServed(ValueError):
+    """The API server does not serve the Lease API: leader election cannot start (see :func:`lease_api_missing`)."""
+
+
 class LeaseApiError(Exception):
     """An unexpected answer from the apiserver about the Lease (transient as far as election goes)."""
 
@@ -250,6 +273,12 @@ class LeaderElector:
     def holder(self) -> str | None:
         """The holder in the record last seen ("" when released; None before the first read)."""
         return None if self._record is None else self._record.holder
+
+    def require_served(self, apis: ServedApis) -> None:
+        """Raise :class:`LeaseApiNotServed`, saying why, when ``apis`` (the server's discovery) lacks the Lease
+        API; call it before :meth:`run` (whose failures are otherwise retried quietly, as transient)."""
+        if (why := lease_api_missing(apis)) is not None:
+            raise LeaseApiNotServed(f"lease {self.namespace}/{self.name}: {why}")
 
     def on_change(self, callback: Callable[[bool], None]) -> None:
         """Call ``callback(leading)`` whenever we start or stop leading (from the loop; exceptions are logged)."""
@@ -470,7 +499,7 @@ class LeaderElector:
     def _lease_body(self, lease: dict | None, spec: dict) -> dict:
         if lease is None:
             return {
-                "apiVersion": "coordination.k8s.io/v1",
+                "apiVersion": LEASE_API_VERSION,
                 "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": spec,

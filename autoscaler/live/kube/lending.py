@@ -21,7 +21,7 @@ in what order, the node patches, the lendingLimit) are in :mod:`~autoscaler.live
        reason as annotations)    workloads' pods first)
 
   Evictions go through the Eviction subresource (``policy/v1`` where the server serves it, ``policy/v1beta1`` on
-  1.20: asked once from discovery) with ``deleteOptions.gracePeriodSeconds`` = the pod's own grace period capped
+  1.20: by discovery, :mod:`~autoscaler.live.kube.discovery`) with ``deleteOptions.gracePeriodSeconds`` = the pod's own grace period capped
   by ``max_reclaim_s``, and ``preconditions`` (uid, resourceVersion) so that the pod evicted is exactly the one
   read -- still labelled preemptible. A pod WITHOUT the preemptible label is never evicted, whatever the plan
   says: a plan naming one gets it reported in ``report.refused`` instead. Right before evicting, the node is read
@@ -51,7 +51,9 @@ with their own grace period: keep ``terminationGracePeriodSeconds`` of workloads
 carries slotwise's mark (label ``slotwise.io/deactivated=reclaim``, annotations of when and for which node); on a
 later tick that lends capacity again, every marked Workload whose reclaim is over is reactivated (the mark off:
 Kueue queues it and admits it as the lendingLimit allows); Workloads deactivated by anyone else are never touched.
-The Kueue API version is asked from discovery once (v1beta2 preferred, v1beta1 otherwise).
+The Kueue API version comes from discovery too (v1beta2 preferred, v1beta1 otherwise). What the server serves
+(:class:`~autoscaler.live.kube.discovery.ServedApis`) is the controller's one discovery at start when it is handed
+over (``apis=`` or :attr:`LendingActuator.apis`), else asked on first use; a new term asks again.
 
 Every request that changes the cluster is preceded by the write gate's check (``apply(..., gate=)``):
 ``LeadershipLost`` ends the tick and reaches the caller.
@@ -75,16 +77,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kubernetes_asyncio.client import ApisApi, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.rest import ApiException
 
 from autoscaler.api.plan import LendGpus, ReclaimGpus
+from autoscaler.live.kube.discovery import KUEUE, POLICY, ServedApis, collection_path, discover
 from autoscaler.live.kube.lending_rules import (
     DEACTIVATED_LABEL,
     DEACTIVATED_SINCE_ANNOTATION,
     DEACTIVATED_VALUE,
     DEFAULT_RETRY_AFTER_S,
-    KUEUE_VERSIONS,
     RECLAIM_FORCED_REASON,
     RECLAIM_OVERDUE_REASON,
     admits,
@@ -98,7 +100,6 @@ from autoscaler.live.kube.lending_rules import (
     inference_pods,
     is_live,
     is_preemptible,
-    kueue_version,
     lending_limit,
     lent_node_patch,
     parse_rfc3339,
@@ -132,28 +133,24 @@ KUEUE_VERSION = "v1beta1"  # when discovery cannot tell (the group is not served
 
 
 async def discover_kueue_version(api_client: Any) -> str | None:
-    """The ``kueue.x-k8s.io`` version to use, asked from the server's discovery (v1beta2 preferred over v1beta1);
-    None when the server serves no Kueue version slotwise knows (Kueue not installed)."""
-    groups = await ApisApi(api_client).get_api_versions()
-    for g in groups.groups or ():
-        if g.name == KUEUE_GROUP:
-            return kueue_version(v.version for v in g.versions or ())
-    return None
+    """The ``kueue.x-k8s.io`` version to use, from the server's discovery (:mod:`~autoscaler.live.kube.discovery`,
+    v1beta2 preferred over v1beta1); None when the server serves no Kueue version slotwise knows (Kueue not
+    installed) or discovery failed."""
+    return (await discover(api_client)).pick(KUEUE)
+
+
+def workloads_path(apis: ServedApis | None) -> str:
+    """The collection path of Kueue Workloads for an informer, in the newest version both slotwise and the server
+    speak (``/apis/kueue.x-k8s.io/v1beta2/workloads`` on a current Kueue); v1beta1's when Kueue is not (yet)
+    installed, discovery failed or has not run (the informer is optional: a 404 there means no Workloads). Pure."""
+    version = apis.pick(KUEUE) if apis is not None else None
+    return collection_path(KUEUE_GROUP, version or KUEUE_VERSION, "workloads")
 
 
 async def kueue_workloads_path(api_client: Any) -> str:
-    """The collection path of Kueue Workloads for an informer, in the version the server prefers
-    (``/apis/kueue.x-k8s.io/v1beta2/workloads`` on a current Kueue); v1beta1's when Kueue is not (yet) installed or
-    discovery fails (the informer is optional: a 404 there means no Workloads)."""
-    try:
-        version = await discover_kueue_version(api_client)
-    except ApiException as e:
-        log.warning("discovery of %s failed (%s): assuming %s", KUEUE_GROUP, api_error(e), KUEUE_VERSION)
-        version = None
-    except Exception as e:  # apiserver unreachable or slow at start: the controller must start anyway
-        log.warning("discovery of %s failed (%s: %s): assuming %s", KUEUE_GROUP, type(e).__name__, e, KUEUE_VERSION)
-        version = None
-    return f"/apis/{KUEUE_GROUP}/{version or KUEUE_VERSION}/workloads"
+    """:func:`workloads_path` after asking the server (one discovery; the controller, which has discovered once
+    already, calls :func:`workloads_path` with what it got). Never raises: discovery that fails assumes v1beta1."""
+    return workloads_path(await discover(api_client))
 
 
 class Phase(StrEnum):
@@ -243,8 +240,11 @@ class LendingActuator:
     def __init__(self, api_client: Any, policy: LendingPolicy, *, dry_run: bool = False,
                  clock: Callable[[], float] = time.time, max_lends_per_tick: int = 10,
                  max_evictions_per_tick: int = 50, conflict_retries: int = 5, conflict_backoff_s: float = 0.05,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, apis: ServedApis | None = None) -> None:
         self.api_client = api_client
+        # What the server serves (Eviction's policy version, Kueue's): the controller's one discovery at start when
+        # it hands it over, else asked here on first use; a new term forgets it (an add-on may have been upgraded).
+        self.apis = apis
         self.policy = policy
         self.dry_run = dry_run
         self.clock = clock
@@ -256,8 +256,6 @@ class LendingActuator:
         self._core = CoreV1Api(api_client)
         self._custom = CustomObjectsApi(api_client)
         self.reclaims: dict[str, Reclaim] = {}  # node -> reclaim in flight
-        self._eviction_version: str | None = None  # "policy/v1" or "policy/v1beta1", from discovery
-        self._kueue_version: str | None = None  # "v1beta2" or "v1beta1", from discovery
         self._not_before: dict[str, float] = {}  # pod key -> when its eviction may be asked again (Retry-After)
         self._throttled_until = -math.inf  # a plain 429 (the server throttling): no request before this time
         self._limit_due = False  # kueue mode: reclaims started while throttled, their lendingLimit not written yet
@@ -286,8 +284,7 @@ class LendingActuator:
         self._limit_due = False
         self._adopt_kueue = True
         self._rolled_back = False
-        self._eviction_version = None
-        self._kueue_version = None
+        self.apis = None
 
     @property
     def cleanup_due(self) -> bool:
@@ -744,20 +741,20 @@ class LendingActuator:
             log.warning("reclaim %s: the plan named %s, which is not labelled %s=true: never evicted", job.node,
                         key, PREEMPTIBLE_LABEL)
 
+    async def _served(self) -> ServedApis:
+        """What the server serves: :attr:`apis`, asked once (``discover``) when not given. A discovery that failed
+        (its assumptions) is used but not kept: the next call asks again."""
+        if self.apis is not None:
+            return self.apis
+        got = await discover(self.api_client)
+        if got.discovered:
+            self.apis = got
+        return got
+
     async def _policy_version(self) -> str:
-        """``policy/v1`` when the server serves it (1.22+), else ``policy/v1beta1`` (1.20): asked once."""
-        if self._eviction_version is None:
-            versions: set[str] = set()
-            try:
-                groups = await ApisApi(self.api_client).get_api_versions()
-                for g in groups.groups or ():
-                    if g.name == "policy":
-                        versions = {v.version for v in g.versions or ()}
-            except ApiException as e:
-                log.warning("discovery of the policy group failed (%s): assuming policy/v1", api_error(e))
-                versions = {"v1"}
-            self._eviction_version = "policy/v1" if "v1" in versions or not versions else "policy/v1beta1"
-        return self._eviction_version
+        """``policy/v1`` when the server serves it (1.21+), else ``policy/v1beta1`` (1.20), by discovery;
+        ``policy/v1`` when it serves neither or discovery failed (a current cluster)."""
+        return f"policy/{(await self._served()).pick(POLICY) or POLICY[1][0]}"
 
     async def _evict_pod(self, tick: _Tick, job: Reclaim, pod: Mapping[str, Any]) -> bool:
         """One Eviction, for exactly the pod read (uid + resourceVersion preconditions); a conflict re-reads it."""
@@ -858,19 +855,15 @@ class LendingActuator:
     # -- kueue mode -----------------------------------------------------------------------------------------------
 
     async def _kueue(self) -> str:
-        """The Kueue API version to speak: asked once from discovery (v1beta2 preferred, then v1beta1)."""
-        if self._kueue_version is None:
-            try:
-                version = await discover_kueue_version(self.api_client)
-            except ApiException as e:
-                log.warning("discovery of %s failed (%s): assuming %s", KUEUE_GROUP, api_error(e), KUEUE_VERSION)
-                return KUEUE_VERSION  # asked again next time
-            if version is None:
-                log.warning("the server serves no %s version slotwise knows (%s): assuming %s", KUEUE_GROUP,
-                            "/".join(KUEUE_VERSIONS), KUEUE_VERSION)
-                return KUEUE_VERSION
-            self._kueue_version = version
-        return self._kueue_version
+        """The Kueue API version to speak, by discovery (v1beta2 preferred, then v1beta1). Kueue not served (not
+        installed yet, or discovery failed): v1beta1, and discovery is asked again next time."""
+        version = (await self._served()).pick(KUEUE)
+        if version is None:
+            self.apis = None  # Kueue may be installed meanwhile: ask again next time
+            log.warning("the server serves no %s version slotwise knows (%s): assuming %s", KUEUE_GROUP,
+                        "/".join(KUEUE[1]), KUEUE_VERSION)
+            return KUEUE_VERSION
+        return version
 
     async def _limit(self, tick: _Tick, lends: Sequence[LendGpus]) -> bool:
         """Set the inference ClusterQueue's lendingLimit for this tick; False when it could not be written."""

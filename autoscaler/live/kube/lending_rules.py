@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from autoscaler.live.kube.discovery import KUEUE
 from autoscaler.live.kube.objects import (
     GPU_RESOURCE,
     LENT_LABEL,
@@ -37,8 +38,9 @@ DEACTIVATED_VALUE = "reclaim"
 DEACTIVATED_SINCE_ANNOTATION = "slotwise.io/deactivated-since"  # RFC 3339
 DEACTIVATED_FOR_ANNOTATION = "slotwise.io/deactivated-for"  # "<node> (<reclaim reason>)"
 # The Kueue API versions slotwise can use, preferred first (v1beta2: Kueue 0.15+; the fields slotwise touches --
-# ClusterQueue spec.resourceGroups[].flavors[].resources[].lendingLimit, Workload spec.active -- are the same).
-KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+# ClusterQueue spec.resourceGroups[].flavors[].resources[].lendingLimit, Workload spec.active -- are the same):
+# discovery's list, the one place versions are named.
+KUEUE_VERSIONS = tuple(KUEUE[1])
 RECLAIM_OVERDUE_REASON = "ReclaimOverdue"  # the Warning Event of a reclaim in flight past its deadline
 RECLAIM_FORCED_REASON = "ReclaimForced"  # ... and of the pods deleted past the deadline + force_after_s
 DEFAULT_RETRY_AFTER_S = 1.0  # a 429 without Retry-After: wait this long before asking again
