@@ -1,4 +1,5 @@
-"""A stand-in model server for tests: simulated serving in real time, vLLM's metrics on ``/metrics``.
+"""A stand-in model server for tests: simulated serving in real time, vLLM's (or SGLang's, or TGI's) metrics on
+``/metrics``.
 
 Run as a process::
 
@@ -16,7 +17,17 @@ Exported, with ``model_name=NAME`` (``namespace`` comes from the scrape config's
 Kubernetes ServiceMonitor adds it): ``vllm:request_success_total{finished_reason="stop"}`` (counter),
 ``vllm:e2e_request_latency_seconds`` and ``vllm:time_to_first_token_seconds`` (histograms with vLLM's own
 bucket bounds), ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (gauges). The request counter
-exists from the start (value 0), as vLLM's does.
+exists from the start (value 0), as vLLM's does. Also ``vllm:inter_token_latency_seconds`` (one observation per
+request: its decode time over ``--output-tokens``) and ``vllm:kv_cache_usage_perc``: the KV cache each running
+request holds, ``1 / --kv-requests`` of a replica's (default: ``--concurrency``, so a full batch fills it), as a
+fraction averaged over the replicas.
+
+``--engine sglang`` exports the same under SGLang's names (``sglang:num_requests_total``,
+``sglang:e2e_request_latency_seconds``, ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``
+with SGLang's default buckets, ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``; labels
+``model_name`` and ``engine_type``); ``--engine tgi`` TGI's (``tgi_request_success`` without a ``_total`` suffix,
+``tgi_request_duration`` and ``tgi_request_mean_time_per_token_duration`` with TGI's duration buckets,
+``tgi_queue_size``, ``tgi_batch_current_size``; NO model label, as TGI has none, and no TTFT or KV series).
 
 It prints ``listening on PORT`` once the HTTP server is up. The simulation advances every ``--tick-ms``
 (event times are exact; only when a queued request starts is rounded to the tick).
@@ -51,6 +62,45 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+# SGLang's defaults (python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector)
+SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
+                      1800, 2400)
+SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                      0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+# TGI's router: every metric named *duration gets 35 geometric buckets from 0.0001 * 1.5 (router/src/server.rs)
+TGI_DURATION_BUCKETS = tuple(0.0001 * 1.5**k for k in range(1, 36))
+
+
+class _BareCounter:
+    """A counter exported under its own name, without the ``_total`` suffix prometheus_client adds (TGI's Rust
+    exporter writes ``tgi_request_success 42``); typed untyped, which Prometheus stores the same."""
+
+    def __init__(self, name: str, doc: str, registry: CollectorRegistry) -> None:
+        self.name, self.doc, self.value = name, doc, 0.0
+        registry.register(self)
+
+    def inc(self) -> None:
+        self.value += 1
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import Metric
+
+        m = Metric(self.name, self.doc, "unknown")
+        m.add_sample(self.name, {}, self.value)
+        yield m
+
+
+class _Nothing:
+    """A series the engine does not export."""
+
+    def observe(self, _v: float) -> None:
+        pass
+
+    def set(self, _v: float) -> None:
+        pass
 
 
 class Load:
@@ -77,20 +127,55 @@ class Server:
         self.sigma = math.sqrt(math.log1p(cv * cv))
         self.mu = math.log(args.service_ms / 1000.0) - self.sigma**2 / 2  # lognormal with the given mean
         self.registry = CollectorRegistry()
-        labels = ["model_name"]
-        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                               [*labels, "finished_reason"], registry=self.registry).labels(args.model, "stop")
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             labels, buckets=E2E_BUCKETS, registry=self.registry).labels(args.model)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              labels, buckets=TTFT_BUCKETS, registry=self.registry).labels(args.model)
-        self.running_g = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                               labels, registry=self.registry).labels(args.model)
-        self.waiting_g = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                               labels, registry=self.registry).labels(args.model)
+        {"vllm": self._vllm, "sglang": self._sglang, "tgi": self._tgi}[args.engine](args.model)
         self.replicas = 1
         self.queue: deque[float] = deque()  # arrival times
         self.running: list[tuple[float, float, float]] = []  # heap of (finish, arrival, start)
+
+    def _vllm(self, model: str) -> None:
+        labels, r = ["model_name"], self.registry
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                               [*labels, "finished_reason"], registry=r).labels(model, "stop")
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             labels, buckets=E2E_BUCKETS, registry=r).labels(model)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              labels, buckets=TTFT_BUCKETS, registry=r).labels(model)
+        self.running_g = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                               labels, registry=r).labels(model)
+        self.waiting_g = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                               labels, registry=r).labels(model)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             labels, buckets=ITL_BUCKETS, registry=r).labels(model)
+        self.kv_g = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          labels, registry=r).labels(model)
+
+    def _sglang(self, model: str) -> None:
+        labels, r, values = ["model_name", "engine_type"], self.registry, (model, "unified")
+        self.success = Counter("sglang:num_requests", "Number of requests processed.", labels,
+                               registry=r).labels(*values)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in "
+                             "seconds", labels, buckets=SGLANG_E2E_BUCKETS, registry=r).labels(*values)
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              labels, buckets=SGLANG_TTFT_BUCKETS, registry=r).labels(*values)
+        self.itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             labels, buckets=SGLANG_ITL_BUCKETS, registry=r).labels(*values)
+        self.running_g = Gauge("sglang:num_running_reqs", "The number of running requests.", labels,
+                               registry=r).labels(*values)
+        self.waiting_g = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", labels,
+                               registry=r).labels(*values)
+        self.kv_g = Gauge("sglang:token_usage", "The token usage.", labels, registry=r).labels(*values)
+
+    def _tgi(self, _model: str) -> None:
+        r = self.registry
+        self.success = _BareCounter("tgi_request_success", "Number of successful requests", r)
+        self.e2e = Histogram("tgi_request_duration", "Total time spent processing the request (e2e latency)",
+                             buckets=TGI_DURATION_BUCKETS, registry=r)
+        self.itl = Histogram("tgi_request_mean_time_per_token_duration", "Mean time per token per request",
+                             buckets=TGI_DURATION_BUCKETS, registry=r)
+        self.ttft = _Nothing()
+        self.running_g = Gauge("tgi_batch_current_size", "Current batch size", registry=r)
+        self.waiting_g = Gauge("tgi_queue_size", "Current queue size", registry=r)
+        self.kv_g = _Nothing()
 
     def read_replicas(self) -> None:
         # unreadable (missing, mid-write): keep the last known count
@@ -100,14 +185,23 @@ class Server:
     def service_s(self) -> float:
         return self.rng.lognormvariate(self.mu, self.sigma) if self.sigma > 0 else math.exp(self.mu)
 
-    def _finish(self, finish: float, arrival: float) -> None:
+    def _finish(self, finish: float, arrival: float, start: float) -> None:
         self.e2e.observe(finish - arrival)
+        self.itl.observe((finish - start) * (1.0 - self.args.prefill_fraction) / self.args.output_tokens)
         self.success.inc()
 
     def _start(self, arrival: float, start: float) -> None:
         service = self.service_s()
         self.ttft.observe(start - arrival + self.args.prefill_fraction * service)
         heapq.heappush(self.running, (start + service, arrival, start))
+
+    def kv_usage(self) -> float:
+        """Each running request holds 1/kv_requests of a replica's KV cache; the mean over replicas (requests
+        spread evenly over them). No replica: 0 (vLLM's gauge of an idle engine)."""
+        per_replica = self.args.kv_requests or self.args.concurrency
+        if self.replicas <= 0:
+            return 0.0
+        return min(1.0, len(self.running) / (self.replicas * per_replica))
 
     async def simulate(self) -> None:
         t0 = last = time.monotonic()
@@ -125,8 +219,8 @@ class Server:
             # Completions in time order, each freeing a slot the queue takes at that very moment.
             capacity = self.replicas * self.args.concurrency
             while self.running and self.running[0][0] <= now:
-                finish, arrival, _start = heapq.heappop(self.running)
-                self._finish(finish, arrival)
+                finish, arrival, started = heapq.heappop(self.running)
+                self._finish(finish, arrival, started)
                 if self.queue and len(self.running) < capacity and self.queue[0] <= finish:
                     self._start(self.queue.popleft(), finish)
             while self.queue and len(self.running) < capacity:
@@ -134,6 +228,7 @@ class Server:
                 self._start(arrival, max(arrival, last))
             self.running_g.set(len(self.running))
             self.waiting_g.set(len(self.queue))
+            self.kv_g.set(self.kv_usage())
             last = now
             await asyncio.sleep(self.args.tick_ms / 1000.0)
 
@@ -169,6 +264,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--replicas-file", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick-ms", type=float, default=10.0)
+    p.add_argument("--engine", choices=("vllm", "sglang", "tgi"), default="vllm", help="whose metric names")
+    p.add_argument("--output-tokens", type=int, default=16, help="tokens per request (the ITL observed)")
+    p.add_argument("--kv-requests", type=int, default=0,
+                   help="running requests that fill one replica's KV cache (0: --concurrency)")
     return p.parse_args(argv)
 
 
