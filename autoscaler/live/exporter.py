@@ -81,7 +81,17 @@ Metrics (GPU counts are GPU-equivalents: a whole GPU is 1, a MIG instance or sha
 ``slotwise_team_gpus{team,kind}``                           ``held`` (GPU-equivalents the team's replicas hold in
                                                             the tick's inventory), ``guaranteed``, ``limit``
                                                             (guarantee + borrowing limit; only when finite)
+``slotwise_advised_replicas{namespace,kind,name}``          advise mode: the replicas slotwise would set on a
+                                                            workload an HPA / KEDA ScaledObject scales, for that
+                                                            autoscaler to act on (``record_advice``)
 ==========================================================  =====================================================
+
+Advice (issue 17): a workload another autoscaler scales gets no /scale write from slotwise; with
+``actuator.coexistence: advise`` its desired replicas are published as ``slotwise_advised_replicas``, labelled by the
+workload's own ``namespace``, ``kind`` and ``name`` (the chart's ServiceMonitor honours labels, so ``namespace`` stays
+the workload's), so that a KEDA prometheus trigger or a prometheus-adapter external rule selects one workload with
+plain label matchers. Unlike the other gauges these series are REMOVED when this replica loses the lease: an
+autoscaler must never act on a follower's frozen advice (no series: KEDA / the HPA get no metric and hold).
 
 Arbitration (issue 9): a model's team is its spec's (``slotwise.io/team``; ``unknown`` for invalid annotations,
 as in :mod:`autoscaler.accounting.cost`), else the Shortfall's ``team``. A preemption is a ``RemoveReplica`` with
@@ -107,7 +117,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -337,6 +347,12 @@ class ControllerMetrics:
             "Evictions of training pods refused with 429: by a PodDisruptionBudget or by the server throttling.",
             ["reason"], registry=r,
         )
+        self.advised = Gauge(
+            "slotwise_advised_replicas",
+            "Advise mode: the replicas slotwise would set on a workload an HPA or KEDA ScaledObject scales.",
+            ["namespace", "kind", "name"], registry=r,
+        )
+        self._advised: set[tuple[str, str, str]] = set()  # (namespace, kind, name) series set last tick
         self._lent_kinds: set[str] = set()
         self._reclaim_reason = _Bounded()
         self._counted_until: dict[str, float] = {}  # model -> time of the newest metrics step counted
@@ -588,6 +604,30 @@ class ControllerMetrics:
             self.reclaim_in_flight_age.set(max(0.0, float(age)))
             self.reclaims_in_flight.set(float(getattr(report, "in_flight", 0) or 0))
 
+    def record_advice(self, plan: Plan, models: Mapping[str, Any], *, advise: bool) -> None:
+        """``slotwise_advised_replicas`` for each model another autoscaler scales, when ``advise``
+        (``actuator.coexistence: advise``). ``models``: the view's managed models by key (duck-typed
+        :class:`~autoscaler.live.kube.objects.ManagedModel`: ``autoscaled_by``, ``namespace``, ``kind``, ``name``,
+        ``replicas``, ``unavailable_replicas``). The value is what slotwise would write to the workload's /scale:
+        the plan's ``ScaleModel`` plus the replicas on nodes out of service (which the ReplicaSet still counts),
+        else the replicas as read (nothing to change). Series of models gone, no longer autoscaled, or of
+        hands-off mode are removed; a follower records nothing (see :meth:`set_leader`)."""
+        if self._follower:
+            return
+        scales = {a.model: a for a in plan.of_type(ScaleModel)}
+        advised: dict[tuple[str, str, str], int] = {}
+        for key, mm in models.items() if advise else ():
+            if not getattr(mm, "autoscaled_by", None):
+                continue
+            scale = scales.get(key)
+            value = scale.replicas + int(getattr(mm, "unavailable_replicas", 0) or 0) if scale else mm.replicas
+            advised[(str(mm.namespace), str(mm.kind), str(mm.name))] = int(value)
+        for labels in self._advised - set(advised):
+            self._remove(self.advised, *labels)
+        for labels, value in advised.items():
+            self.advised.labels(*labels).set(value)
+        self._advised = set(advised)
+
     def error(self, kind: str) -> None:
         self.errors.labels(self._error_kind(kind)).inc()
 
@@ -600,6 +640,9 @@ class ControllerMetrics:
         self._follower = not leader
         if not leader:
             self._counted_until.clear()
+            for labels in self._advised:  # no autoscaler acts on a follower's frozen advice
+                self._remove(self.advised, *labels)
+            self._advised = set()
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (what ``/metrics`` serves)."""

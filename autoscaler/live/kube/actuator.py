@@ -97,9 +97,13 @@ from autoscaler.live.kube.objects import (
 )
 from autoscaler.live.kube.term import ALWAYS_OPEN, LeadershipLost, WriteGate
 from autoscaler.live.kube.writes import (
+    ADVISE,
+    COEXISTENCE_DEFAULT,
+    COEXISTENCE_MODES,
     PREEMPTED_EVENT,
     Gone,
     api_error,
+    autoscaled_event,
     describe,
     merge_mig_configs,
     merged_node_selector,
@@ -145,6 +149,15 @@ class ActuatorConfig:
     status_refresh_s: float = 300.0  # a status whose numbers alone moved is rewritten at most this often
     status_change_ratio: float = 0.2  # a forecast / latency moved by more than this share is a material change
     retry_after_max_s: float = 2.0  # a 429's Retry-After up to this is waited for within the tick, else it fails
+    # a model an HPA or a KEDA ScaledObject scales (ManagedModel.autoscaled_by): never a /scale write; "hands-off"
+    # leaves the workload alone (status + one Event say why), "advise" also applies its slot template and the
+    # exporter publishes slotwise_advised_replicas for the autoscaler to act on (docs/kubernetes.md)
+    coexistence: str = COEXISTENCE_DEFAULT
+
+    def __post_init__(self) -> None:
+        if self.coexistence not in COEXISTENCE_MODES:
+            raise ValueError(f"actuator.coexistence must be one of {', '.join(COEXISTENCE_MODES)}, "
+                             f"got {self.coexistence!r}")
 
     @property
     def acting(self) -> bool:
@@ -222,6 +235,7 @@ class KubeActuator:
                             retry_after_s=config.mig_timeout_s)
         self._seen: dict[tuple, _Seen] = {}
         self._event_seq = 0
+        self._told: dict[str, tuple[str, str]] = {}  # model -> (autoscaled_by, coexistence) its Event told
         # Test seam: awaited after every read and before the write that depends on it, with (what, object key),
         # what in {"scale", "template", "time-slicing", "mig-config", "cordon"}: a test changes the object here
         # to make the write really conflict (409) against the server.
@@ -248,7 +262,8 @@ class KubeActuator:
             await self._guard(tick, a, self._time_slicing)
         await self._mig(tick, plan.of_type(SetMigLayout))
         for a in plan.of_type(SetSlotTemplate):
-            await self._guard(tick, a, self._template)
+            if not self._leaves_template(tick, a):
+                await self._guard(tick, a, self._template)
         scaled = set()
         for a in plan.of_type(ScaleModel):
             scaled.add(a.model)
@@ -325,6 +340,8 @@ class KubeActuator:
     async def _scale(self, tick: _Tick, a: ScaleModel, removals: list[RemoveReplica]) -> None:
         r, line = tick.report, describe(a)
         mm = self._model(tick, a.model)
+        if await self._autoscaled(tick, a, mm, removals):
+            return  # an HPA / KEDA scales it: never a second writer of its /scale
         if not self.config.acting:
             r.skipped.append((line, self.config.skip_why))
             r.skipped.extend((describe(x), self.config.skip_why) for x in removals)
@@ -411,6 +428,36 @@ class KubeActuator:
                 tick.report.errors.append(f"{describe(x)}: {api_error(e)}")
                 continue
             tick.report.applied.append(f"{describe(x)}: {POD_DELETION_COST}={DELETION_COST_FIRST}")
+
+    # -- living beside an HPA or a KEDA ScaledObject -----------------------------------------------------------
+
+    async def _autoscaled(self, tick: _Tick, a: ScaleModel, mm: ManagedModel, removals: list[RemoveReplica]) -> bool:
+        """True when another autoscaler scales the model (``mm.autoscaled_by``): the scale and its removals are
+        skipped ``autoscaled-by`` (no /scale write, no pod marked) and, once per autoscaler and mode, an Event says
+        why (Warning ``AutoscaledElsewhere``; Normal ``AdvisingAutoscaler`` in advise mode)."""
+        if not mm.autoscaled_by:
+            self._told.pop(mm.key, None)  # an autoscaler added again later is told again
+            return False
+        r = tick.report
+        r.skipped.append((describe(a), "autoscaled-by"))
+        r.skipped.extend((describe(x), "autoscaled-by") for x in removals)
+        said = (mm.autoscaled_by, self.config.coexistence)
+        if self._told.get(mm.key) == said:
+            return True
+        type_, reason, message = autoscaled_event(mm.kind, mm.namespace, mm.name, mm.autoscaled_by,
+                                                  a.replicas + mm.unavailable_replicas, self.config.coexistence)
+        if await self._event(tick, self._deployment_ref(mm, mm.uid), type_, reason, message, aggregate=True):
+            self._told[mm.key] = said
+        return True
+
+    def _leaves_template(self, tick: _Tick, a: SetSlotTemplate) -> bool:
+        """Hands-off leaves an autoscaled model's pod template alone too (skipped ``autoscaled-by``). Advise mode
+        applies it: the replicas it advises are sized for that slot, and HPA / KEDA write only /scale."""
+        mm = tick.view.models.get(a.model)
+        if mm is None or not mm.autoscaled_by or self.config.coexistence == ADVISE:
+            return False
+        tick.report.skipped.append((describe(a), "autoscaled-by"))
+        return True
 
     # -- slot template ----------------------------------------------------------------------------------------
 
@@ -536,7 +583,8 @@ class KubeActuator:
         if self.config.dry_run:
             r.skipped.append((line, "dry-run"))
             return
-        payload = status_payload(a, dry_run=self.config.report_only, now=tick.now, shortfall=shortfall)
+        payload = status_payload(a, dry_run=self.config.report_only, now=tick.now, shortfall=shortfall,
+                                 autoscaled_by=mm.autoscaled_by, coexistence=self.config.coexistence)
         cfg = self.config
 
         def change(current: str | None) -> str | None:
@@ -564,7 +612,7 @@ class KubeActuator:
         r.applied.append(line)
         if why == "refresh":
             return  # only the numbers moved: nothing happened that an Event should tell
-        type_, reason, message = status_event(a)
+        type_, reason, message = status_event(a, mm.autoscaled_by)
         await self._event(tick, self._deployment_ref(mm, dep.metadata.uid), type_, reason, message,
                           aggregate=True)
 

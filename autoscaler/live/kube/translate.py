@@ -71,6 +71,8 @@ from typing import Any
 
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, TrainingWorkload
 from autoscaler.api.spec import ModelSpec, SpecError, is_managed, parse_annotations
+from autoscaler.live.kube.autoscalers import mark_autoscaled
+from autoscaler.live.kube.dra import DraInventory, DraNode, dra_slot, index_claims, pod_devices, read_slices
 from autoscaler.live.kube.fields import condition, grace_s, metadata, parse_count, parse_time
 from autoscaler.live.kube.gpu_nodes import GpuNode, find_slot, is_gpu_node, lay_out, out_of_service, read_gpu_node
 from autoscaler.live.kube.objects import (
@@ -88,6 +90,16 @@ from autoscaler.live.kube.objects import (
 from autoscaler.live.kube.pods import LivePod, live_pods
 from autoscaler.live.kube.selector import Selector, SelectorError
 from autoscaler.live.kube.training import read_training
+from autoscaler.live.kube.workloads import (
+    DEPLOYMENT,
+    KINDS,
+    ROLLOUT,
+    WorkloadKind,
+    group_pods,
+    kind_of,
+    leader_key,
+    workload_ref,
+)
 from sharing.catalog import Catalog, load_catalog
 from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
 from sharing.slots import Inventory, Slot, SlotKind
@@ -131,13 +143,14 @@ def build_view(
     cat = catalog if catalog is not None else load_catalog()
     problems: list[str] = []
 
-    node_objs, gpu_nodes, down = _read_nodes(nodes, cat, problems)
+    node_objs, gpu_nodes, down = _read_nodes(nodes, cat, problems, resource_slices)
     inventory = Inventory.from_nodes([g.spec for g in gpu_nodes.values()], cat, share_reserve_gib)
     for gn in gpu_nodes.values():
         lay_out(inventory, gn, problems)
 
     live = live_pods(pods, now)
-    models = _read_models(deployments, live, problems, namespace)
+    models = _read_models(deployments, live, problems, namespace, workloads)
+    models.models.update(mark_autoscaled(models.models, autoscalers, problems))  # an HPA/KEDA scales these
     _count_unavailable(models, down)
     workloads, training_refs = read_training(training, live, cat, problems)
 
@@ -145,7 +158,7 @@ def build_view(
     kueue = lending is not None and lending.mode == "kueue"
     lent: dict[tuple[str, int], float] = {}
     slots = _allocate_pods(inventory, live, gpu_nodes, lent_nodes, models,
-                           _borrowers(workloads, training_refs) if kueue else {}, lent, problems)
+                           _borrowers(workloads, training_refs) if kueue else {}, lent, problems, resource_claims)
     for name, since in sorted(lent_nodes.items()):
         gn = gpu_nodes.get(name)
         if gn is not None:
@@ -160,23 +173,39 @@ def build_view(
 
 # -- nodes ---------------------------------------------------------------------------------------------------
 def _read_nodes(
-    nodes: Iterable[Mapping[str, Any]], catalog: Catalog, problems: list[str]
+    nodes: Iterable[Mapping[str, Any]], catalog: Catalog, problems: list[str],
+    resource_slices: Iterable[Mapping[str, Any]] = (),
 ) -> tuple[dict[str, Mapping[str, Any]], dict[str, GpuNode], dict[str, str]]:
     """Every GPU node by name (each gets a NodeInfo), those that go into the inventory (schedulable, in service,
     with a GPU the catalog knows), and those out of service with why. By name, so the inventory's order does not
-    depend on the informer's."""
+    depend on the informer's.
+
+    A node the NVIDIA DRA driver's ResourceSlices name is read from them (:func:`~autoscaler.live.kube.dra.
+    read_slices`: a :class:`~autoscaler.live.kube.dra.DraNode`), whatever its labels say; every other node from
+    the device plugin's labels and capacity. One inventory either way."""
+    nodes = sorted(nodes, key=lambda n: str(metadata(n).get("name")))
+    slices = list(resource_slices)
+    labels = {str(metadata(n).get("name")): metadata(n).get("labels") or {} for n in nodes}
+    dra = read_slices(slices, catalog, labels) if slices else DraInventory()
+    problems.extend(dra.problems)
+    problems.extend(f"node {name}: DRA ResourceSlices name it, but no such Node is listed; left out"
+                    for name in sorted(set(dra.nodes) - set(labels)))
     node_objs: dict[str, Mapping[str, Any]] = {}
     gpu_nodes: dict[str, GpuNode] = {}
     down: dict[str, str] = {}
-    for node in sorted(nodes, key=lambda n: str(metadata(n).get("name"))):
-        if not is_gpu_node(node):
-            continue
+    for node in nodes:
         name = str(metadata(node).get("name"))
+        on_dra = dra.named(name)
+        if not on_dra and not is_gpu_node(node):
+            continue
         node_objs[name] = node
-        why = out_of_service(node)
+        # a DRA pool being republished (fewer slices than it says) is no capacity this read
+        why = out_of_service(node) or dra.incomplete.get(name)
         if why is not None:
             down[name] = why  # no capacity now, and its replicas are none either
-        got = read_gpu_node(node, catalog)
+        got: GpuNode | str | None = dra.nodes.get(name) if on_dra else read_gpu_node(node, catalog)
+        if got is None:
+            continue  # named by slices that could not be read: the problem line says why
         if isinstance(got, str):
             problems.append(got)
             continue
@@ -233,12 +262,16 @@ class _Models:
     errors: dict[str, SpecError] = field(default_factory=dict)
     members: dict[str, list[LivePod]] = field(default_factory=dict)  # model key -> its pods
     owner_of: dict[str, str] = field(default_factory=dict)  # pod key -> model key
+    kinds: dict[str, WorkloadKind] = field(default_factory=dict)  # model key -> its workload kind
 
 
-def _managed_model(dep: Mapping[str, Any], key: str) -> ManagedModel:
-    meta = metadata(dep)
-    spec = dep.get("spec") or {}
-    pod_spec = (spec.get("template") or {}).get("spec") or {}
+def _managed_model(obj: Mapping[str, Any], key: str, kind: WorkloadKind = DEPLOYMENT,
+                   template: Mapping[str, Any] | None = None) -> ManagedModel:
+    """``template``: the pod template when it is not the object's own (a Rollout's ``workloadRef``)."""
+    meta = metadata(obj)
+    spec = obj.get("spec") or {}
+    tmpl = template if template is not None else kind.template(obj)
+    pod_spec = tmpl.get("spec") or {}
     containers = pod_spec.get("containers") or [{}]
     first = containers[0]
     replicas = parse_count(spec.get("replicas"))
@@ -252,14 +285,48 @@ def _managed_model(dep: Mapping[str, Any], key: str) -> ManagedModel:
         resources=copy.deepcopy(dict(first.get("resources") or {})),  # never an alias into the informer cache
         node_selector=dict(pod_spec.get("nodeSelector") or {}),
         annotations=dict(meta.get("annotations") or {}),
+        kind=kind.kind,
+        api_version=str(obj.get("apiVersion") or kind.api_version()),
+        resource=kind.resource,
+        group_size=kind.group_size(obj),
     )
 
 
+def _workload_objects(deployments: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]],
+                      namespace: str | None, problems: list[str]
+                      ) -> tuple[list[tuple[str, WorkloadKind, Mapping[str, Any]]], dict[str, Mapping[str, Any]]]:
+    """The managed workloads in key order (a key two kinds share goes to the first of :data:`KINDS`, with a
+    problem line), and every Deployment by key (a Rollout's ``workloadRef`` may name one)."""
+    deps = list(deployments)
+    by_key = {object_key(d): d for d in deps}
+    found: list[tuple[str, int, WorkloadKind, Mapping[str, Any]]] = []
+    for kind, obj in [*((DEPLOYMENT, d) for d in deps), *((kind_of(w), w) for w in workloads)]:
+        meta = metadata(obj)
+        if not is_managed(meta.get("annotations") or {}) or (namespace is not None
+                                                              and meta.get("namespace") != namespace):
+            continue
+        if kind is None:
+            problems.append(f"{obj.get('kind')} {object_key(obj)} ({obj.get('apiVersion')}): not a workload kind "
+                            "slotwise scales; not a model")
+            continue
+        found.append((object_key(obj), KINDS.index(kind), kind, obj))
+    found.sort(key=lambda f: (f[0], f[1]))
+    out: list[tuple[str, WorkloadKind, Mapping[str, Any]]] = []
+    for key, _, kind, obj in found:
+        if out and out[-1][0] == key:
+            problems.append(f"{kind.kind.lower()} {key}: a {out[-1][1].kind} of the same name is the model; "
+                            "not a model")
+            continue
+        out.append((key, kind, obj))
+    return out, by_key
+
+
 def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePod], problems: list[str],
-                 namespace: str | None = None) -> _Models:
-    """Managed Deployments (annotated; in ``namespace`` when one is given), their specs, and their pods: those in
-    the Deployment's namespace that the selector matches (a pod two selectors match goes to the first model by
-    key)."""
+                 namespace: str | None = None, workloads: Iterable[Mapping[str, Any]] = ()) -> _Models:
+    """Managed workloads (annotated; in ``namespace`` when one is given): the Deployments and ``workloads`` (other
+    kinds, :mod:`~autoscaler.live.kube.workloads`), their specs, and their pods: those in the workload's namespace
+    that its selector matches (a pod two selectors match goes to the first model by key). A LeaderWorkerSet's
+    spec gets ``pods_per_replica`` = its group size."""
     # Index pods by namespace and by (namespace, label, value), so that a selector looks at few candidates.
     by_ns: dict[str, list[LivePod]] = {}
     by_label: dict[tuple[str, str, str], list[LivePod]] = {}
@@ -268,29 +335,39 @@ def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePo
         for k, v in p.labels.items():
             by_label.setdefault((p.namespace, k, v), []).append(p)
 
-    managed = sorted(
-        ((object_key(dep), dep) for dep in deployments
-         if is_managed(metadata(dep).get("annotations") or {})
-         and (namespace is None or metadata(dep).get("namespace") == namespace)),
-        key=lambda kd: kd[0],
-    )
+    managed, deps = _workload_objects(deployments, workloads, namespace, problems)
     out = _Models()
-    for key, dep in managed:
-        meta = metadata(dep)
+    for key, kind, obj in managed:
+        meta = metadata(obj)
         ns = str(meta.get("namespace") or "")
-        out.models[key] = _managed_model(dep, key)
+        selector = kind.selector(obj)
+        template = None
+        ref = workload_ref(obj) if kind is ROLLOUT else None
+        if ref is not None:
+            # the Rollout runs the referenced Deployment's template (and its selector, when it has none itself)
+            target = deps.get(f"{ns}/{ref[1]}") if ref[0] == "Deployment" else None
+            if target is None:
+                problems.append(f"rollout {key}: workloadRef {ref[0]} {ns}/{ref[1]} not seen; its template is "
+                                "not read")
+            template = DEPLOYMENT.template(target) if target is not None else {}
+            if selector is None and target is not None:
+                selector = (target.get("spec") or {}).get("selector")
+        out.models[key] = _managed_model(obj, key, kind, template)
+        out.kinds[key] = kind
         try:
             # The spec's name is the model key: the core names slot requests, and so inventory models, by it.
-            out.specs[key] = parse_annotations(key, meta.get("annotations") or {}, namespace=ns)
+            spec = parse_annotations(key, meta.get("annotations") or {}, namespace=ns)
+            size = out.models[key].group_size
+            out.specs[key] = replace(spec, pods_per_replica=size) if size != spec.pods_per_replica else spec
         except SpecError as e:
             out.specs[key] = None
             out.errors[key] = SpecError(key, e.problems)  # parse_annotations would name it "<ns>/<ns>/<name>"
         mine: list[LivePod] = []
         out.members[key] = mine
         try:
-            sel = Selector.compile((dep.get("spec") or {}).get("selector"))
+            sel = Selector.compile(selector)
         except SelectorError as e:
-            problems.append(f"deployment {key}: selector {e}; no pods counted")
+            problems.append(f"{kind.kind.lower()} {key}: selector {e}; no pods counted")
             continue
         if sel.match_labels:
             candidates = min((by_label.get((ns, k, v), []) for k, v in sel.match_labels), key=len)
@@ -301,37 +378,63 @@ def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePo
                 continue
             first = out.owner_of.get(p.key)
             if first is not None:
-                problems.append(f"pod {p.key}: selected by deployments {first} and {key}; counted for {first}")
+                what = "deployments" if kind is DEPLOYMENT and out.kinds[first] is DEPLOYMENT else "models"
+                problems.append(f"pod {p.key}: selected by {what} {first} and {key}; counted for {first}")
                 continue
             out.owner_of[p.key] = key
             mine.append(p)
     return out
 
 
+def _groups(models: _Models, key: str) -> list[tuple[str, LivePod | None, list[LivePod]]]:
+    """A model's replicas as (replica id, leader pod, other pods): one pod each (its own leader), or a
+    LeaderWorkerSet's groups (id: the leader pod's key, ``<lws>-<group index>`` while the leader is not there;
+    pods without a group index label are no replica)."""
+    members = sorted(models.members[key], key=lambda p: p.key)
+    if not models.kinds[key].grouped:
+        return [(p.key, p, []) for p in members]
+    mm = models.models[key]
+    pods = {p.key: p for p in members}
+    return [(g.leader or leader_key(mm.namespace, mm.name, g.index), pods[g.leader] if g.leader else None,
+             [pods[k] for k in g.workers])
+            for g in group_pods([(p.key, p.labels) for p in members]).values()]
+
+
 def _count_unavailable(models: _Models, down: Mapping[str, str]) -> None:
-    """Each model's pods on a node out of service that are not being deleted: the ReplicaSet still counts them
-    in the Deployment's replicas, but they are no capacity."""
+    """Each model's replicas with a pod on a node out of service that is not being deleted: the controller (a
+    ReplicaSet, StatefulSet, LeaderWorkerSet) still counts them in the workload's replicas, but they are no
+    capacity. A LeaderWorkerSet group counts once, however many of its pods are there."""
     if not down:
         return
-    for key, members in models.members.items():
-        n = sum(1 for p in members if p.node in down and metadata(p.obj).get("deletionTimestamp") is None)
+    for key in models.members:
+        n = sum(1 for _, leader, others in _groups(models, key)
+                if any(p.node in down and metadata(p.obj).get("deletionTimestamp") is None
+                       for p in ([leader] if leader else []) + others))
         if n:
             models.models[key] = replace(models.models[key], unavailable_replicas=n)
 
 
 def _observations(models: _Models, slots: Mapping[str, Slot], down: Mapping[str, str]) -> dict[str, ModelObservation]:
+    """One :class:`Replica` per pod, or per LeaderWorkerSet group: ``slot`` the leader's, ``group_slots`` the other
+    pods' (those known), Ready only with all ``group_size`` pods there and Ready, ``started_at`` the group's first
+    pod's creation -- so a cold start runs from the group's start until its LAST pod is Ready, and a worker
+    recreated under a leader that stays is no new replica -- draining when any of its pods is being deleted or is
+    on a node out of service."""
     observations: dict[str, ModelObservation] = {}
     for key, model in models.models.items():
         replicas = []
-        for p in sorted(models.members[key], key=lambda p: p.key):
-            ready = condition(p.obj, "Ready")
-            lost = p.node in down  # on a node out of service: no capacity, whatever the pod's last status said
+        for rid, leader, others in _groups(models, key):
+            pods = ([leader] if leader is not None else []) + others
+            lost = any(p.node in down for p in pods)  # on a node out of service: no capacity, whatever it said
             replicas.append(Replica(
-                replica_id=p.key,
-                slot=slots.get(p.key),
-                ready=bool(ready and ready.get("status") == "True") and not lost,
-                started_at=p.created,
-                draining=metadata(p.obj).get("deletionTimestamp") is not None or lost,
+                replica_id=rid,
+                slot=slots.get(leader.key) if leader is not None else None,
+                ready=(leader is not None and len(pods) >= model.group_size and not lost
+                       and all(_is_ready(p) for p in pods)),
+                started_at=min(p.created for p in pods),
+                # any pod going: LWS recreates or removes the whole group (RecreateGroupOnPodRestart, scale-down)
+                draining=lost or any(metadata(p.obj).get("deletionTimestamp") is not None for p in pods),
+                group_slots=tuple(s for p in others if (s := slots.get(p.key)) is not None),
             ))
         observations[key] = ModelObservation(
             name=key,
@@ -341,6 +444,11 @@ def _observations(models: _Models, slots: Mapping[str, Slot], down: Mapping[str,
             spec_error=models.errors.get(key),
         )
     return observations
+
+
+def _is_ready(p: LivePod) -> bool:
+    ready = condition(p.obj, "Ready")
+    return bool(ready and ready.get("status") == "True")
 
 
 # -- lent GPUs -----------------------------------------------------------------------------------------------
@@ -404,31 +512,46 @@ def _allocate_pods(
     borrowers: Mapping[str, float | None],
     lent: dict[tuple[str, int], float],
     problems: list[str],
+    resource_claims: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Slot]:
     """Allocate every GPU pod on an inventory node, oldest first (``live``'s order); pod key -> its slot.
+
+    On a DRA node (:class:`~autoscaler.live.kube.dra.DraNode`) the pod's allocated ResourceClaims say exactly which
+    device it holds (:func:`~autoscaler.live.kube.dra.pod_devices`): that slot is allocated, not the first free.
 
     Training pods on a lent node (pods mode) are borrowers: the node's lent allocation (:func:`_allocate_lent`,
     after this) covers its GPUs, so they are not allocated a second time. ``borrowers`` (Kueue mode only, else
     empty): the whole GPUs those training pods hold are lent, into ``lent``, since their workload started.
     """
     slots: dict[str, Slot] = {}
+    claims = index_claims(resource_claims) if any(isinstance(g, DraNode) for g in gpu_nodes.values()) else None
     for p in live:
-        if not p.gpus or p.node is None:
+        if p.node is None:
             continue
         gn = gpu_nodes.get(p.node)
-        if gn is None:
-            continue  # cordoned, unknown GPU, or not a GPU node: outside the inventory
+        if gn is None or not (p.gpus or isinstance(gn, DraNode)):
+            continue  # cordoned, unknown GPU, or not a GPU node: outside the inventory; or no GPU asked for
         if p.node in lent_nodes and p.labels.get(PREEMPTIBLE_LABEL) == "true":
             # a borrower on a lent node: the node's lent allocation holds its GPUs. Only pods that carry the
             # label themselves: those are the ones a reclaim may evict, so only they may stand for lent GPUs.
             continue
-        if len(p.gpus) > 1:
+        model = models.owner_of.get(p.key)
+        if isinstance(gn, DraNode):
+            assert claims is not None
+            held = pod_devices(p.obj, claims)
+            if not held:
+                if p.gpus:  # no device plugin on a DRA node: these resources are nobody's
+                    problems.append(f"pod {p.key} on {p.node}: asks for {sorted(p.gpus)} on a DRA node; "
+                                    "no slot recorded")
+                continue
+            got = dra_slot(gn, held)
+        elif len(p.gpus) > 1:
             problems.append(f"pod {p.key}: asks for several GPU resources {sorted(p.gpus)}; no slot recorded")
             continue
-        ((resource, n),) = p.gpus.items()
-        model = models.owner_of.get(p.key)
-        spec = models.specs.get(model) if model is not None else None
-        got = find_slot(inventory, gn, resource, n, spec.gpu_memory_gib if spec is not None else None)
+        else:
+            ((resource, n),) = p.gpus.items()
+            spec = models.specs.get(model) if model is not None else None
+            got = find_slot(inventory, gn, resource, n, spec.gpu_memory_gib if spec is not None else None)
         if isinstance(got, str):
             problems.append(f"pod {p.key} on {p.node}: {got}; no slot recorded")
             continue

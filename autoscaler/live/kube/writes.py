@@ -80,9 +80,12 @@ def _finite(x: float | None) -> float | None:
 
 
 def status_payload(a: UpdateStatus, *, dry_run: bool, now: float,
-                   shortfall: Mapping[str, int] | None = None) -> dict[str, Any]:
+                   shortfall: Mapping[str, int] | None = None, autoscaled_by: str | None = None,
+                   coexistence: str | None = None) -> dict[str, Any]:
     """The ``slotwise.io/status`` annotation's JSON; ``shortfall`` (cause -> replicas not placed this tick, from
-    the plan's Shortfalls of the model) only when there is one."""
+    the plan's Shortfalls of the model) only when there is one; ``autoscaledBy`` (the HPA / ScaledObject that
+    scales the workload, :attr:`~autoscaler.live.kube.objects.ManagedModel.autoscaled_by`) and ``coexistence``
+    (``hands-off`` | ``advise``) only for such a model: ``desired`` is then what slotwise would set, not written."""
     payload = {
         "desired": a.desired,
         "current": a.current,
@@ -97,6 +100,9 @@ def status_payload(a: UpdateStatus, *, dry_run: bool, now: float,
     }
     if shortfall:
         payload["shortfall"] = {str(cause): int(n) for cause, n in shortfall.items()}
+    if autoscaled_by:
+        payload["autoscaledBy"] = autoscaled_by
+        payload["coexistence"] = coexistence or COEXISTENCE_DEFAULT
     return payload
 
 
@@ -114,7 +120,8 @@ def same_status(current: str | None, payload: Mapping[str, Any]) -> bool:
 
 
 # What a status says that matters to a reader at once: any change of these is written (and gets an Event) at once.
-_MATERIAL_KEYS = ("desired", "current", "reason", "conditionOk", "dryRun", "sloLatencyMs", "shortfall")
+_MATERIAL_KEYS = ("desired", "current", "reason", "conditionOk", "dryRun", "sloLatencyMs", "shortfall", "autoscaledBy",
+                  "coexistence")
 # Numbers that move with every noisy sample: written at once only past a relative change, else with the refresh.
 _NOISY_NUMBERS = ("forecastRps", "predictedLatencyMs")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?%?")
@@ -184,18 +191,45 @@ _STATUS_REASONS = {
 _WARNING_REASONS = {Reason.UNPLACEABLE, Reason.METRICS_STALE, Reason.METRICS_PARTIAL}
 
 
-def status_event(a: UpdateStatus) -> tuple[str, str, str]:
+def status_event(a: UpdateStatus, autoscaled_by: str | None = None) -> tuple[str, str, str]:
     """(type, reason, message) of the Event recording a status update. A problem's text (e.g. the SpecError
-    of invalid annotations) is the message verbatim, so users can grep for it."""
+    of invalid annotations) is the message verbatim, so users can grep for it. A model another autoscaler scales
+    (``autoscaled_by``) was not scaled: ``Recommended`` instead of ``Scaled``, and the message says who scales."""
     warning = not a.condition_ok or a.reason in _WARNING_REASONS
-    reason = _STATUS_REASONS.get(a.reason, "Scaled")
+    reason = _STATUS_REASONS.get(a.reason, "Recommended" if autoscaled_by else "Scaled")
     if not a.condition_ok:
         message = a.message or f"condition not ok ({a.reason})"
+    elif autoscaled_by:
+        message = f"desired {a.desired} replica(s) (not written: {autoscaled_by} scales it), {a.current} ready: " \
+                  f"{a.reason}"
     else:
         message = f"desired {a.desired} replica(s), {a.current} ready: {a.reason}"
         if a.message:
             message += f"; {a.message}"
     return ("Warning" if warning else "Normal"), reason, message
+
+
+# Living beside an HPA or a KEDA ScaledObject (actuator.coexistence; docs/kubernetes.md "Living beside HPA and KEDA")
+HANDS_OFF = "hands-off"  # leave the workload alone: no /scale, no template; say so (status, one Event)
+ADVISE = "advise"  # the same, and publish the desired replicas (slotwise_advised_replicas) for the HPA / KEDA
+COEXISTENCE_MODES = (HANDS_OFF, ADVISE)
+COEXISTENCE_DEFAULT = HANDS_OFF
+AUTOSCALED_EVENT = "AutoscaledElsewhere"  # Warning: slotwise does not scale it (hands-off)
+ADVISING_EVENT = "AdvisingAutoscaler"  # Normal: slotwise advises its replicas to the autoscaler (advise)
+ADVISED_METRIC = "slotwise_advised_replicas"
+
+
+def autoscaled_event(kind: str, namespace: str, name: str, autoscaled_by: str, replicas: int,
+                     mode: str) -> tuple[str, str, str]:
+    """(type, reason, message) of the Event telling that ``autoscaled_by`` scales the workload, so slotwise did
+    not write its /scale (``replicas``: what it would have set); in ``advise`` mode it names the series to act on."""
+    said = f"{autoscaled_by} scales this {kind}: slotwise does not write its /scale"
+    if mode == ADVISE:
+        selector = f'{ADVISED_METRIC}{{namespace="{namespace}",kind="{kind}",name="{name}"}}'
+        return "Normal", ADVISING_EVENT, f"{said}; it advises {replicas} replica(s) now as {selector}"
+    return "Warning", AUTOSCALED_EVENT, (
+        f"{said} (it would set {replicas} replica(s)); remove the autoscaler to let slotwise scale it, or set "
+        f"actuator.coexistence: advise to publish its replicas as {ADVISED_METRIC} for the autoscaler")
 
 
 # Shortfall cause -> (Event type, Event reason). Refusals are Warnings; headroom not granted (the model meets its
