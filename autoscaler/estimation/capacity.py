@@ -13,11 +13,36 @@ re-derives them):
   general service we scale the mean wait by Allen–Cunneen's ``(1+scv)/2``, i.e. divide the rate by it.
   The fidelity bench (bench/fidelity.py) checked this against a request-level simulation on the Azure
   LLM traces; see docs there for what else was tried.
+
+Decode-bound saturation and the ITL SLO (issue 17). With continuous batching a replica decodes all its running
+requests together, one token each per step, and the step grows with the batch: it reads the weights once and every
+running request's KV cache, so it is linear in the batch, ``ITL(b) = d (1 + alpha (b - 1))`` with ``d`` the ITL
+of a request decoding alone (``decode-ms-per-token``) and ``alpha`` the declared ``decode-batch-slowdown``. That is
+the linear decode-latency model of DistServe (Zhong et al., OSDI 2024, section 4 / appendix: decode time linear in
+the batch's tokens) and of Vidur's and Splitwise's profiles, kept to one parameter because a user can measure it
+from two points of a vLLM benchmark (the ITL at batch 1 and at batch ``c``). Two consequences:
+
+- *saturation*: a request's decode takes ``ITL(b) / d`` times its batch-1 time, so a replica's throughput
+  ``b / S(b)`` saturates with the batch. Mean-field: a replica at ``lam`` req/s with mean batch-1 occupancy ``m``
+  (decode share ``delta``) runs ``a = lam m (1 + alpha delta (a - 1))`` requests at once (for ``a >= 1``), so
+  ``a = lam m (1 - k) / (1 - lam m k)`` with ``k = alpha delta``; the queueing model then runs on the occupancy
+  ``a / lam`` (:func:`batch_factor`). ``a >= c`` (or ``lam m k >= 1``) is overload.
+- *the ITL SLO* caps the batch: ``b_max`` = the largest batch whose ITL meets it (:attr:`ServiceProfile.itl_cap`). A
+  request decodes in the batch it joins, the requests already running on its replica plus itself (``c`` when it had
+  to wait for a slot); in M/M/c the running count an arrival finds is ``k < c`` with probability ``(1 - C) pois(k; a)
+  / P(pois <= c - 1; a)``, so ``P(ITL ok) = (1 - C(c, a)) P(pois <= b_max - 1; a) / P(pois <= c - 1; a)``
+  (:func:`itl_attainment`). Every request that waits for a slot decodes in a full batch and misses the ITL, and
+  (when its prefill fits) only those miss the TTFT: the TTFT misses are among the ITL misses, so a request's joint
+  attainment is the smaller of the two and the replicas a model needs are the larger of the two counts
+  (:func:`attainment`, :func:`slo_bounds`).
+
+Without an ITL SLO and with ``alpha = 0`` (or no decode part) every function below answers exactly as before.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -47,6 +72,14 @@ class ServiceProfile:
     # Variability of the arrivals (squared coefficient of variation of inter-arrival times, estimated as
     # the index of dispersion of counts): 1 = Poisson; bursty traffic queues more at the same mean rate.
     arrival_scv: float = 1.0
+    # Decode-bound saturation and the ITL SLO (module docstring): the ITL target (s; None: none), the ITL of a
+    # request decoding alone, its growth per extra request in the batch, the decode part of the mean occupancy at
+    # batch 1, and whether the latency part includes the decode (e2e, or a TTFT prior without prefill rates).
+    itl_slo_s: float | None = None
+    itl_base_s: float = 0.0
+    decode_slowdown: float = 0.0
+    decode_share: float = 0.0
+    latency_decodes: bool = False
 
     # Sizing asks the same question every tick while the load is steady: remember the answers.
     _memo: dict[tuple[float, int], int] = field(default_factory=dict, compare=False, repr=False)
@@ -101,6 +134,36 @@ class ServiceProfile:
         """:func:`latency_part_at_percentile` of this profile."""
         return float(np.quantile(self.latency_part_s, self.percentile / 100.0))
 
+    @cached_property
+    def batch_slows(self) -> float:
+        """``alpha x delta``: how much the mean occupancy grows per extra request in the batch (0: not at all)."""
+        return self.decode_slowdown * self.decode_share
+
+    @cached_property
+    def itl_reachable(self) -> bool:
+        """Whether a request decoding alone meets the ITL SLO (True without one): below that, no count helps."""
+        return self.itl_slo_s is None or self.itl_base_s <= self.itl_slo_s * (1.0 + 1e-12)
+
+    @cached_property
+    def itl_cap(self) -> int | None:
+        """The largest decode batch (< ``concurrency``) whose ITL meets the SLO; None when the ITL never binds (no ITL
+        SLO, out of reach, or met even by a full batch)."""
+        if self.itl_slo_s is None or not self.itl_reachable:
+            return None
+        d, alpha, c = self.itl_base_s, self.decode_slowdown, self.concurrency
+        if d <= 0 or alpha <= 0 or d * (1.0 + alpha * (c - 1)) <= self.itl_slo_s:
+            return None
+        return max(1, min(c - 1, math.floor(1.0 + (self.itl_slo_s / d - 1.0) / alpha + 1e-9)))
+
+    @cached_property
+    def decode_bound(self) -> bool:
+        """Whether the batch slows the service or caps it (else the plain M/G/c of before applies)."""
+        return self.batch_slows > 0 or self.itl_cap is not None
+
+    def itl_s(self, batch: float) -> float:
+        """The ITL of a request decoding in a batch of ``batch``."""
+        return self.itl_base_s * (1.0 + self.decode_slowdown * max(batch - 1.0, 0.0))
+
     def with_arrival_scv(self, arrival_scv: float) -> ServiceProfile:
         """This profile under arrivals of variability ``arrival_scv``; the variants are kept, so that
         sizing keeps its memo per variant (callers should round the value to a coarse grid)."""
@@ -128,6 +191,11 @@ class ServiceProfile:
             slo_s=self.slo_s,
             percentile=self.percentile,
             arrival_scv=self.arrival_scv,
+            itl_slo_s=self.itl_slo_s,
+            itl_base_s=self.itl_base_s * factor,
+            decode_slowdown=self.decode_slowdown,
+            decode_share=self.decode_share,
+            latency_decodes=self.latency_decodes,
         )
 
 
@@ -231,17 +299,25 @@ def profile_from_spec(spec: ModelSpec, k: int = 32) -> ServiceProfile:
     conservative prior, since it can only over-estimate the latency part.
     """
     occ = _exp_bin_means(spec.service_time_s, k)
-    if spec.slo_metric == "ttft" and spec.prefill_ms_per_1k_tokens is not None:
-        frac = min(1.0, spec.prefill_ms_per_1k_tokens / spec.service_time_ms)
-        lat = occ * frac
+    prefill = None if spec.prefill_ms_per_1k_tokens is None else min(1.0, spec.prefill_ms_per_1k_tokens
+                                                                       / spec.service_time_ms)
+    if spec.slo_metric == "ttft" and prefill is not None:
+        lat = occ * prefill
     else:
         lat = occ.copy()
+    # the decode's share of the service: what the batch slows (the rest, prefill, it does not)
+    decode_share = 0.0 if spec.decode_ms_per_token is None else 1.0 - (prefill or 0.0)
     return ServiceProfile(
         occupancy_s=occ,
         latency_part_s=lat,
         concurrency=spec.concurrency,
         slo_s=spec.slo_latency_s,
         percentile=spec.slo_percentile,
+        itl_slo_s=spec.slo_itl_s,
+        itl_base_s=(spec.decode_ms_per_token or 0.0) / 1000.0,
+        decode_slowdown=spec.decode_batch_slowdown,
+        decode_share=decode_share,
+        latency_decodes=not (spec.slo_metric == "ttft" and prefill is not None),
     )
 
 
@@ -284,6 +360,9 @@ def attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
         return 1.0  # no requests, none late
     if replicas <= 0:
         return 0.0
+    if profile.decode_bound:
+        lat = latency_attainment(rate, replicas, profile)
+        return lat if profile.itl_cap is None else min(lat, itl_attainment(rate, replicas, profile))
     # Allen-Cunneen's (ca^2 + cs^2) / 2: burstier arrivals stretch the wait like a more variable service.
     scv = profile.scv + profile.arrival_scv - 1.0
     p_wait, decay = _wait_params_scalar(rate / replicas, profile.concurrency, profile.mean_s, scv)
@@ -292,6 +371,59 @@ def attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
     # within_prob(profile.budget_s, p_wait, decay), with the budget's clipping done once per profile
     tail = p_wait * np.exp(-decay * profile.budget_pos_s)
     return float(np.mean(np.where(profile.budget_ok, 1.0 - tail, 0.0)))
+
+
+def batch_factor(rate_per_replica: float, profile: ServiceProfile) -> float:
+    """How many times its batch-1 occupancy a request holds its slot at ``rate_per_replica`` (module docstring, the
+    mean-field batch); inf when the replica cannot keep up (the decode-bound saturation); 1 without a slowdown."""
+    k = profile.batch_slows
+    a0 = rate_per_replica * profile.mean_s
+    if k <= 0 or a0 <= 1.0:
+        return 1.0
+    if a0 * k >= 1.0:
+        return math.inf
+    a = a0 * (1.0 - k) / (1.0 - a0 * k)
+    return a / a0 if a < profile.concurrency else math.inf
+
+
+def latency_attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
+    """:func:`attainment` of the latency SLO alone (TTFT or e2e), the occupancy slowed by the batch it runs in."""
+    if rate <= 0:
+        return 1.0
+    if replicas <= 0:
+        return 0.0
+    g = batch_factor(rate / replicas, profile)
+    if not math.isfinite(g):
+        return 0.0
+    scv = profile.scv + profile.arrival_scv - 1.0
+    p_wait, decay = _wait_params_scalar(rate / replicas, profile.concurrency, profile.mean_s * g, scv)
+    if decay <= 0:
+        return 0.0
+    if profile.latency_decodes and g != 1.0:
+        budget = profile.slo_s - profile.latency_part_s * g  # (the decode in the latency slows too)
+        tail = p_wait * np.exp(-decay * np.maximum(budget, 0.0))
+        return float(np.mean(np.where(budget >= 0.0, 1.0 - tail, 0.0)))
+    tail = p_wait * np.exp(-decay * profile.budget_pos_s)
+    return float(np.mean(np.where(profile.budget_ok, 1.0 - tail, 0.0)))
+
+
+def itl_attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:
+    """The share of requests whose ITL meets the ITL SLO (module docstring): those that join a batch of at most
+    :attr:`ServiceProfile.itl_cap`. 1 where the ITL never binds (an ITL out of reach is not charged here: no count
+    helps it, :attr:`ServiceProfile.itl_reachable`)."""
+    cap = profile.itl_cap
+    if cap is None or rate <= 0:
+        return 1.0
+    if replicas <= 0:
+        return 0.0
+    g = batch_factor(rate / replicas, profile)
+    c = profile.concurrency
+    a = rate / replicas * profile.mean_s * g
+    if not (math.isfinite(g) and a / c < _RHO_UNSTABLE):
+        return 0.0
+    pc = float(erlang_c(c, a))
+    below = float(special.pdtr(cap - 1, a)) / float(special.pdtr(c - 1, a))
+    return max(0.0, min(1.0, (1.0 - pc) * below))
 
 
 def _wait_params_scalar(rate_per_replica: float, concurrency: int, mean_s: float, scv: float) -> tuple[float, float]:
@@ -332,9 +464,14 @@ def predicted_latency_s(rate: float, replicas: int, profile: ServiceProfile, rel
     if replicas <= 0:
         return math.inf
     scv = profile.scv + profile.arrival_scv - 1.0
-    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s, scv)
+    g = batch_factor(rate / replicas, profile)
+    if not math.isfinite(g):
+        return math.inf
+    p_wait, decay = wait_params(rate / replicas, profile.concurrency, profile.mean_s * g, scv)
     if decay <= 0:
         return math.inf
+    if profile.latency_decodes and g != 1.0:
+        parts = parts * g
 
     def met(latency: np.ndarray) -> np.ndarray:
         return np.mean(within_prob(latency[None, :] - parts[:, None], p_wait, decay), axis=0) >= target
@@ -441,21 +578,39 @@ def knee_replicas(rate: float, profile: ServiceProfile, max_replicas: int = 10_0
     return memo[key]
 
 
-def _min_replicas_search(rate: float, profile: ServiceProfile, max_replicas: int, target: float | None = None) -> int:
+def slo_bounds(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> tuple[int, int]:
+    """The replicas each SLO alone needs at ``rate``: (latency -- TTFT or e2e --, ITL). The model needs the larger
+    (:func:`min_replicas_for_slo`); the status names the one that binds. The ITL count is 0 where the ITL never
+    binds."""
+    if rate <= 0:
+        return 0, 0
+    lat = _min_replicas_search(rate, profile, max_replicas, att=latency_attainment)
+    itl = 0 if profile.itl_cap is None else _min_replicas_search(rate, profile, max_replicas, att=itl_attainment)
+    return lat, itl
+
+
+def itl_replicas(rate: float, profile: ServiceProfile, max_replicas: int = 10_000) -> int:
+    """Fewest replicas whose ITL attainment at ``rate`` meets the percentile (0 where the ITL never binds)."""
+    return slo_bounds(rate, profile, max_replicas)[1] if profile.itl_cap is not None and rate > 0 else 0
+
+
+def _min_replicas_search(rate: float, profile: ServiceProfile, max_replicas: int, target: float | None = None,
+                         att: Callable[[float, int, ServiceProfile], float] | None = None) -> int:
     target = profile.percentile / 100.0 if target is None else target
+    check = att or attainment
     mean_s = profile.mean_s
     # Below this count the replicas are overloaded: attainment is 0 there, no need to evaluate.
     lo = max(1, math.floor(rate * mean_s / profile.concurrency) + 1)
     if lo > max_replicas:
         return max_replicas
-    if attainment(rate, lo, profile) >= target:
+    if check(rate, lo, profile) >= target:
         return lo
     hi = lo
     step = 1
     # Gallop up first: the answer is usually within a few replicas of the stability bound.
     while True:
         hi = min(max_replicas, lo + step)
-        if attainment(rate, hi, profile) >= target:
+        if check(rate, hi, profile) >= target:
             break
         if hi == max_replicas:
             return max_replicas
@@ -463,7 +618,7 @@ def _min_replicas_search(rate: float, profile: ServiceProfile, max_replicas: int
         step *= 2
     while hi - lo > 1:  # invariant: lo fails, hi meets the target
         mid = (lo + hi) // 2
-        if attainment(rate, mid, profile) >= target:
+        if check(rate, mid, profile) >= target:
             hi = mid
         else:
             lo = mid

@@ -190,6 +190,9 @@ class SloPolicy:
                       f"{capacity_model.latency_part_at_percentile(profile):.2f} s vs SLO {spec.slo_latency_s:g} s: "
                       f"at most {profile.attainable:.1%} of requests can be in time however many replicas serve; "
                       f"sized at the knee ({raw}, for {knee:.1%} within the SLO); {detail}")
+        if profile.itl_slo_s is not None:
+            itl_reason, detail = _itl_detail(load, profile, spec, detail)
+            reason = itl_reason or reason
         new_state = state if (dispersion == state.dispersion and dispersion_at == state.dispersion_at) \
             else SloState(dispersion=dispersion, dispersion_at=dispersion_at)  # (immutable: kept while unchanged)
         n_minus_1 = None
@@ -200,6 +203,25 @@ class SloPolicy:
             n_minus_1 = NMinus1(lambda: self._size(floor_load, ctx, profile), f"the SLO at {_q_text(q_down)}")
         return PolicyResult(raw, new_state, reason, detail, n_minus_1=n_minus_1,
                             arrival_scv=dispersion if self.burstiness else None)
+
+
+def _itl_detail(load: float, profile: ServiceProfile, spec: ModelSpec, detail: str) -> tuple[Reason | None, str]:
+    """A TTFT+ITL model's detail names the bound that set its count (issue 17): the replicas each SLO alone needs at
+    the load it was sized for (the larger is the count, :func:`autoscaler.estimation.capacity.min_replicas_for_slo`),
+    and the batch the ITL target allows. An ITL a request decoding alone misses is out of reach: said, with the
+    reason ``SLO_UNATTAINABLE``; the model is sized for its latency SLO."""
+    itl_ms = spec.slo_itl_ms
+    if not profile.itl_reachable:
+        return Reason.SLO_UNATTAINABLE, (f"ITL SLO {itl_ms:g} ms out of reach: a request decoding alone takes "
+                                         f"{profile.itl_base_s * 1000:.3g} ms per token; sized for the "
+                                         f"{spec.slo_metric} SLO; {detail}")
+    cap = profile.itl_cap
+    if cap is None or not load > 0:
+        return None, f"{detail}; {spec.slo_metric} binds (the ITL SLO {itl_ms:g} ms holds at the full batch)"
+    lat, itl = capacity_model.slo_bounds(quantize_up(load), profile, spec.max_replicas + 1)
+    which = "ITL" if itl > lat else spec.slo_metric.upper()
+    return None, (f"{detail}; {which} binds: ITL {itl_ms:g} ms allows a batch of {cap} of {profile.concurrency} "
+                  f"(ITL needs {itl}, {spec.slo_metric} {lat} replicas)")
 
 
 FORECAST_STEP_S = 60.0  # the fleet forecaster's step: its quantiles are of per-minute mean rates

@@ -18,6 +18,11 @@ a replica of speed ``s`` occupies its server ``occupancy / s`` and has latency p
 model's routable replicas change, the engine keeps the oldest replicas whose speeds are still listed and adds empty
 ones for the rest (with all speeds 1, the same as keeping the oldest ``n``).
 
+Decode-bound saturation and the ITL SLO (issue 17; :mod:`autoscaler.sim.queueing`): for a model whose batch slows its
+decode, a request's batch is fixed when it starts (the other servers of its replica still busy then, plus itself), and
+its decode takes ``1 + alpha (batch - 1)`` times its batch-1 time; it is within the SLO when its latency and its ITL
+at that batch both meet their targets. Other models take the path of before.
+
 Success and busy time (issue 9; :mod:`autoscaler.sim.queueing`): a settled request succeeds when it completes
 (start - arrival + occupancy) within the request timeout; busy is each tick's exact busy server time (the overlap of
 every request's [start, finish) with the tick, removed replicas' queues included) / dt.
@@ -69,6 +74,25 @@ class DesEngine:
         self._start = np.full(n, np.inf)
         self._latency = np.full(n, np.inf)
         self._req_speed = np.ones(n)  # the speed of the replica each request was dispatched to
+        # Decode-bound models (module docstring): per model, (alpha, ITL at batch 1, ITL SLO, latency includes the
+        # decode) or None; per request its ITL verdict and its own copy of the occupancy the batch stretches.
+        w = workload
+        bound = w.decode_bound
+        self._decode: list[tuple[float, float, float, bool] | None] = [None] * self._m
+        if bound.any():
+            assert w.slowdown is not None and w.itl_base_s is not None and w.itl_slo_s is not None
+            assert w.latency_decodes is not None
+            for m in np.flatnonzero(bound):
+                self._decode[m] = (float(w.slowdown[m]), float(w.itl_base_s[m]), float(w.itl_slo_s[m]),
+                                   bool(w.latency_decodes[m]))
+            if workload.is_request_log:
+                assert w.decode_s is not None
+                self._occ = self._occ.copy()  # (the workload's own arrays stay as they are)
+                self._lat = self._lat.copy()
+                self._dec = w.decode_s
+        if not workload.is_request_log:
+            self._dec = np.empty(0)
+        self._itl_ok = np.ones(n, dtype=bool)
         # Requests still in the system (not finished before the current tick): ids.
         self._active = np.empty(0, dtype=np.int64)
         self._next = 0  # first request id not yet arrived
@@ -94,6 +118,9 @@ class DesEngine:
         self._mi = np.concatenate([self._mi, mi[order]])
         # Occupancy and latency part share the quantile rank, so latency part <= occupancy holds.
         occ, lat = w.occupancy_pts[mi, k][order], w.latency_pts[mi, k][order]
+        if w.decode_pts is not None:
+            self._dec = np.concatenate([self._dec, w.decode_pts[mi, k][order]])
+        self._itl_ok = np.concatenate([self._itl_ok, np.ones(total, dtype=bool)])
         self._occ = np.concatenate([self._occ, occ])
         self._lat = np.concatenate([self._lat, lat])
         self._tail = np.concatenate([self._tail, occ - lat])
@@ -182,6 +209,9 @@ class DesEngine:
         s = self._speed[m][rep]
         free = heapq.heappop(heap)
         start = now if now > free else free
+        decode = self._decode[m]
+        if decode is not None:
+            self._batch(i, heap, start, s, decode)
         if s == 1.0:
             heapq.heappush(heap, start + float(self._occ[i]))
             self._latency[i] = start - float(self._t[i]) + float(self._lat[i])
@@ -191,13 +221,27 @@ class DesEngine:
             self._req_speed[i] = s
         self._start[i] = start
 
+    def _batch(self, i: int, heap: list[float], start: float, s: float,
+               decode: tuple[float, float, float, bool]) -> None:
+        """Request ``i`` starts at ``start`` on the replica whose other servers free at ``heap``: its batch is the
+        servers still busy then plus itself; the batch stretches its decode, and its ITL there is its verdict."""
+        alpha, itl_1, itl_slo, latency_decodes = decode
+        batch = 1 + sum(1 for f in heap if f > start)
+        extra = float(self._dec[i]) * alpha * (batch - 1)
+        self._occ[i] += extra
+        if latency_decodes:
+            self._lat[i] += extra
+        else:
+            self._tail[i] += extra
+        self._itl_ok[i] = itl_1 * (1.0 + alpha * (batch - 1)) / s <= itl_slo + 1e-12
+
     def _stats(self, t0: float, t1: float, i0: int, i1: int, settled: np.ndarray) -> TickStats:
         m_count = self._m
         new = np.arange(i0, i1, dtype=np.int64)
         arrivals = np.bincount(self._mi[new], minlength=m_count).astype(np.float64)
         lat_s = self._latency[settled]
         mi_s = self._mi[settled]
-        ok = lat_s <= self._slo[mi_s] + 1e-9
+        ok = (lat_s <= self._slo[mi_s] + 1e-9) & self._itl_ok[settled]
         within = np.bincount(mi_s[ok], minlength=m_count).astype(np.float64)
         # completed: start - arrival + occupancy = the SLO latency + (occupancy - latency part)
         ok_to = lat_s + self._tail[settled] / self._req_speed[settled] <= self.request_timeout_s + 1e-9
@@ -260,7 +304,7 @@ class DesEngine:
         """Per model, fraction of arrived requests within SLO so far (undispatched count as late)."""
         lat = self._latency[: self._next]
         mi = self._mi[: self._next]
-        ok = lat <= self._slo[mi] + 1e-9
+        ok = (lat <= self._slo[mi] + 1e-9) & self._itl_ok[: self._next]
         n = np.bincount(mi, minlength=self._m)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.bincount(mi[ok], minlength=self._m) / n

@@ -5,6 +5,7 @@ with the DES: :mod:`autoscaler.sim.queueing`)."""
 from __future__ import annotations
 
 import numpy as np
+from scipy import special
 
 from autoscaler.estimation.capacity import wait_params, within_prob
 from autoscaler.sim.queueing import (
@@ -149,6 +150,16 @@ class FluidEngine:
        routing in proportion to speed would give; kube-proxy's uniform routing loads the slow replicas more, which
        the DES models exactly). Without speeds (every replica at speed 1) the tick is the one before speeds.
 
+    6. Decode-bound saturation and the ITL SLO (issue 17, :mod:`autoscaler.sim.queueing`): for a model whose batch
+       slows its decode, each cohort's mean occupancy this tick is its batch-1 mean times ``1 + alpha delta (b - 1)``,
+       ``b = rho(x) c`` the busy servers its state holds at the tick's start (the mean-field batch of
+       :func:`autoscaler.estimation.capacity.batch_factor`; in steady state the same fixed point), so the service
+       rate falls as the batch grows and a replica's throughput saturates at ``c / (mean (1 + alpha delta (c - 1)))``.
+       Within the SLO is the smaller of the latency share and the ITL share (the share joining a batch of at most
+       the ITL's cap, :func:`autoscaler.estimation.capacity.itl_attainment`, on the tick's state). On request logs
+       each request's decode is stretched by the batch too (its e2e latency and its completion for the timeout); on
+       rate series the latency points are not (only the wait is). Models with neither take the path of before.
+
     Whole-run latency quantiles come from a sketch: per model, the arrival-weighted CDF of the wait on a
     fixed grid (0 plus 64 log-spaced points from 1 ms to 10^4 s, ratio 1.29 between points), updated
     every tick with the tick's stationary wait, mixed over cohorts (the burst delays of 4. are not in
@@ -203,6 +214,19 @@ class FluidEngine:
         self._held = np.zeros(self._m)  # requests waiting for a replica (the model has none)
         self._draining = np.zeros(self._m)  # requests on removed replicas, not finished yet
         self._lat_q = np.array([np.percentile(w.latency_pts[m], w.percentile[m]) for m in range(self._m)])
+        self._decode_bound = bool(w.decode_bound.any())
+        if self._decode_bound:  # (6.)
+            assert w.slowdown is not None and w.decode_share is not None and w.itl_base_s is not None
+            assert w.itl_slo_s is not None and w.latency_decodes is not None
+            bound = w.decode_bound
+            self._grow = np.where(bound, w.slowdown * w.decode_share, 0.0)  # mean occupancy per extra request
+            self._alpha = np.where(bound, w.slowdown, 0.0)  # decode time per extra request
+            d, slo, alpha = w.itl_base_s, w.itl_slo_s, w.slowdown
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fits = np.floor(1.0 + (slo / np.where(d > 0, d, 1.0) - 1.0) / np.where(alpha > 0, alpha, 1.0) + 1e-9)
+            cap = np.where((d <= 0) | (alpha <= 0) | ~np.isfinite(slo), self._c, np.minimum(fits, self._c))
+            self._itl_cap = np.where(np.isfinite(slo) & (d > slo * (1.0 + 1e-12)), 0.0, cap)  # 0: out of reach
+            self._stretch_lat = bound & w.latency_decodes
         if w.is_request_log:
             assert w.t is not None and w.model_index is not None and w.latency_part_s is not None
             self._t = w.t
@@ -250,6 +274,16 @@ class FluidEngine:
                 pts_to = _PointBudgets(self.request_timeout_s - w.occupancy_pts * inv_s[:, None])
             hit = self._at_speed = (inv_s.copy(), lat_pts, self._lat_q * inv_s, pts, pts_to)
         return hit
+
+    @staticmethod
+    def _itl_share(a: np.ndarray, p_wait: np.ndarray, cap: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Per cohort, the share of arrivals that join a batch of at most ``cap`` (their ITL meets the SLO) at ``a``
+        busy servers: :func:`autoscaler.estimation.capacity.itl_attainment`'s law; 1 where the cap is the full
+        batch, 0 where it is 0 (the ITL is out of reach)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            below = special.pdtr(np.maximum(cap - 1.0, 0.0), a) / special.pdtr(c - 1.0, a)
+            share = np.clip((1.0 - p_wait) * np.nan_to_num(below, nan=0.0), 0.0, 1.0)
+        return np.where(cap >= c, 1.0, np.where(cap >= 1.0, share, 0.0))
 
     def _rho(self, x: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """rho(x) and d rho / dx per entry (``rows``: its model), by linear interpolation (log-spaced x)."""
@@ -402,6 +436,11 @@ class FluidEngine:
         # Integrate each cohort's per-replica state over the tick; keep the mean state for the waits.
         x = self._x[:km]
         in_before = fold(x * n_c) + self._held
+        if self._decode_bound:  # the batch of each cohort's state stretches its service (class docstring, 6.)
+            busy0 = np.maximum(self._rho(x, rows)[0] * c_k - 1.0, 0.0)
+            mean_k = mean_k * (1.0 + rep(self._grow) * busy0)
+            mu_k = c_k / mean_k
+            stretch_k = rep(self._alpha) * busy0  # of a request's batch-1 decode time
         lam_r = rep(lam / n_safe)
         steps = max(1, int(np.ceil(dt / self._substep_s - 1e-9)))
         h = dt / steps
@@ -413,6 +452,7 @@ class FluidEngine:
         x_mean = x_sum / steps
         rho_e, _ = self._rho(x_mean, rows)
         p_wait, decay = wait_params(rho_e * mu_k, c_k, mean_k, scv_k)
+        itl_ok = self._itl_share(rho_e * c_k, p_wait, rep(self._itl_cap), c_k) if self._decode_bound else None
         x = np.where(n_c > 0, x, 0.0)
         self._x[:km] = x
         held0 = self._held
@@ -438,7 +478,8 @@ class FluidEngine:
             if inv_s is not None:  # the budgets of slower service
                 _, _, _, pts, pts_to = self._speed_arrays(inv_s)
                 assert pts is not None and pts_to is not None
-            within = fold(share * pts.mean_within(k, p_wait, decay))
+            lat_share = pts.mean_within(k, p_wait, decay)
+            within = fold(share * (lat_share if itl_ok is None else np.minimum(lat_share, itl_ok)))
             within_to = fold(share * pts_to.mean_within(k, p_wait, decay))
         else:
             mi_k = mi if k == 1 else np.concatenate([mi, mi + m])
@@ -450,6 +491,11 @@ class FluidEngine:
                 slow = inv_s[mi]
                 budget = rep(w.slo_s[mi] - w.latency_part_s[i0:i1] * slow)
                 budget_to = rep(self.request_timeout_s - self._occ[i0:i1] * slow)
+            if self._decode_bound and i1 > i0:  # each decode stretched by its cohort's batch (6.)
+                assert w.decode_s is not None
+                extra = rep(w.decode_s[i0:i1]) * stretch_k[mi_k]
+                budget = budget - extra * rep(self._stretch_lat[mi])
+                budget_to = budget_to - extra
             if self._per_request and i1 > i0:
                 tm = self._t[i0:i1] - t0
                 add = 1.0 / n_safe[mi]
@@ -475,6 +521,8 @@ class FluidEngine:
                 pw_i, dec_i, frac_i = p_wait[mi_k], decay[mi_k], frac[mi_k]
                 wi = _within_each(budget, pw_i, dec_i, frac_i)
                 wi_to = _within_each(budget_to, pw_i, dec_i, frac_i)
+            if itl_ok is not None:
+                wi = np.minimum(wi, frac_i * itl_ok[mi_k])
             within = fold(np.bincount(mi_k, weights=wi, minlength=km))
             within_to = fold(np.bincount(mi_k, weights=wi_to, minlength=km))
 

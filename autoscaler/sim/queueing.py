@@ -36,6 +36,15 @@ H100-80GB unless the model's ``slot-speeds`` say otherwise: :mod:`sharing.slot_s
 routable replicas' speeds. Without it (None) every routable replica serves at speed 1, exactly as before speeds: the
 cluster passes none while that holds.
 
+Decode-bound saturation and the ITL SLO (issue 17; the law and its sources: :mod:`autoscaler.estimation.capacity`): a
+model with a ``decode-batch-slowdown`` alpha decodes each request at ``ITL(b) = d (1 + alpha (b - 1))`` per token, ``b``
+the batch it joins on its replica (the requests running there plus itself), so its decode takes ``1 + alpha (b - 1)``
+times its batch-1 time (``Workload.decode_s``) and a replica's throughput saturates with the batch. A model with an ITL
+SLO counts a request within the SLO only when its latency (TTFT or e2e) and its ITL ``ITL(b)`` both meet theirs. The
+DES fixes ``b`` when the request starts (later arrivals do not slow it, earlier leavers do not speed it up: by PASTA
+the batch an arrival finds is the time-average one); the fluid engine runs the mean-field batch of its state. Models
+with neither (``Workload.decode_bound`` false) are served exactly as before.
+
 Busy (``TickStats.busy``): mean busy servers over the tick, per model -- the DES's exact busy server time / dt
 (replicas draining included); the fluid engine's utilisation of its state ``rho(x)`` x servers (the offered load /
 capacity, capped at 1, in steady state; after a surge the carried backlog keeps it at 1 until it is served).
@@ -44,7 +53,7 @@ capacity, capped at 1, in steady state; after a surge the carried backlog keeps 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -144,6 +153,17 @@ class Workload:
     rates: np.ndarray | None = None
     step_s: float = 0.0
     start_s: float = 0.0
+    # Decode-bound saturation and the ITL SLO (module docstring), per model (None: no model has either): the ITL
+    # SLO (s, inf: none), the ITL of a request decoding alone, the batch slowdown alpha, the decode part of the mean
+    # occupancy at batch 1, whether the SLO latency includes the decode; the batch-1 decode time per request (logs)
+    # and per profile point.
+    itl_slo_s: np.ndarray | None = None
+    itl_base_s: np.ndarray | None = None
+    slowdown: np.ndarray | None = None
+    decode_share: np.ndarray | None = None
+    latency_decodes: np.ndarray | None = None
+    decode_s: np.ndarray | None = None
+    decode_pts: np.ndarray | None = None
 
     @property
     def n_models(self) -> int:
@@ -153,13 +173,61 @@ class Workload:
     def is_request_log(self) -> bool:
         return self.t is not None
 
+    @property
+    def decode_bound(self) -> np.ndarray:
+        """(M,) bool: the models whose batch slows their decode or whose ITL SLO can be missed."""
+        if self.itl_slo_s is None:
+            return np.zeros(self.n_models, dtype=bool)
+        assert self.itl_base_s is not None and self.slowdown is not None and self.decode_share is not None
+        full = self.itl_base_s * (1.0 + self.slowdown * np.maximum(self.concurrency - 1, 0))
+        return (self.slowdown * self.decode_share > 0) | (full > self.itl_slo_s)
+
     def profile(self, m: int) -> ServiceProfile:
+        itl = {}
+        if self.itl_slo_s is not None:
+            assert self.itl_base_s is not None and self.slowdown is not None
+            assert self.decode_share is not None and self.latency_decodes is not None
+            slo = float(self.itl_slo_s[m])
+            itl = dict(itl_slo_s=slo if np.isfinite(slo) else None, itl_base_s=float(self.itl_base_s[m]),
+                       decode_slowdown=float(self.slowdown[m]), decode_share=float(self.decode_share[m]),
+                       latency_decodes=bool(self.latency_decodes[m]))
         return ServiceProfile(
             occupancy_s=self.occupancy_pts[m],
             latency_part_s=self.latency_pts[m],
             concurrency=int(self.concurrency[m]),
             slo_s=float(self.slo_s[m]),
             percentile=float(self.percentile[m]),
+            **itl,
+        )
+
+    def with_decode(self, itl_slo_s: Sequence[float | None], itl_base_s: Sequence[float],
+                    slowdown: Sequence[float], latency_decodes: Sequence[bool],
+                    decode_s: np.ndarray | None = None, decode_pts: np.ndarray | None = None) -> Workload:
+        """This workload with decode-bound saturation and ITL SLOs (module docstring); unchanged (the same object)
+        when no model has a slowdown or an ITL SLO. ``decode_s``: per request of a log, its batch-1 decode time;
+        ``decode_pts``: per model and profile point (default: for a log, from ``decode_s``)."""
+        if not any(a > 0 for a in slowdown) and all(x is None for x in itl_slo_s):
+            return self
+        m_count, k = self.occupancy_pts.shape
+        if decode_pts is None:
+            if decode_s is None:
+                raise ValueError("decode_s or decode_pts")
+            assert self.model_index is not None
+            decode_pts = np.stack([_resample(decode_s[self.model_index == m], k) if (self.model_index == m).any()
+                                   else np.zeros(k) for m in range(m_count)])
+        if decode_s is None and self.is_request_log:
+            raise ValueError("a request log needs decode_s")
+        occ_mean = self.occupancy_pts.mean(axis=1)
+        share = np.where(occ_mean > 0, decode_pts.mean(axis=1) / np.where(occ_mean > 0, occ_mean, 1.0), 0.0)
+        return replace(
+            self,
+            itl_slo_s=np.array([np.inf if x is None else x for x in itl_slo_s], dtype=np.float64),
+            itl_base_s=np.asarray(itl_base_s, dtype=np.float64),
+            slowdown=np.asarray(slowdown, dtype=np.float64),
+            decode_share=np.minimum(share, 1.0),
+            latency_decodes=np.asarray(latency_decodes, dtype=bool),
+            decode_s=None if decode_s is None else np.asarray(decode_s, dtype=np.float64),
+            decode_pts=np.asarray(decode_pts, dtype=np.float64),
         )
 
     @classmethod
@@ -231,6 +299,7 @@ class Workload:
         rng = np.random.default_rng(seed)
         occ = np.empty(n)
         lat = np.empty(n)
+        dec = np.zeros(n)  # batch-1 decode time (issue 17: what the batch slows)
         for m, spec in enumerate(specs):
             sel = mi == m
             tokens = log.input_tokens is not None and log.output_tokens is not None
@@ -238,16 +307,17 @@ class Workload:
             if tokens and has_rates:
                 assert log.input_tokens is not None and log.output_tokens is not None
                 pre = (spec.prefill_ms_per_1k_tokens or 0.0) * log.input_tokens[sel] / 1e6
-                dec = (spec.decode_ms_per_token or 0.0) * log.output_tokens[sel] / 1e3
-                occ[sel] = pre + dec
-                lat[sel] = pre if spec.slo_metric == "ttft" else pre + dec
+                decode = (spec.decode_ms_per_token or 0.0) * log.output_tokens[sel] / 1e3
+                occ[sel] = pre + decode
+                lat[sel] = pre if spec.slo_metric == "ttft" else pre + decode
+                dec[sel] = decode
             else:
                 if log.service_s is not None:
                     occ[sel] = log.service_s[sel]
                 else:
                     occ[sel] = rng.exponential(spec.service_time_s, int(sel.sum()))
                 lat[sel] = occ[sel]
-        return cls.from_requests(
+        out = cls.from_requests(
             log.models,
             log.t,
             mi,
@@ -257,6 +327,14 @@ class Workload:
             slo_s=[s.slo_latency_s for s in specs],
             percentile=[s.slo_percentile for s in specs],
         )
+        order = np.argsort(np.asarray(log.t, dtype=np.float64), kind="stable")  # (from_requests sorts by time)
+        tokens = log.input_tokens is not None and log.output_tokens is not None
+        return out.with_decode(
+            [s.slo_itl_s for s in specs], [(s.decode_ms_per_token or 0.0) / 1e3 for s in specs],
+            [s.decode_batch_slowdown for s in specs],
+            [not (s.slo_metric == "ttft" and tokens
+                  and (s.prefill_ms_per_1k_tokens is not None or s.decode_ms_per_token is not None)) for s in specs],
+            decode_s=dec[order])
 
     @classmethod
     def from_rates(
@@ -286,7 +364,9 @@ class Workload:
             rates=rates,
             step_s=float(step_s),
             start_s=float(start_s),
-        )
+        ).with_decode([p.itl_slo_s for p in profiles], [p.itl_base_s for p in profiles],
+                      [p.decode_slowdown for p in profiles], [p.latency_decodes for p in profiles],
+                      decode_pts=occ_pts * np.array([[p.decode_share] for p in profiles]))
 
     def expected_arrivals(self, t0: np.ndarray | float, t1: np.ndarray | float) -> np.ndarray:
         """Rate series only: expected arrivals per model in [t0, t1) (vectorised, piecewise-constant)."""
