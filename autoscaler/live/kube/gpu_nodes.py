@@ -91,6 +91,9 @@ class GpuNode:
     mig_replicas: dict[str, int] = field(default_factory=dict)  # profile key -> time-slicing replicas (absent: 1)
     single: str | None = None  # the MIG single strategy's one profile key: nvidia.com/gpu is an instance of it
     problems: list[str] = field(default_factory=list)
+    # The exact MIG layout per MIG GPU (index -> (profile key, start) instances) where the API publishes it (DRA
+    # ResourceSlices, autoscaler/live/kube/dra.py); None: only counts are known and lay_out rebuilds a layout.
+    layout: dict[int, tuple[tuple[str, int], ...]] | None = None
 
 
 def _capacity(node: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -235,9 +238,21 @@ def mig_layout(node: Mapping[str, Any], catalog: Catalog | None = None) -> dict[
 
 def lay_out(inv: Inventory, gn: GpuNode, problems: list[str]) -> None:
     """Rebuild the node's MIG layout in ``inv`` (MIG GPUs first, the plain ones after); what fits nowhere is a
-    problem line."""
+    problem line. A node whose layout is published (``gn.layout``, DRA) gets exactly that: its plain GPUs out of
+    MIG mode, its instances pinned at their placements (a GPU with none stays in MIG mode, free to lay out)."""
     name = gn.spec.name
     if not gn.spec.mig_enabled:
+        return
+    if gn.layout is not None:
+        for i in range(gn.spec.gpu_count):
+            if i not in gn.layout:
+                inv.set_mig_mode(name, i, False)
+                continue
+            for key, start in gn.layout[i]:
+                try:
+                    inv.create_mig_instance(name, i, key, start)
+                except ValueError as e:
+                    problems.append(f"node {name}: published MIG device {key}@{start} on GPU {i}: {e}; left out")
         return
     dropped = lay_out_mig_node(inv, name, gn.mig_gpus, gn.mig_counts)
     if dropped:
