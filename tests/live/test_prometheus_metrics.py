@@ -89,13 +89,39 @@ def test_names_presets_and_config() -> None:
     with pytest.raises(ValueError, match="unknown metric-name setting"):
         MetricNames.from_dict({"requets": "x"})
     with pytest.raises(ValueError, match="unknown metrics preset"):
-        MetricNames.preset("tgi")
+        MetricNames.preset("tensorflow-serving")
+    with pytest.raises(ValueError, match="kv_cache_unit"):
+        MetricNames.preset("vllm", kv_cache_unit=0)
     # one batch of queries whatever the number of models: per-model work happens on the answers
     pm = PrometheusMetrics("http://x", VLLM, step_s=15, window_s=60)
     qs = pm.queries(["e2e", "ttft", "e2e"])
-    assert len(qs) == 5 and all("sum by (namespace, model_name" in q for q in qs.values())
+    # requests, waiting, running, KV, and the e2e, TTFT and ITL buckets
+    assert len(qs) == 7 and all(" by (namespace, model_name" in q for q in qs.values())
     assert "offset 15000ms" in qs["requests"] and "<= bool" in qs["requests"]
+    assert qs["kv"].startswith("avg by (namespace, model_name) (avg_over_time(") and "kv_cache_usage_perc" in qs["kv"]
+    assert "hist:vllm:inter_token_latency_seconds" in qs
     np.testing.assert_allclose(pm.grid(1000.0), [945.0, 960.0, 975.0, 990.0])  # aligned, oldest first
+
+
+def test_engine_presets_name_what_the_engines_export() -> None:
+    # vLLM >= 0.11 (vllm/v1/metrics/loggers.py) and the names before its renames
+    assert (VLLM.kv_cache, VLLM.itl_histogram) == ("vllm:kv_cache_usage_perc", "vllm:inter_token_latency_seconds")
+    v0 = MetricNames.preset("vllm-v0")
+    assert (v0.kv_cache, v0.itl_histogram) == ("vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds")
+    assert v0.requests == VLLM.requests and v0.ttft_histogram == VLLM.ttft_histogram
+    sg = MetricNames.preset("sglang")
+    assert (sg.requests, sg.running, sg.waiting, sg.kv_cache) == (
+        "sglang:num_requests_total", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")
+    tgi = MetricNames.preset("tgi")
+    assert tgi.requests == "tgi_request_success" and tgi.kv_cache is None and tgi.ttft_histogram is None
+    assert tgi.key_labels == ("namespace", "service")  # TGI's series name no model
+    triton = MetricNames.preset("triton")
+    q = PrometheusMetrics("http://x", triton).queries(["e2e"])["kv"]
+    assert 'kv_cache_block_type="fraction"' in q  # the TensorRT-LLM gauge's used fraction only
+    # the preset table in docs/metrics.md names every preset
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    for name in ("vllm", "vllm-v0", "sglang", "tgi", "triton"):
+        assert f"`{name}`" in doc
 
 
 # -- backfilled: exact numbers ----------------------------------------------------------------------------------
@@ -121,6 +147,7 @@ def _openmetrics() -> str:
                   for t in seconds if t >= since]
     lines += [f'vllm:request_success_total{{namespace="ns",model_name="old"}} {10.0 + t - T0} {t}'
               for t in seconds if t <= OLD_UNTIL]
+    lines += [f'vllm:request_success_total{{namespace="ns",model_name="pct"}} {float(t - T0)} {t}' for t in seconds]
     lines.append("# TYPE vllm:e2e_request_latency_seconds histogram")
     per_s = {"0.3": 1.0, "0.5": 1.5, "0.8": 1.8, "+Inf": 2.0}  # instance b's 2 req/s, cumulative per bucket
     for t in seconds:
@@ -132,6 +159,20 @@ def _openmetrics() -> str:
     for name, v in (("vllm:num_requests_running", 4.0), ("vllm:num_requests_waiting", 1.0)):
         lines.append(f"# TYPE {name} gauge")
         lines += [f'{name}{{{lab},instance="b"}} {v} {t}' for t in seconds]
+    # KV cache: two replicas at 0.5 and 0.8 (mean 0.65); a percent-valued gauge for model ns/pct
+    lines.append("# TYPE vllm:kv_cache_usage_perc gauge")
+    lines += [f'vllm:kv_cache_usage_perc{{{lab},instance="{i}"}} {v} {t}' for t in seconds
+              for i, v in (("a", 0.5), ("b", 0.8))]
+    lines += [f'vllm:kv_cache_usage_perc{{namespace="ns",model_name="pct"}} 93.0 {t}' for t in seconds]
+    # ITL: b's 2 req/s, 1 within 25 ms, 1.6 within 50 ms, all within 75 ms
+    lines.append("# TYPE vllm:inter_token_latency_seconds histogram")
+    itl = {"0.025": 1.0, "0.05": 1.6, "0.075": 2.0, "+Inf": 2.0}
+    for t in seconds:
+        n = t - T0
+        lines += [f'vllm:inter_token_latency_seconds_bucket{{{lab},instance="b",le="{le}"}} {v * n} {t}'
+                  for le, v in itl.items()]
+        lines.append(f'vllm:inter_token_latency_seconds_count{{{lab},instance="b"}} {2.0 * n} {t}')
+        lines.append(f'vllm:inter_token_latency_seconds_sum{{{lab},instance="b"}} {0.08 * n} {t}')
     # Triton: 10 req/s of 50 ms each, 2 pending; its counters have no _total suffix (typed unknown here)
     tlab = 'namespace="ns",model="t",version="1"'
     for name, v in (("nv_inference_request_success", lambda n: 10.0 * n),
@@ -139,6 +180,10 @@ def _openmetrics() -> str:
                     ("nv_inference_pending_request_count", lambda n: 2.0)):
         lines.append(f"# TYPE {name} unknown")
         lines += [f"{name}{{{tlab}}} {v(t - T0)} {t}" for t in seconds]
+    # TensorRT-LLM's KV gauge: one family, the kind of number in a label (fraction, used, max)
+    lines.append("# TYPE nv_trt_llm_kv_cache_block_metrics gauge")
+    lines += [f'nv_trt_llm_kv_cache_block_metrics{{{tlab},kv_cache_block_type="{k}"}} {v} {t}' for t in seconds
+              for k, v in (("fraction", 0.375), ("used", 3000.0), ("max", 8000.0))]
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
@@ -169,7 +214,36 @@ async def test_counts_are_exact_and_reset_safe(backfilled) -> None:
     np.testing.assert_allclose(m.within_rate, 1.25)
     assert m.latency_s == pytest.approx(0.6)  # p80: rank 3.2 of 4 per step, a third into (.5, .8]
     ghost = w.models["ns/ghost"]
-    assert ghost.stale and ghost.rate.size == 0
+    assert ghost.stale and ghost.rate.size == 0 and math.isnan(ghost.kv_cache_usage) and math.isnan(ghost.itl_s)
+
+
+@pytest.mark.asyncio
+async def test_kv_cache_and_itl_are_exact(backfilled) -> None:
+    models = {"ns/m": spec("ns/m", slo_latency_ms=400, slo_percentile=80), "ns/pct": spec("ns/pct")}
+    async with PrometheusMetrics(backfilled.url, VLLM, step_s=2, window_s=40, stale_after_s=20) as pm:
+        w = await pm.window(END + 0.5, models)
+        assert pm.last_error is None
+    m = w.models["ns/m"]
+    assert m.kv_cache_usage == pytest.approx(0.65)  # the mean over the two replicas, not their sum
+    # p80 ITL: rank 1.6 of 2 per second, the top of (25 ms, 50 ms]
+    assert m.itl_s == pytest.approx(0.05)
+    # a percent gauge read as a fraction is no fraction: ignored (it would hold every scale-down forever) ...
+    assert math.isnan(w.models["ns/pct"].kv_cache_usage)
+    # ... and read right with its unit
+    pct = MetricNames.preset("vllm", kv_cache_unit=0.01)
+    async with PrometheusMetrics(backfilled.url, pct, step_s=2, window_s=40, stale_after_s=20) as pm:
+        assert (await pm.window(END + 0.5, models)).models["ns/pct"].kv_cache_usage == pytest.approx(0.93)
+    # the newest KV sample counts while it is younger than stale_after_s, then the KV is unknown (NaN)
+    async with PrometheusMetrics(backfilled.url, VLLM, step_s=2, window_s=60, stale_after_s=200) as pm:
+        assert (await pm.window(END + 20.5, models)).models["ns/m"].kv_cache_usage == pytest.approx(0.65)
+        pm.stale_after_s = 10.0
+        later = (await pm.window(END + 20.5, models)).models["ns/m"]
+        assert later.stale and math.isnan(later.kv_cache_usage)
+    # a preset without the series: NaN, never 0
+    tgi_like = MetricNames.preset("vllm", kv_cache=None, itl_histogram=None)
+    async with PrometheusMetrics(backfilled.url, tgi_like, step_s=2, window_s=40, stale_after_s=20) as pm:
+        w = await pm.window(END + 0.5, models)
+    assert math.isnan(w.models["ns/m"].kv_cache_usage) and math.isnan(w.models["ns/m"].itl_s)
 
 
 @pytest.mark.asyncio
@@ -200,6 +274,7 @@ async def test_triton_names_mean_latency_and_littles_law(backfilled) -> None:
     np.testing.assert_allclose(m.in_flight, 0.5)  # 10 req/s x 50 ms each
     assert m.latency_s == pytest.approx(0.05)  # a mean: Triton exports no histogram by default
     assert m.queue_depth == 2.0 and m.within_rate is None
+    assert m.kv_cache_usage == pytest.approx(0.375)  # the TensorRT-LLM gauge's fraction row, not used or max
 
 
 # -- live: real model servers scraped every second ------------------------------------------------------------
