@@ -77,6 +77,80 @@ def place_batch(
     return out
 
 
+# -- replicas that are pod groups (a LeaderWorkerSet replica: a leader and its workers) -------------------------
+# The trial model a group's pods are held under while the rest of the group is placed: not the model's own name, so
+# the packer's anti-affinity keeps the group's pods together (it spreads a model's *replicas*, and a pod of the
+# group being placed is not another replica) while still spreading the group away from the model's other replicas.
+_GROUP_TRIAL = "(group of {model})"
+
+
+def place_group(packer: Packer, inv: Inventory, req: SlotRequest, pods: int) -> tuple[Slot, ...] | None:
+    """Slots for one replica made of ``pods`` pods, each needing a slot of ``req``: all of them or None (gang
+    placement). Pure, like :meth:`Packer.place`: the pods are placed one after another on a copy of ``inv``, so
+    they share a node while it has room and go to other nodes where it has not. The slots are distinct (a group
+    whose pods would take identical time-slice shares of one GPU is not placeable: one owner cannot hold one slot
+    twice). ``pods`` 1 is exactly ``packer.place`` (its slot alone), without a copy."""
+    if pods <= 1:
+        slot = packer.place(inv, req)
+        return None if slot is None else (slot,)
+    trial = inv.copy()
+    model = _GROUP_TRIAL.format(model=req.model)
+    slots: list[Slot] = []
+    for j in range(pods):
+        slot = packer.place(trial, req)
+        if slot is None or slot in slots:
+            return None
+        trial.allocate(slot, f"{model}#{j}", model=model)
+        slots.append(slot)
+    return tuple(slots)
+
+
+def group_fraction(slots: Sequence[Slot]) -> float:
+    """GPU-equivalents a replica on ``slots`` holds: every pod's slot (one slot: exactly its ``gpu_fraction``)."""
+    if len(slots) == 1:
+        return slots[0].gpu_fraction
+    return sum(s.gpu_fraction for s in slots)
+
+
+def allocate_group(inv: Inventory, slots: Sequence[Slot], owner: str, model: str | None = None) -> None:
+    """Allocate every slot of a group replica to ``owner``, all or none (a slot that does not fit releases the ones
+    allocated before it and raises, as :meth:`Inventory.allocate` does)."""
+    done: list[Slot] = []
+    try:
+        for s in slots:
+            inv.allocate(s, owner, model=model)
+            done.append(s)
+    except ValueError:
+        for s in reversed(done):
+            inv.release(s, owner)
+        raise
+
+
+def fits_group(inv: Inventory, slots: Sequence[Slot]) -> bool:
+    """Every slot of ``slots`` fits ``inv`` together (one slot: exactly ``inv.fits``); ``inv`` is not changed."""
+    if len(slots) == 1:
+        return inv.fits(slots[0])
+    trial = inv.copy()
+    try:
+        allocate_group(trial, slots, "(fits)")
+    except ValueError:
+        return False
+    return True
+
+
+def release_held(inv: Inventory, slot: Slot, owner: str) -> None:
+    """Release ``slot`` from ``owner``, or, when ``owner`` does not hold it, from the one owner that holds exactly
+    that slot (a group replica's pods may be held under the pods' own names, as a live cluster names them, or all
+    under the replica's id, as the simulator does); KeyError when nobody holds it."""
+    d = inv.device(slot.node, slot.devices[0])
+    if (owner, slot) not in d.entries:
+        holders = [o for o, s in d.entries if s == slot]
+        if not holders:
+            raise KeyError(f"{slot.describe()} is not allocated to {owner!r}")
+        owner = holders[0]
+    inv.release(slot, owner)
+
+
 def eligible_nodes(inv: Inventory, req: SlotRequest) -> Iterator[tuple[NodeSpec, GpuModel]]:
     """Nodes (in inventory order) whose GPU kind the request accepts.
 

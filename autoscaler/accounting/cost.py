@@ -3,7 +3,8 @@
 The unit is the **GPU-equivalent**: a replica on ``n`` whole GPUs holds ``n``, one on a MIG instance holds the
 instance's compute fraction of its GPU (a 3g on a 7-slice GPU: 3/7), one on a time-slice share holds the share's
 compute fraction (:func:`slot_fraction`, the same number as ``Slot.gpu_fraction`` and as the simulator's
-``gpu_hours``). GPU-equivalent seconds times the GPU kind's USD per GPU-hour / 3600 is the cost.
+``gpu_hours``); a replica that is a group of pods (a LeaderWorkerSet replica) holds the sum over its pods' slots.
+GPU-equivalent seconds times the GPU kind's USD per GPU-hour / 3600 is the cost.
 
 Why compute and not memory for MIG: the contract (and ``slotwise_gpu_slots``) count GPU-equivalents by compute,
 so attributed cost plus idle cost adds up to the price of the GPUs. A MIG layout whose memory slices run out
@@ -86,6 +87,8 @@ def usage(snapshot: ClusterSnapshot) -> list[Usage]:
         for r in obs.replicas:
             if r.slot is not None:
                 held[r.slot.gpu_model] = held.get(r.slot.gpu_model, 0.0) + slot_fraction(r.slot)
+                for s in r.group_slots:  # a replica that is a group of pods holds every pod's slot
+                    held[s.gpu_model] = held.get(s.gpu_model, 0.0) + slot_fraction(s)
         if not held:
             continue
         team, ns = identity(key, obs)
@@ -94,8 +97,9 @@ def usage(snapshot: ClusterSnapshot) -> list[Usage]:
 
 
 def inference_nodes(snapshot: ClusterSnapshot) -> set[str]:
-    """Nodes holding at least one managed model's replica."""
-    return {r.slot.node for obs in snapshot.models.values() for r in obs.replicas if r.slot is not None}
+    """Nodes holding at least one managed model's replica (or a pod of one that is a group)."""
+    return {s.node for obs in snapshot.models.values() for r in obs.replicas if r.slot is not None
+            for s in (r.slot, *r.group_slots)}
 
 
 def idle(inventory: Inventory, nodes: Iterable[str]) -> dict[str, float]:

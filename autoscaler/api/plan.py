@@ -74,11 +74,21 @@ class ScaleModel:
 
 @dataclass(frozen=True)
 class PlaceReplica:
-    """Start one new replica of ``model`` on ``slot`` (the slot already fits: the packer checked)."""
+    """Start one new replica of ``model`` on ``slot`` (the slot already fits: the packer checked).
+
+    A replica that is a group of pods (``ModelSpec.pods_per_replica`` > 1, a LeaderWorkerSet replica) is placed
+    whole: ``slot`` is its leader's, ``group_slots`` the other pods' (placed together with it, all or none);
+    empty for a one-pod replica."""
 
     model: str
     replica_id: str
     slot: Slot
+    group_slots: tuple[Slot, ...] = ()
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        """Every pod's slot, the leader's first."""
+        return (self.slot, *self.group_slots)
 
 
 @dataclass(frozen=True)
@@ -221,7 +231,8 @@ class Plan:
                 case ScaleModel():
                     lines.append(f"scale {a.model}: {a.previous} -> {a.replicas} ({a.reason}) {a.detail}".rstrip())
                 case PlaceReplica():
-                    lines.append(f"place {a.model}/{a.replica_id} on {a.slot.describe()}")
+                    group = "".join(f" + {g.describe()}" for g in a.group_slots)
+                    lines.append(f"place {a.model}/{a.replica_id} on {a.slot.describe()}{group}")
                 case RemoveReplica():
                     why = f" preempted ({a.reason}) for {a.preempted_by}" if a.preempted_by else ""
                     lines.append(f"drain {a.model}/{a.replica_id}{why}")

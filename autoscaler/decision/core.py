@@ -130,7 +130,8 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     for name in _finish_all(snapshot, state, sized, removals, outcome, plan, config):
         if inventory is not None:  # a model that failed places nothing: its slots go back
             for rid, slot in outcome.placed.get(name, ()):
-                inventory.release(slot, rid)
+                for s in (slot, *outcome.group_slots.get(rid, ())):
+                    inventory.release(s, rid)
 
     lending = config.lending
     if lending is not None and (lending.enabled or snapshot.lent):
@@ -266,6 +267,7 @@ def _ask(s: _Sized, order: int, room: int) -> Ask:
         slo_target=spec.slo_percentile / 100.0, order=order,
         expected_rps=s.ms.sized.expected_rps if s.ms.sized else None,
         speed=None if learning is None else learning.relative_speed,
+        pods=spec.pods_per_replica,
     )
 
 
@@ -291,10 +293,13 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindo
         for r in obs.replicas:
             if r.slot is None:
                 continue
-            if r.draining or r.replica_id in removed:
+            if r.draining or r.replica_id in removed:  # (a group replica frees every pod's slot)
                 freeing.append((r.replica_id, r.slot))
+                freeing.extend((r.replica_id, s) for s in r.group_slots)
             else:
                 held[spec.team] = held.get(spec.team, 0.0) + r.slot.gpu_fraction
+                for s in r.group_slots:
+                    held[spec.team] += s.gpu_fraction
 
     def load_of(name: str) -> ModelLoad:
         obs = snapshot.models[name]
@@ -312,7 +317,8 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindo
             if m.stale or m.partial_reason() is not None:
                 continue  # unobserved (in part): its load is unknown, none of its replicas is spare
             removed = {r.replica_id for r in removals.get(name, ())}
-            candidates.extend(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at)
+            candidates.extend(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at,
+                                        r.group_slots)
                               for r in obs.replicas
                               if r.slot is not None and not r.draining and r.replica_id not in removed)
         return LazyMapping(load_of), candidates
@@ -344,7 +350,7 @@ def _finish_all(snapshot: ClusterSnapshot, state: ControllerState, sized: list[_
         mark = len(plan.actions)
         try:
             _finish(s, plan, outcome.placed.get(name, ()), shortfalls.get(name, ()),
-                    removals.get(name, []) + preempted.get(name, []), config)
+                    removals.get(name, []) + preempted.get(name, []), config, outcome.group_slots)
         except Exception as e:  # this model's actions are dropped; the others' stand
             del plan.actions[mark:]
             plan.decisions.pop(name, None)
@@ -357,15 +363,17 @@ def _finish_all(snapshot: ClusterSnapshot, state: ControllerState, sized: list[_
 
 
 def _finish(s: _Sized, plan: Plan, placed: Sequence[tuple[str, Slot]], shortfalls: Sequence[Shortfall],
-            removed: list[RemoveReplica], config: CoreConfig) -> None:
-    """A due model's actions: its placements, shortfalls, removals (its own and preemptions), scale and status."""
+            removed: list[RemoveReplica], config: CoreConfig,
+            groups: Mapping[str, tuple[Slot, ...]] | None = None) -> None:
+    """A due model's actions: its placements (``groups``: the other pods' slots of replicas that are pod groups),
+    shortfalls, removals (its own and preemptions), scale and status."""
     obs, ms, ctx = s.obs, s.ms, s.ctx
     spec = obs.spec
     assert spec is not None
     current = obs.active_replicas
     reason, detail = s.reason, s.detail
     for rid, slot in placed:
-        plan.actions.append(PlaceReplica(obs.name, rid, slot))
+        plan.actions.append(PlaceReplica(obs.name, rid, slot, groups.get(rid, ()) if groups else ()))
     plan.actions.extend(shortfalls)
     refused = [sf for sf in shortfalls if sf.cause not in GRANTS]
     waiting = sum(sf.missing for sf in shortfalls if sf.cause in GRANTS)

@@ -146,7 +146,9 @@ def lend_stage(
             elif isinstance(a, Shortfall) and a.cause in _RECLAIM_FOR:
                 obs = snapshot.models.get(a.model)
                 if obs is not None and obs.spec is not None:
-                    need.extend([NeedRequest(slot_request(obs.spec), ReclaimReason.SHORTFALL)] * a.missing)
+                    # (a replica that is a group of pods needs every pod's slot)
+                    need.extend([NeedRequest(slot_request(obs.spec), ReclaimReason.SHORTFALL)]
+                                * (a.missing * obs.spec.pods_per_replica))
         soon: list[SlotRequest] = []
         cache = ls.need
         for name, obs in snapshot.models.items():
@@ -158,7 +160,7 @@ def lend_stage(
             hold = hold or entry.guess
             extra = entry.replicas - after.get(name, obs.active_replicas)
             if extra > 0:
-                soon.extend([entry.request] * extra)
+                soon.extend([entry.request] * (extra * obs.spec.pods_per_replica))  # every pod of a group
         if len(cache) > len(snapshot.models):
             for name in [n for n in cache if n not in snapshot.models]:
                 del cache[name]

@@ -162,7 +162,7 @@ def template_actions(plan: Plan, snapshot: ClusterSnapshot) -> list[SetSlotTempl
     """A :class:`SetSlotTemplate` for each model whose first placements need a slot its template does not ask for."""
     by_model: dict[str, list[Slot]] = {}
     for a in plan.of_type(PlaceReplica):
-        by_model.setdefault(a.model, []).append(a.slot)
+        by_model.setdefault(a.model, []).extend(a.slots)  # (every pod's slot of a group replica)
     actions: list[SetSlotTemplate] = []
     for model, slots in sorted(by_model.items()):
         current = snapshot.templates.get(model)

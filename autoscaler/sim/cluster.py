@@ -62,6 +62,7 @@ from autoscaler.decision.node_actions import Layout, slot_template
 from autoscaler.sim.lending import LendingStats, Reclaim, TrainingRun
 from autoscaler.sim.training import TrainingQueue
 from sharing.lending import LENT_MODEL, LendingPolicy, lent_owner
+from sharing.packer import allocate_group
 from sharing.slots import Inventory, NodeSpec, Slot
 
 # Event kinds, in the order events due at the same time are handled: a training job that stops frees its GPUs
@@ -97,6 +98,13 @@ class SimReplica:
     release_at: float | None = None  # set when draining
     speed: float = 1.0  # serving speed relative to the model's reference GPU (sharing.slot_speed)
     routable: bool = False  # Ready and not draining: the engines route to it
+    # A replica that is a group of pods (ModelSpec.pods_per_replica > 1): the other pods' slots, held with ``slot``
+    # (all under the replica's id) from placement to release; Ready, routable and drained as one replica.
+    group_slots: tuple[Slot, ...] = ()
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        return (self.slot, *self.group_slots) if self.group_slots else (self.slot,)
 
 
 class SimCluster:
@@ -207,7 +215,7 @@ class SimCluster:
         spec = self.specs[name]
         reps = tuple(
             Replica(r.replica_id, r.slot, ready=r.ready_at <= now, started_at=r.started_at,
-                    draining=r.release_at is not None)
+                    draining=r.release_at is not None, group_slots=r.group_slots)
             for r in self.replicas[i].values()
         )
         if isinstance(spec, SpecError):
@@ -229,11 +237,15 @@ class SimCluster:
                     assert isinstance(spec, ModelSpec)
                     if self.lent or self.static:
                         self._check_not_training(a)
-                    self.inventory.allocate(a.slot, a.replica_id)
+                    allocate_group(self.inventory, a.slots, a.replica_id)
                     self._hold(i, a.slot, 1)
+                    for g in a.group_slots:  # a group's other pods: held, not more replicas
+                        self._hold(i, g, 1, replica=False)
+                    # (a group is Ready as one, when its cold start ends)
                     ready_at = now if self.instant_start else now + spec.cold_start_s
                     self.replicas[i][a.replica_id] = SimReplica(a.replica_id, a.slot, now, ready_at,
-                                                                speed=self._speed(i, a.slot))
+                                                                speed=self._speed(i, a.slot),
+                                                                group_slots=a.group_slots)
                     heapq.heappush(self._events, (ready_at, _READY, i, a.replica_id))
                     touched.add(i)
                 case RemoveReplica():
@@ -328,19 +340,24 @@ class SimCluster:
         return [r.speed for r in self.replicas[i].values() if r.routable]
 
     def _release(self, i: int, r: SimReplica) -> None:
+        for g in r.group_slots:  # (before the leader: the model's held GPUs are zeroed with its last replica)
+            self.inventory.release(g, r.replica_id)
+            self._hold(i, g, -1, replica=False)
         self.inventory.release(r.slot, r.replica_id)
         self._hold(i, r.slot, -1)
         del self.replicas[i][r.replica_id]
 
-    def _hold(self, i: int, slot: Slot, sign: int) -> None:
-        """Account a slot taken (+1) or given back (-1) by model ``i``."""
+    def _hold(self, i: int, slot: Slot, sign: int, replica: bool = True) -> None:
+        """Account a slot taken (+1) or given back (-1) by model ``i``; ``replica`` False: another pod's slot of a
+        replica that is a group (its GPUs are held, the replica is counted once, with its leader's slot)."""
         f = slot.gpu_fraction * sign
         self._gpus_held += f
         n = self._node_index[slot.node]
         self.held[i, self._node_kind[n]] += f
         self._node_held[n] += f
         self._node_replicas[n] += sign
-        self.n_held[i] += sign
+        if replica:
+            self.n_held[i] += sign
         # exactly 0 once nothing is held (fractions like 3/7 leave float residue)
         self.held_by_model[i] = self.held_by_model[i] + f if self.n_held[i] else 0.0
         self._gpu_per_server = None
@@ -370,10 +387,11 @@ class SimCluster:
 
     # -- lending: the executor of LendGpus / ReclaimGpus ---------------------------------------
     def _check_not_training(self, a: PlaceReplica) -> None:
-        for d in a.slot.devices:
-            if (a.slot.node, d) in self.lent or (a.slot.node, d) in self.static:
-                raise LendingViolation(f"place {a.model}/{a.replica_id} on {a.slot.describe()}: the GPU is "
-                                       "training's (lent or statically split); inference never lands there")
+        for slot in a.slots:
+            for d in slot.devices:
+                if (slot.node, d) in self.lent or (slot.node, d) in self.static:
+                    raise LendingViolation(f"place {a.model}/{a.replica_id} on {slot.describe()}: the GPU is "
+                                           "training's (lent or statically split); inference never lands there")
 
     def _take_gpu(self, node: str, dev: int, owner: str, model: str, sign: int) -> None:
         """Allocate (+1) or release (-1) one whole GPU for training, with the node and kind accounting."""
@@ -555,7 +573,7 @@ class SimCluster:
             raise KeyError(f"no node {node!r} in the cluster")
         lost = 0
         for i, reps in enumerate(self.replicas):
-            for r in [r for r in reps.values() if r.slot.node == node]:
+            for r in [r for r in reps.values() if any(s.node == node for s in r.slots)]:  # (a group: any pod)
                 if r.routable:
                     self._route(i, r, -1)
                 self._release(i, r)  # pending readiness/release events find no replica and are skipped
@@ -598,14 +616,20 @@ class SimCluster:
             self._idle = np.bincount(self._node_kind, weights=free, minlength=len(self.gpu_kinds))
         return self._idle
 
-    def preplace(self, model: str, slots: Sequence[Slot], now: float = 0.0) -> None:
-        """Start the run with a warm cluster: replicas already Ready on ``slots`` (not scale events)."""
+    def preplace(self, model: str, slots: Sequence[Slot], now: float = 0.0,
+                 groups: Sequence[tuple[Slot, ...]] = ()) -> None:
+        """Start the run with a warm cluster: replicas already Ready on ``slots`` (not scale events); ``groups``
+        (replicas that are groups of pods): each replica's other pods' slots, in the order of ``slots``."""
         i = self.index[model]
         for n, slot in enumerate(slots):
             rid = f"{model}-init{n}"
-            self.inventory.allocate(slot, rid, model=model)  # a name the inventory cannot read the model from
+            group = tuple(groups[n]) if n < len(groups) else ()
+            # (a name the inventory cannot read the model from)
+            allocate_group(self.inventory, (slot, *group), rid, model=model)
             self._hold(i, slot, 1)
-            r = self.replicas[i][rid] = SimReplica(rid, slot, now, now, speed=self._speed(i, slot))
+            for g in group:
+                self._hold(i, g, 1, replica=False)
+            r = self.replicas[i][rid] = SimReplica(rid, slot, now, now, speed=self._speed(i, slot), group_slots=group)
             self._route(i, r, 1)
         self.desired[i] = len(self.replicas[i])
         self._obs[i] = None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from autoscaler.api.spec import ModelSpec, SpecError, parse_mapping
+from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem, parse_mapping
 from forecasting.traces.model import RateSeries, RequestLog, Trace
 
 LLM_DEFAULTS: dict[str, Any] = {
@@ -117,6 +117,37 @@ def default_model_values(trace: Trace) -> dict[str, dict[str, Any]]:
     return {m: dict(CLIENT_DEFAULTS) for m in trace.models}
 
 
+# Keys a models file or scenario model may give beside the annotation keys: what a live cluster reads from the
+# workload, not from ``slotwise.io/*`` annotations. ``pods-per-replica``: a LeaderWorkerSet's group size (each
+# replica is that many pods, each with the model's slot, placed together; ModelSpec.pods_per_replica).
+SIM_KEYS = ("pods-per-replica",)
+MAX_PODS_PER_REPLICA = 64
+
+
+def parse_model_values(name: str, values: Mapping[str, Any]) -> ModelSpec:
+    """A simulated model's spec: the annotation keys through :func:`autoscaler.api.spec.parse_mapping` (the one
+    parser), plus :data:`SIM_KEYS`; raises SpecError naming every problem of the model, these keys' too."""
+    rest = {k: v for k, v in values.items() if k not in SIM_KEYS}
+    problems: list[SpecProblem] = []
+    pods = 1
+    if "pods-per-replica" in values:
+        raw = str(values["pods-per-replica"]).strip()
+        try:
+            pods = int(raw)
+        except ValueError:
+            pods = 0
+        if not 1 <= pods <= MAX_PODS_PER_REPLICA:
+            problems.append(SpecProblem("pods-per-replica", raw,
+                                        f"must be a whole number in [1, {MAX_PODS_PER_REPLICA}]"))
+    try:
+        spec = parse_mapping(name, rest)
+    except SpecError as e:
+        raise SpecError(e.model, [*e.problems, *problems]) from None
+    if problems:
+        raise SpecError(spec.key, problems)
+    return spec if pods == 1 else spec.with_(pods_per_replica=pods)
+
+
 def load_models_file(path: str) -> dict[str, Any]:
     """A models file: ``{defaults: {key: value}, models: {name: {key: value}}}`` (YAML or JSON)."""
     try:
@@ -153,7 +184,7 @@ def model_specs(trace: Trace, models_file: str | None = None) -> dict[str, Model
     for m in trace.models:
         merged = {**values[m], **common, **(per_model.get(m) or {})}
         try:
-            specs[m] = parse_mapping(m, merged)
+            specs[m] = parse_model_values(m, merged)
         except SpecError as e:
             specs[m] = e
     return specs

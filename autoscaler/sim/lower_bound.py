@@ -144,20 +144,22 @@ def slot_options(spec: ModelSpec, nodes: Sequence[NodeSpec], with_speeds: bool =
             kinds.setdefault((node.gpu_model, node.mig_enabled), node)
     req = slot_request(spec)
     packer = CostAwarePacker()
+    pods = spec.pods_per_replica  # a replica that is a group of pods holds one such slot per pod
     found: list[SlotOption] = []
     for node in kinds.values():
         inv = Inventory.from_nodes([node])
         for _, slot in packer.candidates(inv, req):
+            held = slot.gpu_fraction if pods == 1 else slot.gpu_fraction * pods
             if speed_of is None or slot_type is None:
-                found.append(SlotOption(f"{slot.gpu_model}/{slot.kind}", slot.gpu_fraction, 1.0))
+                found.append(SlotOption(f"{slot.gpu_model}/{slot.kind}", held, 1.0))
             else:
-                found.append(SlotOption(f"{slot.gpu_model}/{slot_type(slot)}", slot.gpu_fraction,
+                found.append(SlotOption(f"{slot.gpu_model}/{slot_type(slot)}", held,
                                         speed_of(slot, spec.slot_speeds, inv.catalog, spec.gpu_compute_share)))
     front: list[SlotOption] = []
     for o in sorted(found, key=lambda o: (o.fraction, -o.speed)):
         if not front or o.speed > front[-1].speed + 1e-12:
             front.append(o)
-    return tuple(front) or (SlotOption("none", float(spec.gpus_per_replica), 1.0),)
+    return tuple(front) or (SlotOption("none", float(spec.gpus_per_replica * pods), 1.0),)
 
 
 def engine_takes_speeds(mode: str) -> bool:
@@ -169,7 +171,8 @@ def engine_takes_speeds(mode: str) -> bool:
 
 
 def replica_gpu_fraction(spec: ModelSpec, nodes: Sequence[NodeSpec]) -> float:
-    """GPU-equivalents of the smallest slot one replica of ``spec`` fits (:func:`slot_options`)."""
+    """GPU-equivalents of the smallest slot one replica of ``spec`` fits (:func:`slot_options`; a group of pods:
+    every pod's)."""
     return slot_options(spec, nodes)[0].fraction
 
 

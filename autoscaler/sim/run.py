@@ -46,8 +46,8 @@ from autoscaler.sim.metrics import SimMetrics
 from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
 from autoscaler.sim.workload import SimWorkload, served_as
 from sharing.lending import LendingPolicy
-from sharing.packer import Packer
-from sharing.slots import NodeSpec
+from sharing.packer import Packer, allocate_group, place_group
+from sharing.slots import NodeSpec, Slot
 
 Progress = Callable[[float], None]  # called with the fraction done
 
@@ -210,15 +210,17 @@ def _warm_start(
         n = min(max(min_replicas_for_slo(float(first[i]), profiles[name]), spec.min_replicas),
                 spec.max_replicas)
         slots = []
+        groups: list[tuple[Slot, ...]] = []  # a replica that is a group of pods: the other pods' slots
         req = slot_request(spec)
         scratch = cluster.inventory.copy()
         for r in range(n):
-            slot = packer.place(scratch, req)
-            if slot is None:
+            placed = place_group(packer, scratch, req, spec.pods_per_replica)
+            if placed is None:
                 break
-            scratch.allocate(slot, f"{name}-init{r}", model=name)  # the owner name preplace gives it
-            slots.append(slot)
-        cluster.preplace(name, slots)
+            allocate_group(scratch, placed, f"{name}-init{r}", model=name)  # the owner name preplace gives it
+            slots.append(placed[0])
+            groups.append(placed[1:])
+        cluster.preplace(name, slots, groups=groups if spec.pods_per_replica > 1 else ())
 
 
 def _forecaster(

@@ -62,10 +62,10 @@ from typing import Any
 
 import numpy as np
 
-from autoscaler.api.spec import ModelSpec, SpecError, parse_mapping, slot_request
+from autoscaler.api.spec import ModelSpec, SpecError, slot_request
 from autoscaler.decision.arbitration import ARBITRATION_MODES, ArbitrationPolicy, TeamQuota
 from autoscaler.estimation.capacity import min_replicas_for_slo
-from autoscaler.sim.defaults import default_model_values
+from autoscaler.sim.defaults import default_model_values, parse_model_values
 from autoscaler.sim.run import ClusterEvent, SimConfig
 from autoscaler.sim.training import load_training
 from autoscaler.sim.workload import SimWorkload
@@ -380,7 +380,7 @@ def load_scenario(path: str) -> Scenario:
         if isinstance(trace, RequestLog) and "service-time-ms" not in values:
             base["service-time-ms"] = _llm_service_ms(trace, trace.models.index(str(inner)), {**base, **values})
         try:
-            spec = parse_mapping(mname, {**base, "team": team, **values})
+            spec = parse_model_values(mname, {**base, "team": team, **values})
         except SpecError as e:
             for p in e.problems:
                 c.bad(f"{w}.{p.key}", p.reason + (f" (got {p.value!r})" if p.value else ""))
@@ -572,6 +572,8 @@ def demand_gpus(workload: SimWorkload, nodes: Sequence[NodeSpec]) -> dict[str, n
                                                first.mig_enabled)])
         slot = CostAwarePacker().place(empty, slot_request(spec))
         fraction = slot.gpu_fraction if slot is not None else float(spec.gpus_per_replica)
+        if spec.pods_per_replica > 1:  # a replica that is a group of pods holds one such slot per pod
+            fraction *= spec.pods_per_replica
         need = np.array([min_replicas_for_slo(float(r), workload.profiles[name]) for r in rates[i]]) * fraction
         out[spec.team] = out.get(spec.team, 0.0) + need
     return out

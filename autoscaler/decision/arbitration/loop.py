@@ -14,9 +14,9 @@ from autoscaler.decision.arbitration.ordering import Progress
 from autoscaler.decision.arbitration.policy import ArbitrationPolicy
 from autoscaler.decision.arbitration.preemption import preempt_for
 from autoscaler.decision.arbitration.tick import Tick
-from autoscaler.decision.arbitration.types import ArbitrationResult, ArbitrationState, Ask, Views, request_fraction
+from autoscaler.decision.arbitration.types import ArbitrationResult, ArbitrationState, Ask, Views, ask_fraction
 from sharing.lending import LENT_MODEL
-from sharing.packer import Packer
+from sharing.packer import Packer, allocate_group, fits_group, group_fraction
 from sharing.slots import Inventory, Slot
 
 
@@ -35,7 +35,8 @@ def arbitrate(
     name_replica: Callable[[str], str],
 ) -> ArbitrationResult:
     """Serve ``asks`` on ``inventory`` (changed: each placed replica is allocated there under the id
-    ``name_replica(model)`` gives) by the rules of the package docstring.
+    ``name_replica(model)`` gives, every slot of a replica that is a group of pods under that one id) by the rules
+    of the package docstring.
 
     ``team_of``: every valid model's team; ``held``: GPU-equivalents per team held by replicas not being freed
     (:func:`held_by_team` of the candidates); ``views()``: every valid model's damage inputs (``ModelLoad``) and
@@ -54,40 +55,48 @@ def arbitrate(
 def _serve_in_order(t: Tick, asks: list[Ask]) -> bool:
     """Every ask in full, in the order given, or nothing (False, the inventory as it was): when all fit, the
     order does not matter and no ranking is paid for (most ticks of a cluster that is not full)."""
-    log: list[tuple[Ask, str, Slot]] = []
+    log: list[tuple[Ask, str, tuple[Slot, ...]]] = []
     ok = True
     for a in asks:
-        p = Progress(a, request_fraction(a.request))
+        p = Progress(a, ask_fraction(a))
         while ok and p.remaining() > 0:
-            slot = t.packer.place(t.inv, a.request)
-            if slot is None or t.over_limit(a.team, slot.gpu_fraction):
+            slots = t.place(t.inv, a)
+            if slots is None or t.over_limit(a.team, group_fraction(slots)):
                 ok = False
                 break
             owner = t.name_replica(a.model)
-            t.inv.allocate(slot, owner, model=a.model)
-            t.usage[a.team] = t.usage.get(a.team, 0.0) + slot.gpu_fraction
-            log.append((a, owner, slot))
+            allocate_group(t.inv, slots, owner, model=a.model)
+            t.usage[a.team] = t.usage.get(a.team, 0.0) + group_fraction(slots)
+            log.append((a, owner, slots))
             p.placed += 1
-            p.units += 1.0 if a.speed is None else a.speed(slot)
+            p.units += 1.0 if a.speed is None else a.speed(slots[0])
         if ok and math.ceil(a.wanted - p.units - EPS) > 0:
             ok = False  # slower slots and max replicas reached: say so on the ranked path
         if not ok:
             break
     if not ok:
-        for a, owner, slot in reversed(log):
-            t.inv.release(slot, owner)
-            t.usage[a.team] -= slot.gpu_fraction
+        for a, owner, slots in reversed(log):
+            for slot in reversed(slots):
+                t.inv.release(slot, owner)
+            t.usage[a.team] -= group_fraction(slots)
         t.usage = dict(t.held)
         return False
-    for a, owner, slot in log:
-        t.result.placed.setdefault(a.model, []).append((owner, slot))
+    for a, owner, slots in log:
+        _record_placed(t, a.model, owner, slots)
     return True
+
+
+def _record_placed(t: Tick, model: str, owner: str, slots: tuple[Slot, ...]) -> None:
+    """The result's entry of a placed replica: its (leader's) slot, and a group's other pods' slots."""
+    t.result.placed.setdefault(model, []).append((owner, slots[0]))
+    if len(slots) > 1:
+        t.result.group_slots[owner] = slots[1:]
 
 
 def _ranked(t: Tick, asks: list[Ask]) -> None:
     """One replica at a time to the ask ranked first, until every ask is served or refused."""
     heap: list[tuple[tuple, int, Progress]] = []
-    progress = [Progress(a, request_fraction(a.request)) for a in asks]
+    progress = [Progress(a, ask_fraction(a)) for a in asks]
     for i, p in enumerate(progress):
         if p.remaining() > 0:
             heapq.heappush(heap, (t.key(p), i, p))
@@ -122,48 +131,50 @@ def _step(t: Tick, p: Progress) -> None:
                  f"team {team} holds {t.usage.get(team, 0.0):.2f} GPUs of its {what} {limit:.2f}")
         return
     req = a.request
-    shape = (req.memory_gib, req.compute_fraction, req.gpus, req.kinds, req.gpu_models)
-    slot = None if shape in t.unplaceable else t.packer.place(t.inv, req)
-    if slot is not None and t.claimed.intersection((slot.node, i) for i in slot.devices):
+    shape = (req.memory_gib, req.compute_fraction, req.gpus, req.kinds, req.gpu_models, a.pods)
+    slots = None if shape in t.unplaceable else t.place(t.inv, a)
+    if slots is not None and t.claimed.intersection((s.node, i) for s in slots for i in s.devices):
         t.refuse(p, ShortfallCause.OUTRANKED, "the free GPU slot it fits is being freed for a model ranked ahead")
         return
-    if slot is not None:
-        _place(t, p, slot)
+    if slots is not None:
+        _place(t, p, slots)
         return
     t.unplaceable.add(shape)
-    slot = t.packer.place(t.future_view(), req)
-    if slot is not None:
-        lent = any(t.inv.model_of(o) == LENT_MODEL for i in slot.devices
-                   for o, _ in t.inv.device(slot.node, i).entries)
+    slots = t.place(t.future_view(), a)
+    if slots is not None:
+        lent = any(t.inv.model_of(o) == LENT_MODEL for s in slots for i in s.devices
+                   for o, _ in t.inv.device(s.node, i).entries)
         if lent:
-            t.grant_waiting(p, slot, ShortfallCause.RECLAIMING, "lent training GPUs are being reclaimed for it")
+            t.grant_waiting(p, slots, ShortfallCause.RECLAIMING, "lent training GPUs are being reclaimed for it")
         else:
-            t.grant_waiting(p, slot, ShortfallCause.PREEMPTING, "waiting for replicas that are draining")
+            t.grant_waiting(p, slots, ShortfallCause.PREEMPTING, "waiting for replicas that are draining")
         return
     preempt_for(t, p)
 
 
-def _place(t: Tick, p: Progress, slot: Slot) -> None:
-    """Start the ask's next replica on the free ``slot`` (unless it would pass the team's limit)."""
+def _place(t: Tick, p: Progress, slots: tuple[Slot, ...]) -> None:
+    """Start the ask's next replica on the free ``slots`` (one, or every pod's of a group; unless it would pass the
+    team's limit)."""
     a = p.ask
     team = a.team
-    if t.over_limit(team, slot.gpu_fraction):
+    frac = group_fraction(slots)
+    if t.over_limit(team, frac):
         t.refuse(p, ShortfallCause.BORROWING_LIMIT,
                  f"team {team} holds {t.usage.get(team, 0.0):.2f} GPUs; the slot found "
-                 f"({slot.gpu_fraction:.2f}) would pass its limit {t.caps[team][1]:.2f}")
+                 f"({frac:.2f}) would pass its limit {t.caps[team][1]:.2f}")
         return
     owner = t.name_replica(a.model)
-    t.inv.allocate(slot, owner, model=a.model)
+    allocate_group(t.inv, slots, owner, model=a.model)
     # The future view keeps this tick's waiting grants; a placement now on a GPU one of them counts on
     # (a draining slice's neighbour) is left out of it: the grant is looked at again next tick anyway.
-    if t.future is not None and t.future.fits(slot):
-        t.future.allocate(slot, owner, model=a.model)
-    t.result.placed.setdefault(a.model, []).append((owner, slot))
-    t.usage[team] = t.usage.get(team, 0.0) + slot.gpu_fraction
+    if t.future is not None and fits_group(t.future, slots):
+        allocate_group(t.future, slots, owner, model=a.model)
+    _record_placed(t, a.model, owner, slots)
+    t.usage[team] = t.usage.get(team, 0.0) + frac
     t.delta[a.model] = t.delta.get(a.model, 0) + 1
     p.placed += 1
-    p.frac = slot.gpu_fraction
-    p.units += 1.0 if a.speed is None else a.speed(slot)
+    p.frac = frac
+    p.units += 1.0 if a.speed is None else a.speed(slots[0])
 
 
 def _remember_borrowing(state: ArbitrationState, held: Mapping[str, float], policy: ArbitrationPolicy,

@@ -10,14 +10,16 @@ from autoscaler.decision.arbitration.damage import EPS, replica_loss, spare, wei
 from autoscaler.decision.arbitration.ordering import Progress, gain_expected, misses, would_miss
 from autoscaler.decision.arbitration.tick import Tick
 from autoscaler.decision.arbitration.types import Ask, Candidate
+from sharing.packer import allocate_group, fits_group, place_group, release_held
 from sharing.slots import Inventory, Slot, SlotRequest
 
 MAX_VICTIM_TRIALS = 48  # victims tried per preemption (each is one packer call on a trial inventory)
 MAX_DEVICE_TRIALS = 8  # devices tried per preemption when clearing whole devices
 
 Victim = tuple[Candidate, PreemptionReason]
-# (total loss, victims, the slot freed, the victims it needs): the cheaper search result wins
-Option = tuple[float, int, Slot, list[Victim]]
+# (total loss, victims, the slots freed -- one, or every pod's of a group --, the victims it needs): the cheaper
+# search result wins
+Option = tuple[float, int, tuple[Slot, ...], list[Victim]]
 
 
 def preempt_for(t: Tick, p: Progress) -> None:
@@ -49,7 +51,7 @@ def preempt_for(t: Tick, p: Progress) -> None:
         t.refuse(p, ShortfallCause.OUTRANKED, f"the {policy.max_preemptions_per_tick} preemptions of this "
                                               "tick went to models ranked ahead")
         return
-    found = choose_victims(t, a.request, eligible, certain)
+    found = choose_victims(t, a.request, eligible, certain, a.pods)
     if found is None:
         if certain:
             t.refuse(p, ShortfallCause.UNPLACEABLE, "no free GPU slot fits the replica, even after "
@@ -59,7 +61,7 @@ def preempt_for(t: Tick, p: Progress) -> None:
                                                  "quantile, and no lower-ranked replica is spare enough "
                                                  "to preempt for that")
         return
-    slot, needed = found
+    slots, needed = found
     if policy.mode == "slo" and certain and not within:
         gain = weight(a.priority) * gain_expected(p)
         loss = _set_loss(t, needed, weighted=True)
@@ -71,7 +73,7 @@ def preempt_for(t: Tick, p: Progress) -> None:
         t.refuse(p, ShortfallCause.OUTRANKED, f"it needs {len(needed)} preemptions; {t.budget} are left "
                                               "this tick")
         return
-    _preempt(t, p, slot, needed)
+    _preempt(t, p, slots, needed)
 
 
 def _eligible(t: Tick, a: Ask, within: bool, miss: bool) -> tuple[list[Victim], bool, bool]:
@@ -82,7 +84,7 @@ def _eligible(t: Tick, a: Ask, within: bool, miss: bool) -> tuple[list[Victim], 
     for c in t.candidates:
         if c.model == a.model or t.n_active(c.model) <= t.loads[c.model].min_replicas:
             continue
-        if t.usage.get(c.team, 0.0) - c.slot.gpu_fraction < t.caps[c.team][0] - EPS:
+        if t.usage.get(c.team, 0.0) - c.gpu_fraction < t.caps[c.team][0] - EPS:
             continue  # never below the victim team's guarantee
         if within and c.team != a.team:
             reason = PreemptionReason.GUARANTEE
@@ -100,14 +102,15 @@ def _eligible(t: Tick, a: Ask, within: bool, miss: bool) -> tuple[list[Victim], 
     return eligible, lower, young
 
 
-def _preempt(t: Tick, p: Progress, slot: Slot, needed: list[Victim]) -> None:
-    """Remove the victims (each with its reason) and grant the ask ``slot`` on the capacity they free."""
+def _preempt(t: Tick, p: Progress, slots: tuple[Slot, ...], needed: list[Victim]) -> None:
+    """Remove the victims (each with its reason, a group with all its pods) and grant the ask ``slots`` on the
+    capacity they free."""
     a = p.ask
     future = t.future_view()
     for c, reason in needed:
-        future.release(c.slot, c.replica_id)
+        _release(future, c)
         t.candidates.remove(c)
-        t.usage[c.team] = t.usage.get(c.team, 0.0) - c.slot.gpu_fraction
+        t.usage[c.team] = t.usage.get(c.team, 0.0) - c.gpu_fraction
         t.delta[c.model] = t.delta.get(c.model, 0) - 1
         t.budget -= 1
         if reason is PreemptionReason.GUARANTEE:
@@ -118,7 +121,7 @@ def _preempt(t: Tick, p: Progress, slot: Slot, needed: list[Victim]) -> None:
             c.model, c.replica_id, preempted_by=a.model, reason=reason,
             message=f"replica {c.replica_id} of {c.model} (team {c.team}) preempted for {a.model} "
                     f"(team {a.team}): {why}"))
-    t.grant_waiting(p, slot, ShortfallCause.PREEMPTING,
+    t.grant_waiting(p, slots, ShortfallCause.PREEMPTING,
                     f"preempted {len(needed)} replica(s) of lower rank; waiting for them to drain")
 
 
@@ -133,7 +136,7 @@ class _Taken:
 
     def add(self, c: Candidate) -> None:
         self.models[c.model] = self.models.get(c.model, 0) + 1
-        self.teams[c.team] = self.teams.get(c.team, 0.0) + c.slot.gpu_fraction
+        self.teams[c.team] = self.teams.get(c.team, 0.0) + c.gpu_fraction
 
 
 def _loss(t: Tick, c: Candidate, taken: int) -> float:
@@ -141,7 +144,7 @@ def _loss(t: Tick, c: Candidate, taken: int) -> float:
     knowledge (the priority baseline): 0."""
     if t.policy.mode != "slo":
         return 0.0
-    return replica_loss(t.loads[c.model], t.n_active(c.model) - taken, c.slot.gpu_fraction)
+    return replica_loss(t.loads[c.model], t.n_active(c.model) - taken, c.gpu_fraction)
 
 
 def _spare(t: Tick, c: Candidate, taken: int) -> bool:
@@ -161,7 +164,7 @@ def _set_loss(t: Tick, victims: list[Victim], weighted: bool = False) -> float:
     total = 0.0
     for c, _ in victims:
         w = weight(c.priority) if weighted else 1.0
-        total += w * _loss(t, c, taken.get(c.model, 0)) * c.slot.gpu_fraction
+        total += w * _loss(t, c, taken.get(c.model, 0)) * c.gpu_fraction
         taken[c.model] = taken.get(c.model, 0) + 1
     return total
 
@@ -173,7 +176,7 @@ def _allowed(t: Tick, c: Candidate, took: _Taken, certain: bool) -> bool:
     taken = took.models.get(c.model, 0)
     if t.n_active(c.model) - taken - 1 < ld.min_replicas:
         return False
-    left = t.usage.get(c.team, 0.0) - took.teams.get(c.team, 0.0) - c.slot.gpu_fraction
+    left = t.usage.get(c.team, 0.0) - took.teams.get(c.team, 0.0) - c.gpu_fraction
     if left < t.caps[c.team][0] - EPS:
         return False
     return certain or _spare(t, c, taken)
@@ -181,31 +184,42 @@ def _allowed(t: Tick, c: Candidate, took: _Taken, certain: bool) -> bool:
 
 # -- choosing victims ----------------------------------------------------------------------------------------
 
+def _release(inv: Inventory, c: Candidate) -> None:
+    """Free every slot of the victim ``c`` in ``inv`` (a group replica: all its pods')."""
+    for s in c.slots:
+        release_held(inv, s, c.replica_id)
+
+
+def _touches(c: Candidate, devices: set[tuple[str, int]]) -> bool:
+    return any((s.node, i) in devices for s in c.slots for i in s.devices)
+
+
 def choose_victims(t: Tick, req: SlotRequest, eligible: list[Victim],
-                   certain: bool) -> tuple[Slot, list[Victim]] | None:
-    """The slot and the least harmful set of victims that frees it, or None. Two searches, the cheaper kept:
+                   certain: bool, pods: int = 1) -> tuple[tuple[Slot, ...], list[Victim]] | None:
+    """The slots (one, or ``pods`` of a group, placed together) and the least harmful set of victims that frees
+    them, or None. Two searches, the cheaper kept:
     replica by replica, least harm first (a model's next replica costs more than its last, so one model is
     not emptied while others lose nothing), which suits a small slot; and device by device, the device whose
     victims cost least in total first, which suits a whole GPU on a device shared by many small replicas. The
     set is then trimmed: a victim the slot does not need after all stays."""
     future = t.future_view()
-    options = [o for o in (_by_replica(t, future, req, eligible, certain),
-                           _by_device(t, future, req, eligible, certain)) if o is not None]
+    options = [o for o in (_by_replica(t, future, req, eligible, certain, pods),
+                           _by_device(t, future, req, eligible, certain, pods)) if o is not None]
     if not options:
         return None
-    _, _, slot, needed = min(options, key=lambda o: (o[0], o[1]))
-    return slot, _trim(t, future, slot, needed)
+    _, _, slots, needed = min(options, key=lambda o: (o[0], o[1]))
+    return slots, _trim(t, future, slots, needed)
 
 
-def _option(t: Tick, slot: Slot, released: list[Victim]) -> Option:
-    """The search result: the victims released that share a device with ``slot``, and their loss."""
-    touched = {(slot.node, i) for i in slot.devices}
-    needed = [(c, r) for c, r in released if any((c.slot.node, i) in touched for i in c.slot.devices)]
-    return (_set_loss(t, needed), len(needed), slot, needed)
+def _option(t: Tick, slots: tuple[Slot, ...], released: list[Victim]) -> Option:
+    """The search result: the victims released that share a device with ``slots``, and their loss."""
+    touched = {(s.node, i) for s in slots for i in s.devices}
+    needed = [(c, r) for c, r in released if _touches(c, touched)]
+    return (_set_loss(t, needed), len(needed), slots, needed)
 
 
 def _by_replica(t: Tick, future: Inventory, req: SlotRequest, eligible: list[Victim],
-                certain: bool) -> Option | None:
+                certain: bool, pods: int = 1) -> Option | None:
     """Release the least harmful allowed victim, one at a time, until the request fits."""
     trial = future.copy()
     took = _Taken()
@@ -224,16 +238,16 @@ def _by_replica(t: Tick, future: Inventory, req: SlotRequest, eligible: list[Vic
             break
         c, r = pool.pop(best)
         took.add(c)
-        trial.release(c.slot, c.replica_id)
+        _release(trial, c)
         released.append((c, r))
-        slot = t.packer.place(trial, req)
-        if slot is not None:
-            return _option(t, slot, released)
+        slots = place_group(t.packer, trial, req, pods)
+        if slots is not None:
+            return _option(t, slots, released)
     return None
 
 
 def _by_device(t: Tick, future: Inventory, req: SlotRequest, eligible: list[Victim],
-               certain: bool) -> Option | None:
+               certain: bool, pods: int = 1) -> Option | None:
     """Clear whole devices, the cheapest device (all its victims allowed) first, until the request fits there."""
     by_device: dict[tuple[str, tuple[int, ...]], list[Victim]] = {}
     for c, r in eligible:
@@ -253,25 +267,27 @@ def _by_device(t: Tick, future: Inventory, req: SlotRequest, eligible: list[Vict
     for _, _, members in groups[:MAX_DEVICE_TRIALS]:
         trial = future.copy()
         for c, _ in members:
-            trial.release(c.slot, c.replica_id)
-        slot = t.packer.place(trial, req)
-        if slot is not None and slot.node == members[0][0].slot.node and set(slot.devices) & set(
-                members[0][0].slot.devices):
-            return _option(t, slot, members)
+            _release(trial, c)
+        slots = place_group(t.packer, trial, req, pods)
+        lead = members[0][0].slot
+        if slots is not None and any(s.node == lead.node and set(s.devices) & set(lead.devices) for s in slots):
+            return _option(t, slots, members)
     return None
 
 
-def _trim(t: Tick, future: Inventory, slot: Slot, needed: list[Victim]) -> list[Victim]:
-    """Put back every victim the slot still fits without, the most harmful first; the victims left."""
+def _trim(t: Tick, future: Inventory, slots: tuple[Slot, ...], needed: list[Victim]) -> list[Victim]:
+    """Put back every victim the slots still fit without, the most harmful first; the victims left."""
     trial = future.copy()
     for c, _ in needed:
-        trial.release(c.slot, c.replica_id)
+        _release(trial, c)
     kept = []
     for c, r in sorted(needed, key=lambda v: -_loss(t, v[0], 0)):
-        if trial.fits(c.slot):
-            trial.allocate(c.slot, c.replica_id, model=c.model)
-            if trial.fits(slot):
+        if fits_group(trial, c.slots):
+            allocate_group(trial, c.slots, c.replica_id, model=c.model)
+            if fits_group(trial, slots):
                 continue
-            trial.release(c.slot, c.replica_id)
+            for s in c.slots:
+                trial.release(s, c.replica_id)
         kept.append((c, r))
     return kept
+

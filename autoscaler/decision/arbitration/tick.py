@@ -10,9 +10,16 @@ from autoscaler.api.plan import Shortfall, ShortfallCause
 from autoscaler.decision.arbitration.damage import EPS
 from autoscaler.decision.arbitration.ordering import Progress, rank_key
 from autoscaler.decision.arbitration.policy import ArbitrationPolicy
-from autoscaler.decision.arbitration.types import ArbitrationResult, ArbitrationState, Candidate, ModelLoad, Views
+from autoscaler.decision.arbitration.types import (
+    ArbitrationResult,
+    ArbitrationState,
+    Ask,
+    Candidate,
+    ModelLoad,
+    Views,
+)
 from sharing.lending import LENT_MODEL
-from sharing.packer import Packer
+from sharing.packer import Packer, group_fraction, place_group, release_held
 from sharing.slots import Inventory, Slot
 
 
@@ -63,13 +70,18 @@ class Tick:
         """The model's replicas after this tick's placements and preemptions so far."""
         return self.loads[model].active + self.delta.get(model, 0)
 
+    def place(self, inv: Inventory, a: Ask) -> tuple[Slot, ...] | None:
+        """The slots of the ask's next replica on ``inv`` (not changed): one slot, or every pod's of a group, all or
+        none (:func:`sharing.packer.place_group`)."""
+        return place_group(self.packer, inv, a.request, a.pods)
+
     def future_view(self) -> Inventory:
         """The inventory once what is being freed is free: the replicas being removed or drained, and every lent
         training GPU (lent training is always reclaimed before any inference is preempted)."""
         if self.future is None:
             fut = self.inv.copy()
             for owner, slot in self.freeing:
-                fut.release(slot, owner)
+                release_held(fut, slot, owner)
             for owner, slot in list(fut.allocations()):
                 if fut.model_of(owner) == LENT_MODEL:
                     fut.release(slot, owner)
@@ -114,15 +126,18 @@ class Tick:
         self.result.shortfalls.append(Shortfall(a.model, missing, why, cause, a.team,
                                                 self.within_guarantee(a.team, p.frac)))
 
-    def grant_waiting(self, p: Progress, slot: Slot, cause: ShortfallCause, why: str) -> None:
-        """The ask's next replica is granted ``slot`` on capacity being freed: claimed in the future view, and
-        a shortfall of one replica until that capacity is free."""
+    def grant_waiting(self, p: Progress, slots: tuple[Slot, ...], cause: ShortfallCause, why: str) -> None:
+        """The ask's next replica is granted ``slots`` (one, or every pod's of a group) on capacity being freed:
+        claimed in the future view, and a shortfall of one replica until that capacity is free."""
         a = p.ask
         assert self.future is not None
-        self.future.allocate(slot, f"{a.model}/(waiting-{len(self.result.shortfalls)}-{p.waiting})", model=a.model)
-        self.claimed.update((slot.node, i) for i in slot.devices)
-        self.usage[a.team] = self.usage.get(a.team, 0.0) + slot.gpu_fraction
+        owner = f"{a.model}/(waiting-{len(self.result.shortfalls)}-{p.waiting})"
+        for slot in slots:
+            self.future.allocate(slot, owner, model=a.model)
+            self.claimed.update((slot.node, i) for i in slot.devices)
+        frac = group_fraction(slots)
+        self.usage[a.team] = self.usage.get(a.team, 0.0) + frac
         p.waiting += 1
-        p.frac = slot.gpu_fraction
+        p.frac = frac
         within = self.within_guarantee(a.team, 0.0)
         self.result.shortfalls.append(Shortfall(a.model, 1, why, cause, a.team, within))

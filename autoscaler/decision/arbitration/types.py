@@ -33,11 +33,15 @@ class Ask:
     order: int = 0
     expected_rps: float | None = None  # the expected load (median forecast, at least observed); None: load_rps
     speed: Callable[[Slot], float] | None = None
+    # Pods per replica (ModelSpec.pods_per_replica): each replica is ``pods`` slots of ``request``, placed together
+    # (all or none, sharing.packer.place_group); its speed is its leader's slot's.
+    pods: int = 1
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A running replica that may be preempted: its model, team, priority, id, slot and start time."""
+    """A running replica that may be preempted: its model, team, priority, id, slot and start time; a replica that
+    is a group of pods also the other pods' slots (``group_slots``), all freed with it."""
 
     model: str
     team: str
@@ -45,6 +49,18 @@ class Candidate:
     replica_id: str
     slot: Slot
     started_at: float
+    group_slots: tuple[Slot, ...] = ()
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        return (self.slot, *self.group_slots) if self.group_slots else (self.slot,)
+
+    @property
+    def gpu_fraction(self) -> float:
+        """GPU-equivalents the replica holds: all its pods' slots."""
+        if not self.group_slots:
+            return self.slot.gpu_fraction
+        return self.slot.gpu_fraction + sum(s.gpu_fraction for s in self.group_slots)
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,8 @@ class ArbitrationResult:
     preempted, and what each team holds after it."""
 
     placed: dict[str, list[tuple[str, Slot]]] = field(default_factory=dict)  # model -> (replica id, slot) to start
+    # replica id -> the other pods' slots, for each placed replica that is a group of pods (the leader's is in placed)
+    group_slots: dict[str, tuple[Slot, ...]] = field(default_factory=dict)
     shortfalls: list[Shortfall] = field(default_factory=list)
     preemptions: list[RemoveReplica] = field(default_factory=list)
     team_gpus: dict[str, float] = field(default_factory=dict)  # GPU-equivalents held per team after the tick
@@ -112,9 +130,15 @@ def request_fraction(req: SlotRequest) -> float:
     return req.compute_fraction * req.gpus
 
 
+def ask_fraction(a: Ask) -> float:
+    """:func:`request_fraction` of a whole replica of the ask: every pod of a group."""
+    f = request_fraction(a.request)
+    return f if a.pods <= 1 else f * a.pods
+
+
 def held_by_team(replicas: list[Candidate]) -> dict[str, float]:
     """GPU-equivalents the replicas hold, per team (a slot counts by its GPU fraction)."""
     out: dict[str, float] = {}
     for c in replicas:
-        out[c.team] = out.get(c.team, 0.0) + c.slot.gpu_fraction
+        out[c.team] = out.get(c.team, 0.0) + c.gpu_fraction
     return out
