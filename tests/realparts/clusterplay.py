@@ -6,6 +6,13 @@ and MIG layouts. :class:`ClusterPlay` does, through the same real API, one ``ste
 
 - **ReplicaSet controller**: keeps ``spec.replicas`` pods per Deployment (labels and spec from the template);
   scale-down removes pods with the lowest ``controller.kubernetes.io/pod-deletion-cost`` first, then the newest;
+- with ``workloads=True``: the **StatefulSet controller** (pods ``<name>-<ordinal>`` for ordinals below
+  ``spec.replicas``, the highest removed first) and the **LeaderWorkerSet controller** (per group ``i`` below
+  ``spec.replicas``: the leader ``<lws>-<i>`` from ``leaderTemplate`` or else ``workerTemplate`` and workers
+  ``<lws>-<i>-<j>``, ``j`` in 1..size-1, labelled ``leaderworkerset.sigs.k8s.io/name``, ``group-index``,
+  ``worker-index`` as the upstream controller does; groups at or above ``spec.replicas`` removed whole; the
+  status' ``replicas``/``readyReplicas``/``hpaPodSelector`` kept, as the ``/scale`` subresource reads them);
+  and the **Argo Rollouts controller**'s pod keeping (a Rollout's ``spec.replicas`` pods, like a ReplicaSet);
 - **scheduler**: binds a pending pod to a schedulable node whose allocatable GPU resource (``nvidia.com/gpu``,
   ``nvidia.com/mig-*``) still has room, whose labels match the pod's ``nodeSelector`` and whose taints it tolerates;
 - **kubelet**: marks a bound pod Ready ``ready_after_s`` after it was bound, and finishes graceful deletes
@@ -93,6 +100,7 @@ class ClusterPlay:
     mig_configmap: tuple[str, str] = ("gpu-operator", "slotwise-mig-parted-config")
     fail_configs: set[str] = field(default_factory=set)
     node_prefix: str = ""  # only nodes whose name starts with this are scheduled onto / MIG-managed
+    workloads: bool = False  # also play the StatefulSet, LeaderWorkerSet and Argo Rollouts controllers
     log: list[str] = field(default_factory=list)
     _seq: int = 0
 
@@ -119,6 +127,10 @@ class ClusterPlay:
     async def step(self) -> None:
         await self._terminate()
         await self._replicasets()
+        if self.workloads:
+            await self._statefulsets()
+            await self._leaderworkersets()
+            await self._rollouts()
         await self._schedule()
         await self._kubelet()
         await self._mig_manager()
@@ -155,6 +167,103 @@ class ClusterPlay:
                     # no kubelet to finish a graceful delete: delete at once
                     await core.delete_namespaced_pod(p["metadata"]["name"], self.namespace, grace_period_seconds=0)
                     self.log.append(f"delete pod {p['metadata']['name']}")
+
+    # -- StatefulSet, LeaderWorkerSet and Argo Rollouts controllers (workloads=True) -------------------------
+    async def _create_pod(self, name: str, template: dict, labels: dict[str, str],
+                          annotations: dict[str, str] | None = None) -> None:
+        meta: dict[str, Any] = {"name": name, "labels": {**(template.get("metadata") or {}).get("labels", {}),
+                                                          **labels}}
+        if annotations:
+            meta["annotations"] = annotations
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                "spec": {**template["spec"], "automountServiceAccountToken": False}}
+        await client.CoreV1Api(self.api).create_namespaced_pod(self.namespace, body)
+        self.log.append(f"create pod {name}")
+
+    async def _delete_pod(self, name: str) -> None:
+        try:
+            await client.CoreV1Api(self.api).delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        self.log.append(f"delete pod {name}")
+
+    async def _custom(self, group: str, version: str, plural: str) -> list[dict]:
+        try:
+            got = await client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                group, version, self.namespace, plural)
+        except ApiException as e:
+            if e.status == 404:
+                return []  # the CRD is not installed
+            raise
+        return list(got.get("items") or [])
+
+    async def _statefulsets(self) -> None:
+        sets = await client.AppsV1Api(self.api).list_namespaced_stateful_set(self.namespace)
+        pods = {p["metadata"]["name"]: p for p in await self.pods()}
+        for s in (self._sanitize(x) for x in sets.items):
+            name, want = s["metadata"]["name"], int(s["spec"].get("replicas", 1))
+            for i in range(want):
+                if f"{name}-{i}" not in pods:
+                    await self._create_pod(f"{name}-{i}", s["spec"]["template"],
+                                           {"statefulset.kubernetes.io/pod-name": f"{name}-{i}",
+                                            "apps.kubernetes.io/pod-index": str(i)})
+            mine = [n for n, p in pods.items() if (p["metadata"].get("labels") or {}).get(
+                "statefulset.kubernetes.io/pod-name") == n and n.rsplit("-", 1)[0] == name]
+            for n in sorted(mine, key=lambda n: -int(n.rsplit("-", 1)[1])):
+                if int(n.rsplit("-", 1)[1]) >= want:  # the highest ordinals go first
+                    await self._delete_pod(n)
+
+    async def _leaderworkersets(self) -> None:
+        name_l, group_l, worker_l = (f"leaderworkerset.sigs.k8s.io/{k}" for k in ("name", "group-index",
+                                                                                    "worker-index"))
+        pods = await self.pods()
+        objs = client.CustomObjectsApi(self.api)
+        for s in await self._custom("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"):
+            name, want = s["metadata"]["name"], int(s["spec"].get("replicas", 1))
+            lwt = s["spec"]["leaderWorkerTemplate"]
+            size = int(lwt.get("size", 1))
+            mine = {p["metadata"]["name"]: p for p in pods if (p["metadata"].get("labels") or {}).get(name_l) == name}
+            for g in range(want):
+                for w in range(size):
+                    pod_name = f"{name}-{g}" if w == 0 else f"{name}-{g}-{w}"
+                    if pod_name in mine:
+                        continue
+                    template = lwt.get("leaderTemplate") or lwt["workerTemplate"] if w == 0 else lwt["workerTemplate"]
+                    await self._create_pod(pod_name, template, {name_l: name, group_l: str(g), worker_l: str(w)},
+                                           {"leaderworkerset.sigs.k8s.io/size": str(size)})
+            for n, p in sorted(mine.items()):
+                if int(p["metadata"]["labels"].get(group_l, "0")) >= want:  # the highest groups, whole
+                    await self._delete_pod(n)
+            ready = 0
+            for g in range(want):
+                group = [p for p in mine.values() if p["metadata"]["labels"].get(group_l) == str(g)]
+                if len(group) == size and all(any(c.get("type") == "Ready" and c.get("status") == "True"
+                                                  for c in (p.get("status") or {}).get("conditions") or [])
+                                              for p in group):
+                    ready += 1
+            status = {"replicas": want, "readyReplicas": ready,
+                      "hpaPodSelector": f"{name_l}={name},{worker_l}=0"}
+            if s.get("status") != {**(s.get("status") or {}), **status}:
+                await objs.patch_namespaced_custom_object_status(
+                    "leaderworkerset.x-k8s.io", "v1", self.namespace, "leaderworkersets", name, {"status": status},
+                    _content_type="application/merge-patch+json")
+
+    async def _rollouts(self) -> None:
+        pods = await self.pods()
+        for r in await self._custom("argoproj.io", "v1alpha1", "rollouts"):
+            name, want = r["metadata"]["name"], int(r["spec"].get("replicas", 1))
+            template = r["spec"].get("template")
+            match = (r["spec"].get("selector") or {}).get("matchLabels") or {}
+            if template is None:
+                continue  # workloadRef: not played here
+            mine = [p for p in pods if _selector_matches(match, p["metadata"].get("labels") or {})
+                    and not p["metadata"].get("deletionTimestamp")]
+            for _ in range(want - len(mine)):
+                self._seq += 1
+                await self._create_pod(f"{name}-{self._seq}", template, {"rollouts-pod-template-hash": "play"})
+            for p in sorted(mine, key=lambda p: -_ts(p["metadata"]["creationTimestamp"]))[: max(len(mine) - want, 0)]:
+                await self._delete_pod(p["metadata"]["name"])
 
     # -- scheduler --------------------------------------------------------------------------------------------
     async def _schedule(self) -> None:

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from kubernetes_asyncio.client import AppsV1Api, CoreV1Api
+from kubernetes_asyncio.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.rest import ApiException
 
 from autoscaler.api.plan import (
@@ -96,6 +96,7 @@ from autoscaler.live.kube.objects import (
     ManagedModel,
 )
 from autoscaler.live.kube.term import ALWAYS_OPEN, LeadershipLost, WriteGate
+from autoscaler.live.kube.workloads import by_name, split_api_version
 from autoscaler.live.kube.writes import (
     ADVISE,
     COEXISTENCE_DEFAULT,
@@ -184,6 +185,12 @@ class ActuationReport:
         return [why for line, why in self.skipped if line.startswith(prefix)]
 
 
+def _address(mm: ManagedModel) -> tuple[str, str, str]:
+    """(group, version, plural) of a model's workload, for the generic object and /scale calls."""
+    group, version = split_api_version(mm.api_version)
+    return group, version, mm.resource
+
+
 async def _or_gone(read: Awaitable[Any], key: str) -> Any:
     """A read of an object that may have been deleted meanwhile: a 404 is :class:`Gone` (``key``)."""
     try:
@@ -230,6 +237,9 @@ class KubeActuator:
         self.clock = clock
         self._apps = AppsV1Api(api_client)
         self._core = CoreV1Api(api_client)
+        # any workload kind (Deployment, StatefulSet, LeaderWorkerSet, Rollout): its object and /scale by
+        # group/version/plural; these calls work for built-in groups as for CRDs, and answer plain dicts
+        self._objects = CustomObjectsApi(api_client)
         self._rng = rng or random.Random()
         self.gate = MigGate(max_nodes=config.max_nodes_relayout, timeout_s=config.mig_timeout_s,
                             retry_after_s=config.mig_timeout_s)
@@ -358,10 +368,14 @@ class KubeActuator:
         # view read it: a Scale that says otherwise now means the view is stale (a frozen cache, another writer).
         target = a.replicas + mm.unavailable_replicas
 
+        group, version, plural = _address(mm)
+
         async def attempt() -> str:
             nonlocal marked, live
-            scale = await _or_gone(self._apps.read_namespaced_deployment_scale(mm.name, mm.namespace), mm.key)
-            current = live = scale.spec.replicas or 0
+            # the workload's /scale subresource, whatever its kind (a LeaderWorkerSet's counts groups)
+            scale = await _or_gone(self._objects.get_namespaced_custom_object_scale(
+                group, version, mm.namespace, plural, mm.name), mm.key)
+            current = live = int((scale.get("spec") or {}).get("replicas") or 0)
             outcome = scale_outcome(current, target, mm.replicas, decrease=a.replicas < a.previous)
             if outcome != "write":
                 return outcome
@@ -374,11 +388,11 @@ class KubeActuator:
                 "apiVersion": "autoscaling/v1",
                 "kind": "Scale",
                 "metadata": {"name": mm.name, "namespace": mm.namespace,
-                             "resourceVersion": scale.metadata.resource_version},
+                             "resourceVersion": (scale.get("metadata") or {}).get("resourceVersion")},
                 "spec": {"replicas": target},
             }
-            await self._apps.replace_namespaced_deployment_scale(mm.name, mm.namespace, body,
-                                                                 field_manager=FIELD_MANAGER)
+            await self._objects.replace_namespaced_custom_object_scale(
+                group, version, mm.namespace, plural, mm.name, body, field_manager=FIELD_MANAGER)
             return f"{current} -> {target}"
 
         try:
@@ -402,14 +416,22 @@ class KubeActuator:
         await self._preempted(tick, mm, removals)
 
     async def _preempted(self, tick: _Tick, mm: ManagedModel, removals: list[RemoveReplica]) -> None:
-        """A Warning Event ``Preempted`` on the victim Deployment per preempted replica (the core's message)."""
+        """A Warning Event ``Preempted`` on the victim workload per preempted replica (the core's message)."""
         for x in removals:
             if x.preempted_by:
                 message = x.message or f"replica {x.replica_id} preempted ({x.reason}) for {x.preempted_by}"
                 await self._event(tick, self._deployment_ref(mm, mm.uid), "Warning", PREEMPTED_EVENT, message)
 
     async def _mark_for_removal(self, tick: _Tick, mm: ManagedModel, removals: list[RemoveReplica]) -> None:
-        """Best effort: a pod already gone is fine, a failure is reported and does not stop the scale-down."""
+        """Best effort: a pod already gone is fine, a failure is reported and does not stop the scale-down.
+
+        Only where a ReplicaSet does the removing (Deployment, Argo Rollout): a StatefulSet removes its highest
+        ordinals and a LeaderWorkerSet its highest group indices (leader and workers), whatever
+        ``pod-deletion-cost`` says, so the replicas the plan named are not marked there (skipped ``by-index``)."""
+        wk = by_name(mm.kind, mm.api_version)
+        if wk is not None and not wk.deletion_cost:
+            tick.report.skipped.extend((describe(x), "by-index") for x in removals)
+            return
         for x in removals:
             ns, pod = split_key(x.replica_id, mm.namespace)
 
@@ -591,12 +613,15 @@ class KubeActuator:
             return status_change(current, payload, now=tick.now, refresh_s=cfg.status_refresh_s,
                                  ratio=cfg.status_change_ratio)
 
-        # the cached Deployment first: in a steady state nothing is worth writing and no request is made
+        # the cached workload first: in a steady state nothing is worth writing and no request is made
         if change(mm.annotations.get(STATUS_ANNOTATION)) is None:
             r.skipped.append((line, "unchanged"))
             return
-        dep = await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key)
-        why = change((dep.metadata.annotations or {}).get(STATUS_ANNOTATION))
+        group, version, plural = _address(mm)
+        obj = await _or_gone(self._objects.get_namespaced_custom_object(group, version, mm.namespace, plural,
+                                                                        mm.name), mm.key)
+        meta = obj.get("metadata") or {}
+        why = change((meta.get("annotations") or {}).get(STATUS_ANNOTATION))
         if why is None:
             # already said (e.g. after a controller restart): neither the annotation nor a new Event
             r.skipped.append((line, "unchanged"))
@@ -604,8 +629,9 @@ class KubeActuator:
 
         async def write() -> None:
             tick.gate.check(f"status {mm.key}")
-            await self._apps.patch_namespaced_deployment(
-                mm.name, mm.namespace, {"metadata": {"annotations": {STATUS_ANNOTATION: json.dumps(payload)}}},
+            await self._objects.patch_namespaced_custom_object(
+                group, version, mm.namespace, plural, mm.name,
+                {"metadata": {"annotations": {STATUS_ANNOTATION: json.dumps(payload)}}},
                 _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
 
         await self._retrying(tick, write)  # a merge patch of one key: a retry is a 429's, never a conflict's
@@ -613,7 +639,7 @@ class KubeActuator:
         if why == "refresh":
             return  # only the numbers moved: nothing happened that an Event should tell
         type_, reason, message = status_event(a, mm.autoscaled_by)
-        await self._event(tick, self._deployment_ref(mm, dep.metadata.uid), type_, reason, message,
+        await self._event(tick, self._deployment_ref(mm, meta.get("uid")), type_, reason, message,
                           aggregate=True)
 
     async def _shortfall(self, tick: _Tick, a: Shortfall) -> None:
@@ -624,7 +650,8 @@ class KubeActuator:
 
     @staticmethod
     def _deployment_ref(mm: ManagedModel, uid: str | None) -> dict[str, str]:
-        ref = {"kind": "Deployment", "apiVersion": "apps/v1", "name": mm.name, "namespace": mm.namespace}
+        """The Event's involvedObject: the model's workload, whatever its kind."""
+        ref = {"kind": mm.kind, "apiVersion": mm.api_version, "name": mm.name, "namespace": mm.namespace}
         if uid:
             ref["uid"] = uid
         return ref

@@ -1,0 +1,251 @@
+"""Any scalable workload as a model (issue 17 item 2), against the REAL kube-apiserver 1.20.2 (``realparts.kube``).
+
+StatefulSets are built in. LeaderWorkerSet (``leaderworkerset.x-k8s.io/v1``) and Argo Rollout
+(``argoproj.io/v1alpha1``) are the upstream APIs served as CRDs with their upstream schemas' shape and ``/scale``
+subresources (``tests/realparts/lws_crds.yaml``, ``rollout_crds.yaml``; not the add-ons' controllers): the
+:class:`~realparts.clusterplay.ClusterPlay` plays their controllers (pods per replica or per group, labelled as
+upstream labels them), the scheduler and the kubelet. Each test reads the cluster back from the server, builds the
+view with :func:`build_view` (the objects stamped with kind/apiVersion, as the controller's informers stamp them),
+and acts with :class:`KubeActuator`: the ``/scale`` it writes is the server's, as are the Events and the status
+annotation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+from realparts.clusterplay import ClusterPlay, create_gpu_node
+from realparts.crds import crds_installed
+
+from autoscaler.api.plan import Plan, Reason, RemoveReplica, ScaleModel, UpdateStatus
+from autoscaler.live.kube.actuator import ActuatorConfig, KubeActuator
+from autoscaler.live.kube.discovery import ARGO_ROLLOUTS, LEADERWORKERSET, discover
+from autoscaler.live.kube.objects import POD_DELETION_COST, STATUS_ANNOTATION, ClusterView
+from autoscaler.live.kube.translate import build_view
+from autoscaler.live.kube.watches import stamped
+from autoscaler.live.kube.workloads import LEADERWORKERSET_KIND, ROLLOUT, STATEFULSET, WorkloadKind
+
+pytest_plugins = ("realparts.kube",)
+
+aio = pytest.mark.asyncio
+H100 = "NVIDIA-H100-80GB-HBM3"
+ANNOTATIONS = {"slotwise.io/slo-latency-ms": "500", "slotwise.io/gpus-per-replica": "8"}
+
+
+@pytest_asyncio.fixture
+async def ns(api: client.ApiClient) -> str:
+    name = f"slotwise-wl-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(api)
+    await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    await core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+    return name  # no controller-manager to finish a namespace delete: left, as the other tests do
+
+
+@contextlib.asynccontextmanager
+async def gpu_nodes(api: client.ApiClient, prefix: str, n: int) -> AsyncIterator[None]:
+    for i in range(n):
+        await create_gpu_node(api, f"{prefix}-{i}", H100, 8, {"nvidia.com/gpu": "8", "cpu": "96", "pods": "110"})
+    try:
+        yield
+    finally:
+        for i in range(n):
+            with contextlib.suppress(Exception):
+                await client.CoreV1Api(api).delete_node(f"{prefix}-{i}")
+
+
+def template(app: str) -> dict[str, Any]:
+    return {"metadata": {"labels": {"app": app}},
+            "spec": {"nodeSelector": {"nvidia.com/gpu.product": H100},
+                     "containers": [{"name": "vllm", "image": "registry.invalid/vllm:test",
+                                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+
+
+async def read_view(api: client.ApiClient, ns: str, prefix: str, kind: WorkloadKind) -> ClusterView:
+    """The cluster as the controller's informers would hand it over: the workloads stamped with kind/apiVersion."""
+    apis = await discover(api)
+    version = apis.pick(kind.api)
+    assert version is not None, f"{kind.kind} not served"
+    if kind is STATEFULSET:
+        got = await client.AppsV1Api(api).list_namespaced_stateful_set(ns)
+        items = [api.sanitize_for_serialization(x) for x in got.items]
+    else:
+        got = await client.CustomObjectsApi(api).list_namespaced_custom_object(kind.group, version, ns, kind.resource)
+        items = list(got["items"])
+    stamp = stamped(kind.kind, kind.api_version(version))
+    pods = [api.sanitize_for_serialization(p) for p in (await client.CoreV1Api(api).list_namespaced_pod(ns)).items]
+    nodes = [api.sanitize_for_serialization(n) for n in (await client.CoreV1Api(api).list_node()).items
+             if n.metadata.name.startswith(prefix)]
+    return build_view([], pods, nodes, workloads=[stamp(o) for o in items], now=time.time())
+
+
+async def scale_of(api: client.ApiClient, kind: WorkloadKind, ns: str, name: str) -> int:
+    got = await client.CustomObjectsApi(api).get_namespaced_custom_object_scale(
+        kind.group, kind.versions[0], ns, kind.resource, name)
+    return int(got["spec"]["replicas"])
+
+
+async def events_of(api: client.ApiClient, ns: str, name: str) -> list[dict]:
+    got = await client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+    return [api.sanitize_for_serialization(e) for e in got.items]
+
+
+async def settle(play: ClusterPlay, steps: int = 3) -> None:
+    for _ in range(steps):
+        await play.step()
+
+
+@aio
+async def test_a_leaderworkerset_model_scales_by_groups(api: client.ApiClient, ns: str) -> None:
+    prefix = f"lws-{uuid.uuid4().hex[:6]}"
+    async with crds_installed(api, "lws_crds.yaml"), gpu_nodes(api, prefix, 6):
+        assert (await discover(api)).pick(LEADERWORKERSET) == "v1"
+        objs = client.CustomObjectsApi(api)
+        created = await objs.create_namespaced_custom_object(
+            "leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets",
+            {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+             "metadata": {"name": "big", "annotations": ANNOTATIONS},
+             "spec": {"replicas": 2, "leaderWorkerTemplate": {"size": 2, "workerTemplate": template("big")}}})
+        assert created["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"  # defaulted
+        play = ClusterPlay(api, ns, node_prefix=prefix, workloads=True)
+        await settle(play)
+
+        v = await read_view(api, ns, prefix, LEADERWORKERSET_KIND)
+        key = f"{ns}/big"
+        m = v.models[key]
+        assert (m.kind, m.api_version, m.resource, m.group_size, m.replicas) == (
+            "LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", 2, 2)
+        obs = v.snapshot.models[key]
+        assert obs.spec is not None and obs.spec.pods_per_replica == 2 and obs.spec.gpus_per_replica == 8
+        # two groups of two pods: two replicas, each the leader's slot plus its worker's
+        assert [(r.replica_id, r.ready, len(r.group_slots)) for r in obs.replicas] == [
+            (f"{ns}/big-0", True, 1), (f"{ns}/big-1", True, 1)]
+        assert all(r.slot is not None and r.slot.node != r.group_slots[0].node for r in obs.replicas)
+
+        # the plan says 3 groups: the LWS's /scale is 3, and the controller makes a third group
+        act = KubeActuator(api, ActuatorConfig())
+        r = await act.apply(Plan(0.0, [ScaleModel(key, 3, 2, Reason.FORECAST)]), v)
+        assert r.applied == [f"scale {key}: 2 -> 3 (forecast)"] and not r.errors
+        assert await scale_of(api, LEADERWORKERSET_KIND, ns, "big") == 3
+        at_two = v
+        await settle(play)
+        v = await read_view(api, ns, prefix, LEADERWORKERSET_KIND)
+        assert [(r.replica_id, r.ready) for r in v.snapshot.models[key].replicas] == [
+            (f"{ns}/big-0", True), (f"{ns}/big-1", True), (f"{ns}/big-2", True)]
+        status = (await objs.get_namespaced_custom_object_scale("leaderworkerset.x-k8s.io", "v1", ns,
+                                                                "leaderworkersets", "big"))["status"]
+        assert status["replicas"] == 3 and "worker-index=0" in status["selector"]
+
+        # one pod of a group not Ready: the group is not Ready, the others are
+        await client.CoreV1Api(api).patch_namespaced_pod_status("big-2-1", ns, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "lastTransitionTime": "2024-05-01T12:00:00Z"}]}})
+        v = await read_view(api, ns, prefix, LEADERWORKERSET_KIND)
+        assert [r.ready for r in v.snapshot.models[key].replicas] == [True, True, False]
+
+        # a plan made from the view that read 2 groups, while /scale says 3 now: never lowers it
+        r = await act.apply(Plan(1.0, [ScaleModel(key, 1, 2, Reason.FORECAST)]), at_two)
+        assert r.why(f"scale {key}") == ["stale-view"] and await scale_of(api, LEADERWORKERSET_KIND, ns, "big") == 3
+
+        # scale-down: LWS removes the highest group whatever the plan named, so nothing is marked
+        plan = Plan(2.0, [RemoveReplica(key, f"{ns}/big-0"), ScaleModel(key, 2, 3, Reason.FORECAST)])
+        r = await act.apply(plan, v)
+        assert not r.errors and r.why(f"drain {key}") == ["by-index"]
+        assert await scale_of(api, LEADERWORKERSET_KIND, ns, "big") == 2
+        pods = (await client.CoreV1Api(api).list_namespaced_pod(ns)).items
+        assert not any(POD_DELETION_COST in (p.metadata.annotations or {}) for p in pods)
+        await settle(play)
+        v = await read_view(api, ns, prefix, LEADERWORKERSET_KIND)
+        assert [r.replica_id for r in v.snapshot.models[key].replicas] == [f"{ns}/big-0", f"{ns}/big-1"]
+
+        # the status annotation and the Event are on the LeaderWorkerSet
+        r = await act.apply(Plan(3.0, [UpdateStatus(key, 2, 2, Reason.FORECAST, message="two groups")]), v)
+        assert not r.errors and r.events == 1
+        got = await objs.get_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets", "big")
+        assert json.loads(got["metadata"]["annotations"][STATUS_ANNOTATION])["desired"] == 2
+        [ev] = await events_of(api, ns, "big")
+        assert ev["involvedObject"] == {"kind": "LeaderWorkerSet", "apiVersion": "leaderworkerset.x-k8s.io/v1",
+                                        "name": "big", "namespace": ns, "uid": created["metadata"]["uid"]}
+
+
+@aio
+async def test_a_statefulset_model_scales(api: client.ApiClient, ns: str) -> None:
+    prefix = f"sts-{uuid.uuid4().hex[:6]}"
+    async with gpu_nodes(api, prefix, 3):
+        sts = await client.AppsV1Api(api).create_namespaced_stateful_set(ns, {
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "db-llm", "annotations": ANNOTATIONS},
+            "spec": {"replicas": 1, "serviceName": "db-llm", "selector": {"matchLabels": {"app": "db-llm"}},
+                     "template": template("db-llm")}})
+        play = ClusterPlay(api, ns, node_prefix=prefix, workloads=True)
+        await settle(play)
+        v = await read_view(api, ns, prefix, STATEFULSET)
+        key = f"{ns}/db-llm"
+        assert (v.models[key].kind, v.models[key].resource, v.models[key].group_size) == ("StatefulSet",
+                                                                                          "statefulsets", 1)
+        assert [(r.replica_id, r.ready) for r in v.snapshot.models[key].replicas] == [(f"{ns}/db-llm-0", True)]
+
+        act = KubeActuator(api, ActuatorConfig())
+        r = await act.apply(Plan(0.0, [ScaleModel(key, 3, 1, Reason.FORECAST)]), v)
+        assert r.applied == [f"scale {key}: 1 -> 3 (forecast)"] and not r.errors
+        assert (await client.AppsV1Api(api).read_namespaced_stateful_set_scale("db-llm", ns)).spec.replicas == 3
+        await settle(play)
+        v = await read_view(api, ns, prefix, STATEFULSET)
+        assert [r.replica_id for r in v.snapshot.models[key].replicas] == [f"{ns}/db-llm-{i}" for i in range(3)]
+
+        # a StatefulSet removes its highest ordinal: the replica the plan named is not marked
+        r = await act.apply(Plan(1.0, [RemoveReplica(key, f"{ns}/db-llm-0"), ScaleModel(key, 2, 3, Reason.FORECAST)]), v)
+        assert not r.errors and r.why(f"drain {key}") == ["by-index"]
+        assert (await client.AppsV1Api(api).read_namespaced_stateful_set_scale("db-llm", ns)).spec.replicas == 2
+        pod0 = await client.CoreV1Api(api).read_namespaced_pod("db-llm-0", ns)
+        assert POD_DELETION_COST not in (pod0.metadata.annotations or {})
+
+        r = await act.apply(Plan(2.0, [UpdateStatus(key, 2, 2, Reason.FORECAST, message="m")]), v)
+        assert not r.errors
+        got = await client.AppsV1Api(api).read_namespaced_stateful_set("db-llm", ns)
+        assert json.loads(got.metadata.annotations[STATUS_ANNOTATION])["desired"] == 2
+        [ev] = await events_of(api, ns, "db-llm")
+        assert ev["involvedObject"]["kind"] == "StatefulSet" and ev["involvedObject"]["uid"] == sts.metadata.uid
+
+
+@aio
+async def test_an_argo_rollout_scales_via_its_scale_subresource(api: client.ApiClient, ns: str) -> None:
+    prefix = f"ro-{uuid.uuid4().hex[:6]}"
+    async with crds_installed(api, "rollout_crds.yaml"), gpu_nodes(api, prefix, 4):
+        assert (await discover(api)).pick(ARGO_ROLLOUTS) == "v1alpha1"
+        objs = client.CustomObjectsApi(api)
+        await objs.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts", {
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "canary-llm", "annotations": ANNOTATIONS},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "canary-llm"}},
+                     "template": template("canary-llm"),
+                     "strategy": {"canary": {"steps": [{"setWeight": 20}, {"pause": {}}]}}}})
+        play = ClusterPlay(api, ns, node_prefix=prefix, workloads=True)
+        await settle(play)
+        v = await read_view(api, ns, prefix, ROLLOUT)
+        key = f"{ns}/canary-llm"
+        assert (v.models[key].kind, v.models[key].api_version) == ("Rollout", "argoproj.io/v1alpha1")
+        obs = v.snapshot.models[key]
+        assert len(obs.replicas) == 2 and all(r.ready for r in obs.replicas)
+
+        act = KubeActuator(api, ActuatorConfig())
+        r = await act.apply(Plan(0.0, [ScaleModel(key, 4, 2, Reason.FORECAST)]), v)
+        assert r.applied == [f"scale {key}: 2 -> 4 (forecast)"] and not r.errors
+        assert await scale_of(api, ROLLOUT, ns, "canary-llm") == 4
+        await settle(play)
+        v = await read_view(api, ns, prefix, ROLLOUT)
+        replicas = v.snapshot.models[key].replicas
+        assert len(replicas) == 4
+
+        # ReplicaSets run a Rollout's pods: the named replica is marked to go first
+        victim = replicas[0].replica_id
+        r = await act.apply(Plan(1.0, [RemoveReplica(key, victim), ScaleModel(key, 3, 4, Reason.FORECAST)]), v)
+        assert not r.errors and await scale_of(api, ROLLOUT, ns, "canary-llm") == 3
+        pod = await client.CoreV1Api(api).read_namespaced_pod(victim.split("/")[1], ns)
+        assert pod.metadata.annotations[POD_DELETION_COST] == "-1000"
