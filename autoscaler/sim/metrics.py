@@ -25,6 +25,7 @@ class SimMetrics:
         self._in_flight = np.zeros((m, size))
         self._within = np.zeros((m, size))
         self._latency = np.full(m, np.nan)
+        self._kv = np.full(m, np.nan)  # KV-cache use per model (a fraction), newest tick; NaN: not simulated
         self._filled = 0
         self.warmup = warmup  # samples needed before the data counts (a fresh scrape is not a window)
         self.stale = np.zeros(m, dtype=bool)  # fault injection: a lost metric source
@@ -32,9 +33,12 @@ class SimMetrics:
         self._rows: tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] | None = None  # (lo, views per model)
 
     def push(
-        self, rate: np.ndarray, in_flight: np.ndarray, latency: np.ndarray, within_rate: np.ndarray | None = None
+        self, rate: np.ndarray, in_flight: np.ndarray, latency: np.ndarray, within_rate: np.ndarray | None = None,
+        kv_cache: np.ndarray | None = None,
     ) -> None:
-        """One tick's samples; ``within_rate``: requests/s settled within the SLO (default: all of them)."""
+        """One tick's samples; ``within_rate``: requests/s settled within the SLO (default: all of them);
+        ``kv_cache``: each model's KV-cache use as a fraction (default: not simulated, NaN -- the KV rail then has
+        no effect, as on a live engine without the gauge)."""
         self._rate[:, :-1] = self._rate[:, 1:]
         self._rate[:, -1] = rate
         self._in_flight[:, :-1] = self._in_flight[:, 1:]
@@ -42,6 +46,8 @@ class SimMetrics:
         self._within[:, :-1] = self._within[:, 1:]
         self._within[:, -1] = rate if within_rate is None else within_rate
         self._latency = latency
+        if kv_cache is not None:
+            self._kv = kv_cache
         self._filled = min(self._filled + 1, self.size)
 
     def window(self, now: float) -> MetricsWindow:
@@ -55,6 +61,7 @@ class SimMetrics:
         rows = self._rows[1]
         fut = None if self.future_rate is None else self.future_rate.tolist()
         latency = np.asarray(self._latency, dtype=np.float64).tolist()
+        kv = np.asarray(self._kv, dtype=np.float64).tolist()
         young = n < self.warmup  # too little data is "no data", not "zero load": policies hold until it arrives
         stale = self.stale.tolist()
         models = {
@@ -65,6 +72,7 @@ class SimMetrics:
                 latency_s=latency[i],
                 stale=stale[i] or young,
                 future_rate=None if fut is None else fut[i],
+                kv_cache_usage=kv[i],
             )
             for i, name in enumerate(self.models)
         }

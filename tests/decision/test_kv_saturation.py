@@ -223,3 +223,22 @@ def test_without_a_kv_gauge_every_policy_decides_as_before(which: str, m: ModelM
     with_rail, without = normalize(policy, c, SETTLED), normalize(policy, c, SETTLED, kv_saturation=None)
     assert (with_rail.desired, with_rail.reason, with_rail.detail) == (without.desired, without.reason,
                                                                         without.detail)
+
+
+# -- the simulator's window -------------------------------------------------------------------------------------
+
+
+def test_the_simulators_window_carries_the_kv_it_is_given_and_nan_otherwise() -> None:
+    from autoscaler.sim.metrics import SimMetrics
+
+    sim = SimMetrics(["a", "b"], step_s=STEP, size=6)
+    ones = np.ones(2)
+    sim.push(ones, ones, np.full(2, 0.1))
+    assert all(math.isnan(m.kv_cache_usage) for m in sim.window(10.0).models.values())  # not simulated: no effect
+    sim.push(ones, ones, np.full(2, 0.1), kv_cache=np.array([0.97, 0.2]))
+    w = sim.window(20.0)
+    assert (w.models["a"].kv_cache_usage, w.models["b"].kv_cache_usage) == (0.97, 0.2)
+    # what the simulated engine reports is acted on like a live one's
+    d = decide(_fleet(3), replace(w, models={"a": replace(w.models["a"], rate=np.full(2, 5.0))}), fresh_state(),
+               CoreConfig(policy=Scripted(None, wants=1)))  # type: ignore[arg-type]
+    assert d.plan.decisions["a"] is Reason.KV_SATURATED and not d.plan.of_type(ScaleModel)
