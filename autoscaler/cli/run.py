@@ -24,7 +24,7 @@ from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.actuator import ActuatorConfig
 from autoscaler.live.prometheus.client import PrometheusAuth, PrometheusClient, PrometheusError
 from autoscaler.live.prometheus.history import warm_start_from_prometheus
-from autoscaler.live.prometheus.metrics import MetricNames
+from autoscaler.live.prometheus.metrics import MetricNames, preset_names
 from sharing.lending import LendingPolicy
 
 log = logging.getLogger("slotwise.run")
@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--config", default=None, help="controller settings (YAML; see docs/kubernetes.md)")
     p.add_argument("--prometheus", default=None, help="Prometheus URL for model metrics (e.g. http://prom:9090)")
-    p.add_argument("--metrics-preset", default=None, choices=("vllm", "triton"), help="model server metric names")
+    p.add_argument("--metrics-preset", default=None, choices=preset_names(),
+                   help="model server metric names (docs/metrics.md)")
     p.add_argument("--dry-run", action="store_true",
                    help="compute and log the plan; write nothing at all (not even status, Events or the Lease)")
     p.add_argument("--report", action="store_true",
@@ -143,6 +144,9 @@ def build_settings(args: argparse.Namespace) -> ControllerSettings:
     if "prometheus_auth" in data:
         data["prometheus_auth"] = _section(data, "prometheus_auth", PrometheusAuth)
     metrics_data = data.pop("metrics", {}) or {}
+    kv = data.get("kv_saturation")
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, (int, float)) or not 0.0 < kv <= 1.0):
+        raise ValueError(f"kv_saturation: expected a KV-cache fraction in (0, 1] or null (off), got {kv!r}")
     if args.dry_run:
         actuator = replace(actuator, dry_run=True)
     if args.report:

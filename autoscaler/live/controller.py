@@ -42,6 +42,7 @@ from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.decision.config import build_core
 from autoscaler.decision.node_actions import NodeActionState, gpu_resources
+from autoscaler.decision.scaledown import DEFAULT_KV_SATURATION
 from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.decision.tick import plan_tick
 from autoscaler.live.cost_metrics import CostMetrics
@@ -100,6 +101,8 @@ class ControllerSettings:
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
     # the operator's caps on every numeric annotation (`limits:`; a model over one is refused, alone)
     limits: SpecLimits = field(default_factory=SpecLimits)
+    # the engines' KV-cache use (a fraction) at which no model scales down (None: the rail is off; docs/metrics.md)
+    kv_saturation: float | None = DEFAULT_KV_SATURATION
     # USD per GPU-hour by GPU kind (any catalog name or GFD product label), overriding the catalog's rough
     # defaults: the price table cost attribution uses
     prices: dict = field(default_factory=dict)
@@ -217,7 +220,8 @@ class Controller:
         # with GPUs still lent the lend stage reclaims them (reason "disabled").
         self.core = build_core(make_policy(settings.policy, **settings.policy_knobs), lending=settings.lending,
                                arbitration=settings.arbitration, metric_lag_s=settings.metrics_step_s,
-                               report_every_decision=True, limits=settings.limits)
+                               report_every_decision=True, limits=settings.limits,
+                               kv_saturation=settings.kv_saturation)
         self.state: ControllerState = fresh_state()
         self.node_state = NodeActionState()  # the time-slicing config last planned
         self.ticks = 0

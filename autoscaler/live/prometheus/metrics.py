@@ -581,3 +581,8 @@ class PrometheusMetrics:
                             "0.01 for a percent gauge)", self.names.kv_cache, spec.key, value)
             return math.nan
         return min(max(value, 0.0), 1.0)
+
+
+def preset_names() -> tuple[str, ...]:
+    """The known model-server presets (``MetricNames.preset``), sorted: what ``--metrics-preset`` accepts."""
+    return tuple(sorted(_PRESETS))
