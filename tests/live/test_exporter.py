@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -41,6 +42,7 @@ from autoscaler.live.exporter import (
     reclaim_buckets,
 )
 from autoscaler.live.health import Health, bound_port, start_http
+from autoscaler.live.kube.objects import ManagedModel
 from sharing.catalog import load_catalog
 from sharing.lending import LENT_MODEL, lent_owner
 from sharing.slots import Inventory, NodeSpec, Slot
@@ -642,3 +644,53 @@ async def test_a_partially_observed_model_is_exported_as_such(served) -> None:
     assert _value(got, "slotwise_metrics_partial", model="ns/b") == 0  # stale is its own flag
     served.metrics.record_tick(_plan(), _snapshot(), _window(), seconds=0.01)
     assert _value(await _scrape(served), "slotwise_metrics_partial", model="ns/a") == 0
+
+
+def _advised_models(autoscaled: dict[str, str | None], unavailable: int = 0) -> dict[str, Any]:
+    """The view's managed models as record_advice reads them (ManagedModel), some scaled by another autoscaler."""
+    return {key: ManagedModel(key=key, namespace=key.split("/")[0], name=key.split("/")[1], uid="u", replicas=1,
+                              container="c", unavailable_replicas=unavailable, autoscaled_by=by)
+            for key, by in autoscaled.items()}
+
+
+def _advised(samples: dict, name: str) -> float | None:
+    return samples.get(("slotwise_advised_replicas", (("kind", "Deployment"), ("name", name), ("namespace", "ns"))))
+
+
+@pytest.mark.asyncio
+async def test_advise_mode_publishes_the_replicas_slotwise_would_set_for_autoscaled_workloads(served) -> None:
+    """Issue 17, living beside HPA/KEDA: /metrics carries slotwise_advised_replicas{namespace,kind,name} for each
+    workload an HPA / ScaledObject scales (the plan's target, plus the replicas on nodes out of service the
+    ReplicaSet still counts), nothing for the others or in hands-off mode, and loses a series when the model
+    leaves, loses its autoscaler, or this replica loses the lease."""
+    m = served.metrics
+    models = _advised_models({"ns/a": "HorizontalPodAutoscaler ns/a", "ns/b": "ScaledObject ns/b"}, unavailable=1)
+    m.record_tick(_plan(), _snapshot(), _window(), seconds=0.01)
+    m.record_advice(_plan(), models, advise=True)
+    got = await _scrape(served)
+    # ns/a: planned 1 -> 3, one more replica stuck on a node out of service; ns/b: nothing to change, its replicas
+    assert _advised(got, "a") == 4
+    assert _advised(got, "b") == 1
+    # the desired series keeps its meaning (the plan's replicas, by model key)
+    assert _value(got, "slotwise_desired_replicas", model="ns/a") == 3
+
+    # ns/b loses its ScaledObject, then hands-off mode: the series go
+    m.record_advice(_plan(), _advised_models({"ns/a": "HorizontalPodAutoscaler ns/a", "ns/b": None}), advise=True)
+    got = await _scrape(served)
+    assert _advised(got, "b") is None
+    assert _advised(got, "a") == 3
+    m.record_advice(_plan(), models, advise=False)
+    assert "slotwise_advised_replicas" not in {name for name, _ in await _scrape(served)}
+
+    # the model leaves the view; and a follower publishes nothing an autoscaler could act on
+    m.record_advice(_plan(), models, advise=True)
+    m.record_advice(Plan(now=115.0), _advised_models({"ns/b": "ScaledObject ns/b"}), advise=True)
+    got = await _scrape(served)
+    assert _advised(got, "a") is None
+    assert _advised(got, "b") == 1
+    m.set_leader(False)
+    m.record_advice(_plan(), models, advise=True)
+    assert "slotwise_advised_replicas" not in {name for name, _ in await _scrape(served)}
+    m.set_leader(True)
+    m.record_advice(_plan(), models, advise=True)
+    assert _advised(await _scrape(served), "a") == 4

@@ -32,6 +32,11 @@ What each action becomes:
   ``BorrowingLimit``, ``MinRuntime``, ``Outranked``, ``PreemptionTooCostly``, ``MaxReplicas``), Normal for headroom
   not granted and for capacity being freed (``Reclaiming``, ``Preempting``).
 - ``PlaceReplica``: nothing; kube-scheduler places the pods (reported as skipped ``scheduler-placed``).
+- A model another autoscaler scales (``ManagedModel.autoscaled_by``: an HPA or a KEDA ScaledObject,
+  :mod:`~autoscaler.live.kube.autoscalers`): its ``ScaleModel`` and ``RemoveReplica`` are skipped ``autoscaled-by``
+  (never a second writer of ``/scale``), one Event per autoscaler and mode says why (status: ``autoscaledBy``);
+  ``coexistence: hands-off`` (default) skips its ``SetSlotTemplate`` too, ``advise`` applies it (the exporter
+  publishes the advised replicas).
 
 Rules every write follows: **idempotent** (read first; no write when the object already says so), **optimistic
 concurrency** (every read-modify-write carries the read ``resourceVersion``; a 409 Conflict re-reads and retries
