@@ -84,6 +84,16 @@ from autoscaler.api.plan import (
     Shortfall,
     UpdateStatus,
 )
+from autoscaler.api.spec import SpecError, parse_annotations
+from autoscaler.live.kube.dra_act import DraActuation
+from autoscaler.live.kube.dra_claims import (
+    DraTarget,
+    claim_spec,
+    claim_template,
+    dra_target,
+    mig_relayout_refusal,
+    pod_template_changes,
+)
 from autoscaler.live.kube.mig_gate import (
     OWNER_LABEL,
     STATE_PENDING,
@@ -93,6 +103,7 @@ from autoscaler.live.kube.mig_gate import (
 )
 from autoscaler.live.kube.objects import (
     FIELD_MANAGER,
+    GPU_RESOURCE,
     MIG_CONFIG,
     MIG_CONFIG_STATE,
     POD_DELETION_COST,
@@ -497,6 +508,16 @@ class KubeActuator:
         if tick.template_writes >= self.config.max_template_changes_per_tick:
             r.skipped.append((line, "rate-limit"))
             return
+        # DRA nodes (issue 17): the slot is a ResourceClaimTemplate the pod template references (dra_claims.py)
+        dra = self.__dict__.get("dra") or DraActuation(self.api_client)
+        self.dra = dra
+        version = await dra.version()
+        labels = {n: info.labels for n, info in tick.view.nodes.items()}
+        target = None if version is None else dra_target(await dra.inventory(labels), labels.items(),
+                                                         a.node_selector)
+        if target is not None and version is not None:
+            await self._template_claim(tick, a, mm, dra, version, target)
+            return
 
         async def attempt() -> bool:
             dep = self.api_client.sanitize_for_serialization(
@@ -535,6 +556,61 @@ class KubeActuator:
             r.applied.append(line)
         else:
             r.skipped.append((line, "unchanged"))
+
+    async def _template_claim(self, tick: _Tick, a: SetSlotTemplate, mm: ManagedModel, dra: DraActuation,
+                              version: str, target: DraTarget) -> None:
+        """The DRA half of :meth:`_template`: the ResourceClaimTemplate (created once: its name is its spec's hash),
+        then the pod template's claim reference, container claim and node selector (one JSON patch, as above)."""
+        r, line = tick.report, describe(a)
+        share = None
+        if target.shareable and GPU_RESOURCE in (a.resources.get("limits") or {}):
+            try:
+                spec = parse_annotations(mm.key, mm.annotations, namespace=mm.namespace)
+            except SpecError:
+                spec = None
+            if spec is not None and spec.gpu_memory_gib is not None and set(spec.slot_kinds) <= {"share"}:
+                share = spec.gpu_memory_gib
+        claim = claim_spec(a.resources, a.node_selector, version, product_name=target.product_name,
+                           share_memory_gib=share)
+
+        async def attempt() -> str | None:
+            dep = self.api_client.sanitize_for_serialization(
+                await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key))
+            meta = dep["metadata"]
+            owner = {"apiVersion": mm.api_version, "kind": mm.kind, "name": mm.name, "uid": meta.get("uid") or mm.uid}
+            body = claim_template(mm.namespace, owner, claim, version, self.config.component)
+            name = body["metadata"]["name"]
+            pod_spec = dep["spec"]["template"]["spec"]
+            want = pod_template_changes(pod_spec, mm.container, name)
+            idx = next(i for i, c in enumerate(pod_spec["containers"]) if c.get("name") == mm.container)
+            if (want["resourceClaims"] == pod_spec.get("resourceClaims")
+                    and want["resources"] == pod_spec["containers"][idx].get("resources")
+                    and want["nodeSelector"] == pod_spec.get("nodeSelector")):
+                return None
+            await self._hook("template", mm.key)
+            tick.gate.check(f"ResourceClaimTemplate {mm.namespace}/{name}")
+            await dra.ensure_claim_template(body)
+            base = f"/spec/template/spec/containers/{idx}"
+            ops: list[dict[str, Any]] = [
+                {"op": "replace", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                {"op": "test", "path": f"{base}/name", "value": mm.container},
+                {"op": "add", "path": f"{base}/resources", "value": want["resources"]},
+                {"op": "add", "path": "/spec/template/spec/resourceClaims", "value": want["resourceClaims"]},
+            ]
+            if want["nodeSelector"]:
+                ops.append({"op": "add", "path": "/spec/template/spec/nodeSelector", "value": want["nodeSelector"]})
+            elif "nodeSelector" in pod_spec:
+                ops.append({"op": "remove", "path": "/spec/template/spec/nodeSelector"})
+            tick.gate.check(f"template {mm.key}")
+            await self._apps.patch_namespaced_deployment(mm.name, mm.namespace, ops, field_manager=FIELD_MANAGER)
+            return name
+
+        name = await self._retrying(tick, attempt)
+        if name is None:
+            r.skipped.append((line, "unchanged"))
+            return
+        tick.template_writes += 1
+        r.applied.append(f"{line}: ResourceClaimTemplate {mm.namespace}/{name} ({', '.join(target.nodes)})")
 
     # -- ConfigMaps -------------------------------------------------------------------------------------------
 
@@ -594,6 +670,7 @@ class KubeActuator:
             return
         # recovery and relayouts in flight go on even with the gate off: a node we cordoned is never abandoned
         self.gate.recover(tick.view, tick.now)
+        actions = await self._mig_on_dra(tick, actions)
         for a in actions:
             if self.config.mig_relayout:
                 self.gate.submit(a, tick.now, r)
@@ -601,6 +678,30 @@ class KubeActuator:
                 r.skipped.append((describe(a), "gate-disabled"))
         if self.gate.jobs:
             await self.gate.tick(tick.view, tick.now, _KubeGateIO(self, tick), r)
+
+    async def _mig_on_dra(self, tick: _Tick, actions: list[SetMigLayout]) -> list[SetMigLayout]:
+        """The re-layouts on device-plugin nodes; those on DRA nodes are skipped here: with the driver's DynamicMIG
+        nothing is to be written (the claims create the instances), without it refused with a Warning Event on the
+        node (:func:`~autoscaler.live.kube.dra_claims.mig_relayout_refusal`)."""
+        if not actions:
+            return actions
+        dra = self.__dict__.get("dra") or DraActuation(self.api_client)
+        self.dra = dra
+        if await dra.version() is None:
+            return actions
+        inv = await dra.inventory()
+        rest = []
+        for a in actions:
+            dn = inv.nodes.get(a.node)
+            if dn is None:
+                rest.append(a)
+                continue
+            why, message = mig_relayout_refusal(a.node, dn.dynamic_mig)
+            tick.report.skipped.append((describe(a), why))
+            if not dn.dynamic_mig:
+                ref = {"kind": "Node", "apiVersion": "v1", "name": a.node}
+                await self._event(tick, ref, "Warning", "MigRelayoutRefused", message)
+        return rest
 
     # -- status and Events ------------------------------------------------------------------------------------
 

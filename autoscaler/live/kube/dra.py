@@ -150,6 +150,7 @@ class DraNode(GpuNode):
     pool: str = ""
     devices: dict[str, DraDevice] = field(default_factory=dict)  # device name -> what it is
     dynamic_mig: bool = False  # some GPU is partitionable (DynamicMIG): instances are made by claims
+    product_name: str = ""  # the driver's productName (NVML's name), for claim selectors
 
 
 @dataclass
@@ -276,7 +277,7 @@ def _read_node(node: str, pool: str, devices: Sequence[RawDevice], labels: Mappi
     nv_labels.setdefault(GPU_PRODUCT, gfd_product(products[0]))
     spec = NodeSpec(node, gpu.name, count, mig_enabled=bool(mig_minors), labels=nv_labels)
     return DraNode(spec, gpu, 1, len(mig_minors), mig_counts, {}, None, problems, layout=layout, pool=pool,
-                   devices=out, dynamic_mig=bool(dynamic))
+                   devices=out, dynamic_mig=bool(dynamic), product_name=products[0])
 
 
 def _dra_device(d: RawDevice, index: int, profile: str | None, start: int | None) -> DraDevice:

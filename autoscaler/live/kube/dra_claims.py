@@ -1,0 +1,178 @@
+"""A slot on a DRA node, as Kubernetes expresses it: a ResourceClaimTemplate the workload's pod template references.
+Pure rendering; the actuator (:meth:`~autoscaler.live.kube.actuator.KubeActuator._template`) writes it.
+
+What the decision core asks for is a :class:`~autoscaler.api.plan.SetSlotTemplate`: device-plugin ``resources``
+(``nvidia.com/gpu: N``, ``nvidia.com/mig-<profile>: 1``) and a node selector with GPU Feature Discovery's
+``nvidia.com/gpu.product``. On nodes of NVIDIA's DRA driver that becomes (``k8s.io/api/resource/v1`` types.go;
+the driver's DeviceClasses ``gpu.nvidia.com`` and ``mig.nvidia.com``, deployments/helm/.../deviceclass-*.yaml):
+
+- **whole GPUs**: one request, ``deviceClassName: gpu.nvidia.com``, ``allocationMode: ExactCount``, ``count: N``;
+- **a MIG profile**: ``deviceClassName: mig.nvidia.com`` and a CEL selector on the driver's ``profile`` attribute
+  (``device.attributes["gpu.nvidia.com"].profile == "3g.40gb"``); with DynamicMIG the driver creates the instance
+  at allocation, without it one that exists is taken;
+- **a share** (only where the driver advertises consumable capacity, ``allowMultipleAllocations``, KEP 5075):
+  the whole-GPU class with ``capacity.requests.memory``;
+- the GPU product, where the plan names one, as a CEL selector on ``productName`` (the driver's NVML name; GFD's
+  label spells it with dashes, so the selector compares that spelling when the exact name is not known).
+
+``resource.k8s.io/v1`` and ``v1beta2`` put a request's fields under ``exactly:``; ``v1beta1`` has them on the
+request itself (and no consumable capacity). A template's ``spec`` is immutable, so its name carries a hash of it:
+a different slot is a new template (and a new pod template, so a rollout), never an update. It is owned by the
+workload (ownerReference), so it goes when the workload goes.
+
+The pod template then gets ``spec.resourceClaims: [{name: slotwise-gpu, resourceClaimTemplateName: <it>}]`` and
+the container ``resources.claims: [{name: slotwise-gpu}]``, its ``nvidia.com/*`` resources removed, and the GPU
+product taken out of its node selector (DRA nodes carry no GFD labels; the claim selects the product).
+
+MIG re-layout (``SetMigLayout``) on a DRA node has nothing to write with DynamicMIG (claims create instances), and
+is refused without it: :func:`mig_relayout_refusal`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autoscaler.live.kube.dra import DRIVER, GPU_CLASS, MIG_CLASS, DraInventory
+from autoscaler.live.kube.objects import FIELD_MANAGER, GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from sharing.render import GPU_PRODUCT
+
+CLAIM_NAME = "slotwise-gpu"  # the pod-level claim name slotwise owns in a pod template
+REQUEST_NAME = "gpu"
+GROUP = "resource.k8s.io"
+DYNAMIC_MIG_GATE = "DynamicMIG"  # the DRA driver's feature gate (featureGates.DynamicMIG in its Helm values)
+
+
+@dataclass(frozen=True)
+class DraTarget:
+    """The DRA nodes a slot template's pods would land on: what the claim may select and ask for."""
+
+    nodes: tuple[str, ...]
+    product_name: str | None  # the driver's productName when the nodes agree on one
+    shareable: bool  # every GPU there takes shares (consumable capacity)
+
+
+def dra_target(dra: DraInventory, plugin_nodes: Iterable[tuple[str, Mapping[str, str]]],
+               node_selector: Mapping[str, str]) -> DraTarget | None:
+    """Whether pods of a template with ``node_selector`` land on DRA nodes: some DRA node has the GPU product it
+    names (any, when it names none) and no device-plugin node (``plugin_nodes``: name, labels) does. None: the
+    device-plugin path (a pod template cannot ask both ways; with both kinds of nodes the device plugin's stays)."""
+    product = node_selector.get(GPU_PRODUCT)
+    hits = [dn for dn in dra.nodes.values() if product is None or dn.spec.labels.get(GPU_PRODUCT) == product]
+    plugin = [n for n, labels in plugin_nodes
+              if not dra.named(n) and GPU_PRODUCT in labels and (product is None or labels[GPU_PRODUCT] == product)]
+    if not hits or plugin:
+        return None
+    names = {dn.product_name for dn in hits}
+    return DraTarget(tuple(sorted(dn.spec.name for dn in hits)), names.pop() if len(names) == 1 else None,
+                     all(d.shareable for dn in hits for d in dn.devices.values() if d.profile is None))
+
+
+def _cel_string(s: str) -> str:
+    return json.dumps(s)  # a CEL string literal: JSON's escaping is valid CEL
+
+
+def _slot_of(resources: Mapping[str, Any]) -> tuple[str, int, str | None]:
+    """(device class, count, MIG profile name) from a SetSlotTemplate's device-plugin resources."""
+    limits = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    gpus = {k: v for k, v in limits.items() if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)}
+    if len(gpus) != 1:
+        raise ValueError(f"a slot template asks for one GPU resource, not {sorted(gpus)}")
+    ((name, raw),) = gpus.items()
+    n = int(str(raw))
+    if name == GPU_RESOURCE:
+        return GPU_CLASS, n, None
+    return MIG_CLASS, n, name.removeprefix(MIG_RESOURCE_PREFIX)
+
+
+def claim_spec(resources: Mapping[str, Any], node_selector: Mapping[str, str], version: str, *,
+               product_name: str | None = None, share_memory_gib: float | None = None) -> dict[str, Any]:
+    """The ResourceClaimSpec (``devices.requests``) for a SetSlotTemplate's slot, in ``version``'s shape.
+
+    ``product_name``: the driver's exact ``productName`` for the GFD product in ``node_selector`` (else the selector
+    compares GFD's spelling); ``share_memory_gib``: ask for a share of that much memory of one GPU (only where the
+    driver advertises consumable capacity; v1 and v1beta2)."""
+    device_class, count, profile = _slot_of(resources)
+    attrs = f'device.attributes["{DRIVER}"]'
+    selectors: list[str] = []
+    gfd = node_selector.get(GPU_PRODUCT)
+    if product_name:
+        selectors.append(f"{attrs}.productName == {_cel_string(product_name)}")
+    elif gfd:
+        selectors.append(f'{attrs}.productName.replace(" ", "-") == {_cel_string(gfd)}')
+    if profile is not None:
+        selectors.append(f"{attrs}.profile == {_cel_string(profile)}")
+    request: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    if selectors:
+        request["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    if share_memory_gib is not None:
+        if version == "v1beta1":
+            raise ValueError("resource.k8s.io/v1beta1 has no consumable capacity: a share cannot be requested")
+        if profile is not None or count != 1:
+            raise ValueError("a share is of one whole GPU")
+        request["capacity"] = {"requests": {"memory": f"{int(round(share_memory_gib * 1024))}Mi"}}
+    if version == "v1beta1":
+        return {"devices": {"requests": [{"name": REQUEST_NAME, **request}]}}
+    return {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": request}]}}
+
+
+def template_name(workload: str, spec: Mapping[str, Any]) -> str:
+    """``<workload>-gpu-<hash of the spec>``: the spec is immutable, so another slot is another template."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{workload[:240]}-gpu-{digest}"
+
+
+def claim_template(namespace: str, owner: Mapping[str, str], spec: Mapping[str, Any], version: str,
+                   component: str = FIELD_MANAGER) -> dict[str, Any]:
+    """The ResourceClaimTemplate object, owned by the workload ``owner`` (apiVersion, kind, name, uid)."""
+    return {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": template_name(owner["name"], spec),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": component},
+            "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"],
+                                 "uid": owner["uid"], "blockOwnerDeletion": False, "controller": False}],
+        },
+        "spec": {"spec": dict(spec)},
+    }
+
+
+def pod_template_changes(pod_spec: Mapping[str, Any], container: str, template: str) -> dict[str, Any]:
+    """What the pod template becomes: ``resourceClaims``, the container's ``resources`` (its ``nvidia.com/*``
+    resources gone, the claim added) and ``nodeSelector`` (GFD's product gone). Returns the three new values
+    (``nodeSelector`` None: remove it); the caller compares and patches."""
+    claims = [c for c in pod_spec.get("resourceClaims") or () if c.get("name") != CLAIM_NAME]
+    claims.append({"name": CLAIM_NAME, "resourceClaimTemplateName": template})
+    containers = pod_spec.get("containers") or []
+    c = next((c for c in containers if c.get("name") == container), None)
+    if c is None:
+        raise ValueError(f"container {container!r} not in the pod template")
+    res = {k: v for k, v in (c.get("resources") or {}).items()}
+    for part in ("limits", "requests"):
+        if part in res:
+            kept = {k: v for k, v in (res[part] or {}).items() if not k.startswith("nvidia.com/")}
+            if kept:
+                res[part] = kept
+            else:
+                del res[part]
+    res["claims"] = [*(x for x in res.get("claims") or () if x.get("name") != CLAIM_NAME), {"name": CLAIM_NAME}]
+    sel = {k: v for k, v in (pod_spec.get("nodeSelector") or {}).items() if k != GPU_PRODUCT}
+    return {"resourceClaims": claims, "resources": res, "nodeSelector": sel or None}
+
+
+def mig_relayout_refusal(node: str, dynamic: bool) -> tuple[str, str]:
+    """(skip reason, message) for a SetMigLayout on a DRA node: with DynamicMIG nothing is written (the claims make
+    the instances); without it the layout is the driver's static MIG config, which slotwise does not change."""
+    if dynamic:
+        return ("dra-dynamic-mig",
+                f"node {node}: the NVIDIA DRA driver's {DYNAMIC_MIG_GATE} publishes every MIG placement; the "
+                "ResourceClaims create the instances, nothing to relabel")
+    return ("dra-static-mig",
+            f"node {node}: MIG re-layout refused: the NVIDIA DRA driver publishes only the MIG devices that exist "
+            f"(static MIG) and slotwise does not re-partition under it; enable the driver's {DYNAMIC_MIG_GATE} "
+            "feature gate (featureGates.DynamicMIG=true) for layouts chosen by claims")
