@@ -9,6 +9,8 @@ legal slot (``inv.fits(slot)``) or None and never changes ``inv``; callers alloc
 be compared on copies of one inventory, and a smarter one (fragmentation-aware, re-layout with few
 moves) drops in without touching callers. :func:`place_batch` is the common loop (optionally
 largest first), and :func:`consolidate` a planning pass that empties devices after a batch.
+:func:`place_group` places a replica that is a group of pods (a LeaderWorkerSet replica: one slot of the request per
+pod) through any packer, all of its slots or none, on a copy of the inventory.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ It is both the simulated Cluster port (``snapshot``) and the simulated Actuator 
 decision core drives it exactly as it drives Kubernetes. A placed replica becomes Ready after its
 model's load time (``cold_start_s``; zero for a policy that asks for ``instant_start``); a removed
 replica stops receiving traffic at once and frees its slot when its in-flight work is done
-(bounded by the drain timeout). The node-level actions (``SetMigLayout``, ``SetTimeSlicing``, ``SetSlotTemplate``)
+(bounded by the drain timeout). A replica that is a group of pods (``ModelSpec.pods_per_replica``, a LeaderWorkerSet
+replica: ``PlaceReplica.group_slots``) holds every pod's slot under its id from placement to the end of its drain,
+is Ready as one when its cold start ends, serves as one replica, and its GPU-hours are all its slots'. The node-level
+actions (``SetMigLayout``, ``SetTimeSlicing``, ``SetSlotTemplate``)
 are recorded: the packer made the MIG instances as it placed, so they change no capacity here; each model's
 template shows in the next snapshot, as the live controller reads it from the Deployment.
 

@@ -142,3 +142,24 @@ def test_the_lower_bound_counts_every_pod_of_a_group() -> None:
     for spec in (WHOLE.with_(gpus_per_replica=2), SLICE):
         assert replica_gpu_fraction(spec.with_(pods_per_replica=3), nodes) == pytest.approx(
             3 * replica_gpu_fraction(spec, nodes))
+
+
+def test_a_scenario_model_takes_pods_per_replica(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from autoscaler.sim.scenario import ScenarioError, load_scenario
+
+    text = """\
+duration: 1
+teams:
+  - {name: a, guaranteed_gpus: 4}
+models:
+  - {name: big, team: a, trace: azure-llm-2023, model: conv, slo-latency-ms: 2000, pods-per-replica: 2}
+cluster: "16xH100-80GB"
+"""
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(text)
+    (m,) = load_scenario(str(ok)).models
+    assert m.spec.pods_per_replica == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("pods-per-replica: 2", "pods-per-replica: 0"))
+    with pytest.raises(ScenarioError, match=r"bad\.yaml: models\[0\]\.pods-per-replica: must be a whole number"):
+        load_scenario(str(bad))

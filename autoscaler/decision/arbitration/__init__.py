@@ -34,6 +34,10 @@ attainment a platform is judged by.
    does not miss a tick later and preempt further down in turn. Nothing is preempted for headroom. No flapping: a
    victim's model ranks below its preemptor by the same rules next tick.
 
+A replica that is a group of pods (``Ask.pods``, a LeaderWorkerSet replica) is one replica in every rule above: its
+slots are placed together or not at all (:func:`sharing.packer.place_group`), it counts all its pods' GPUs against
+its team, and as a victim it frees all of them.
+
 Baselines, for the benchmark: ``mode="priority"`` (Kueue/KAI-style: the same quotas, then priority and arrival
 order, preempting lower priority for any ask, with no SLO knowledge) and ``mode="partition"`` (static per-team
 partitions: each team's guarantee, scaled to the cluster, is its hard limit; no borrowing, no preemption).
