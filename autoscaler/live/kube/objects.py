@@ -4,7 +4,8 @@ Kubernetes objects travel between the adapters as plain JSON dicts, exactly as t
 (camelCase keys): the informers cache them, :mod:`~autoscaler.live.kube.translate` turns them into the
 decision core's :class:`~autoscaler.api.snapshot.ClusterSnapshot`, and the actuator addresses them by the
 :class:`ManagedModel` the translation keeps for each model. A model's key everywhere (snapshot, plan,
-metrics, forecaster) is ``"<namespace>/<deployment name>"``.
+metrics, forecaster) is ``"<namespace>/<workload name>"`` (a Deployment, StatefulSet, LeaderWorkerSet or Argo
+Rollout: :mod:`~autoscaler.live.kube.workloads`).
 """
 
 from __future__ import annotations

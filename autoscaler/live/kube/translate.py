@@ -6,8 +6,11 @@ cannot be understood becomes one line in ``ClusterView.problems`` and affects on
 
 What is read, and how (the details the tests pin down):
 
-- **Managed models** are Deployments annotated ``slotwise.io/slo-latency-ms``; key ``"<ns>/<name>"``, which is
-  also the ``ModelSpec.name`` (so packer anti-affinity and inventory model names are the snapshot's keys).
+- **Managed models** are Deployments -- and the ``workloads`` of other kinds: StatefulSets, LeaderWorkerSets, Argo
+  Rollouts (:mod:`~autoscaler.live.kube.workloads`) -- annotated ``slotwise.io/slo-latency-ms``; key
+  ``"<ns>/<name>"``, which is also the ``ModelSpec.name`` (so packer anti-affinity and inventory model names are the
+  snapshot's keys). A LeaderWorkerSet's replica is a group of pods: one :class:`Replica` per group (the leader's
+  slot, the workers' in ``group_slots``, Ready only when every pod is) and ``pods_per_replica`` = its group size.
   Bad annotations give ``spec=None`` and a :class:`SpecError` naming the key, for that model only. A model
   whose template asks for a MIG profile but whose annotations give no ``gpu-memory-gib`` keeps the spec as
   parsed: nothing is inferred from the template.
