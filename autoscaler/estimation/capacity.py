@@ -3,8 +3,8 @@
 First version: a queueing prior (each replica an M/G/c station with ``concurrency`` servers; load split
 evenly, as kube-proxy's random routing does). The same math drives the simulator's fluid mode, so the
 oracle baseline and the fluid simulator agree by construction. Issue "SLO sizing" learns it online.
-It stays one module: the profile, its cached answers and the wait, batch and ITL laws are one model that sizing, the lend stage, the
-lower bound and the fluid engine must all read the same way.
+It stays one module: the profile, its cached answers and the wait, batch and ITL laws are one model that
+sizing, the lend stage, the lower bound and the fluid engine must all read the same way.
 
 The wait model (shared with :mod:`autoscaler.sim.queueing`, which calls the functions below and never
 re-derives them):
