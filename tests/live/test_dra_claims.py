@@ -15,6 +15,7 @@ from autoscaler.live.kube.dra_claims import (
     dra_target,
     mig_relayout_refusal,
     pod_template_changes,
+    slot_resources,
     template_name,
 )
 from sharing.catalog import load_catalog
@@ -105,3 +106,11 @@ def test_mig_relayout_refusal_names_the_dynamic_mig_gate() -> None:
     assert mig_relayout_refusal("n", True)[0] == "dra-dynamic-mig"
     why, message = mig_relayout_refusal("n", False)
     assert why == "dra-static-mig" and "DynamicMIG" in message and "refused" in message
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+@pytest.mark.parametrize("resources", [WHOLE_2, MIG_3G, {"limits": {"nvidia.com/mig-1g.10gb+me": "1"}}])
+def test_a_rendered_template_reads_back_as_the_resources_it_came_from(version, resources) -> None:
+    got = slot_resources(claim_spec(resources, SEL, version, product_name="NVIDIA H100 80GB HBM3"))
+    assert got["limits"] == resources["limits"]
+    assert slot_resources({"devices": {"requests": [{"name": "x", "exactly": {"deviceClassName": "other"}}]}}) == {}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -176,3 +177,29 @@ def mig_relayout_refusal(node: str, dynamic: bool) -> tuple[str, str]:
             f"node {node}: MIG re-layout refused: the NVIDIA DRA driver publishes only the MIG devices that exist "
             f"(static MIG) and slotwise does not re-partition under it; enable the driver's {DYNAMIC_MIG_GATE} "
             "feature gate (featureGates.DynamicMIG=true) for layouts chosen by claims")
+
+
+_PROFILE_SELECTOR = re.compile(r'\.profile\s*==\s*"([^"]+)"')
+
+
+def slot_resources(template_spec: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The device-plugin resources a ResourceClaimTemplate's spec (``spec.spec``, any served version) stands for:
+    what a model whose pod template references it asks for, in the terms the decision core compares templates
+    in (``nvidia.com/gpu: N``, ``nvidia.com/mig-<profile>: 1``). Empty when it asks for no NVIDIA GPU or for
+    something slotwise does not render (several requests, a MIG request without a profile selector)."""
+    requests = ((template_spec.get("devices") or {}).get("requests")) or []
+    if len(requests) != 1:
+        return {}
+    req = requests[0].get("exactly") or requests[0]
+    count = str(req.get("count") or 1)
+    if req.get("deviceClassName") == GPU_CLASS:
+        got = {GPU_RESOURCE: count}
+    elif req.get("deviceClassName") == MIG_CLASS:
+        exprs = " ".join(str((s.get("cel") or {}).get("expression") or "") for s in req.get("selectors") or ())
+        m = _PROFILE_SELECTOR.search(exprs)
+        if m is None:
+            return {}
+        got = {MIG_RESOURCE_PREFIX + m[1]: count}
+    else:
+        return {}
+    return {"requests": dict(got), "limits": dict(got)}
