@@ -243,7 +243,7 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
         sizing_quantile=None if learning is None else learning.quantile.quantile,
         burn=0.0 if learning is None else learning.quantile.burn,
     )
-    scaled = scaledown.normalize(policy, ctx, ms.scale_down)
+    scaled = scaledown.normalize(policy, ctx, ms.scale_down, config.kv_saturation)
     ms.policy_state, ms.scale_down = scaled.state, scaled.scale_down
     if scaled.arrival_scv is not None:
         ms.arrival_scv = scaled.arrival_scv

@@ -303,6 +303,8 @@ class Controller:
             self.exporter.error("leadership_lost")
         seconds = time.perf_counter() - started
         self.exporter.record_tick(plan, view.snapshot, window, seconds)
+        # models an HPA/KEDA scales: in advise mode, the replicas slotwise would set, for them to act on
+        self.exporter.record_advice(plan, view.models, advise=self.settings.actuator.coexistence == "advise")
         # Charge the time since the last record, capped: a gap (a follower's wait, a stall) charges a few ticks at
         # most, never the time nobody observed.
         now = view.snapshot.now

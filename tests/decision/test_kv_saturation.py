@@ -183,6 +183,16 @@ def test_through_decide_a_saturated_model_emits_no_scale_down() -> None:
     assert [a.replicas for a in d.plan.of_type(ScaleModel)] == [1]
 
 
+
+def test_through_decide_the_threshold_setting_is_the_one_used() -> None:
+    """CoreConfig.kv_saturation reaches the rail through decide: None switches it off, 0.98 lets 0.96 pass."""
+    snap = _fleet(3)
+    saturated = MetricsWindow(now=100.0, step_s=STEP, models={"a": metrics(kv=0.96)})
+    for threshold in (None, 0.98):
+        config = CoreConfig(policy=Scripted(None, wants=1), kv_saturation=threshold)  # type: ignore[arg-type]
+        d = decide(snap, saturated, fresh_state(), config)
+        assert [a.replicas for a in d.plan.of_type(ScaleModel)] == [1], threshold
+
 # -- the property -----------------------------------------------------------------------------------------------
 
 POLICY_NAMES = ["slotwise", "hpa", "kpa", "predictive"]

@@ -12,8 +12,13 @@ import uuid
 
 import pytest
 from kubernetes_asyncio import client
+from realparts.clusterplay import create_gpu_node
+from realparts.scripted import ScriptedLoad, deployment
+from test_controller_kube import leading
 
+from autoscaler.api.plan import ScaleModel
 from autoscaler.live.controller import Controller, ControllerSettings
+from autoscaler.live.kube.actuator import ActuatorConfig
 from autoscaler.live.kube.watches import AUTOSCALERS, RESOURCE_SLICES, WATCHES, WORKLOADS, by_role, stamped
 
 pytest_plugins = ("realparts.kube",)
@@ -70,3 +75,59 @@ def test_stamped_sets_kind_and_api_version_without_copying_stamped_objects() -> 
     out = stamp(obj)
     assert out["kind"] == "Rollout" and out["apiVersion"] == "argoproj.io/v1alpha1" and "kind" not in obj
     assert stamp(out) is out
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["hands-off", "advise"])
+async def test_the_controller_leaves_a_workload_an_hpa_scales_alone(api: client.ApiClient, mode: str) -> None:
+    """End to end through the controller's own informers (discovery: autoscaling/v2beta2 here): a model an HPA
+    targets is planned (its load asks for more replicas) but its /scale is never written; in advise mode the
+    exporter publishes what slotwise would have set. The model beside it, with no HPA, is scaled."""
+    suffix = uuid.uuid4().hex[:6]
+    ns = f"watch-hpa-{suffix}"
+    await client.CoreV1Api(api).create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    apps = client.AppsV1Api(api)
+    ann = {"slotwise.io/slo-latency-ms": "500", "slotwise.io/service-time-ms": "100",
+           "slotwise.io/max-replicas": "4", "slotwise.io/slot-kinds": "whole"}
+    for name in ("hpa-model", "free-model"):
+        await apps.create_namespaced_deployment(ns, deployment(name, ann, {"limits": {"nvidia.com/gpu": "1"}}))
+    await client.CustomObjectsApi(api).create_namespaced_custom_object("autoscaling", "v2beta2", ns,
+                                                                       "horizontalpodautoscalers", {
+        "apiVersion": "autoscaling/v2beta2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "hpa-model"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "hpa-model"},
+                 "minReplicas": 1, "maxReplicas": 4}})
+    settings = ControllerSettings(namespace=ns, lease_namespace=ns, lease_name=f"slotwise-{suffix}",
+                                  identity=f"test-{suffix}", tick_s=1.0, http_port=0,
+                                  actuator=ActuatorConfig(coexistence=mode))
+    load = {f"{ns}/hpa-model": 25.0, f"{ns}/free-model": 25.0}  # ~2.5 busy replicas each: a scale-up
+    ctl = Controller(api, settings, metrics_source=ScriptedLoad(load))
+    node = f"{ns}-l4"
+    await create_gpu_node(api, node, "NVIDIA-L4", 8,
+                          {"nvidia.com/gpu": "8", "cpu": "64", "memory": "256Gi", "pods": "110"})
+    try:
+        await ctl.discover()
+        async with leading(ctl):
+            result = await ctl.tick()
+            text = _exposition(ctl)  # while leading: a follower advises nothing
+    finally:
+        await client.CoreV1Api(api).delete_node(node)
+    planned = {a.model: a.replicas for a in result.plan.of_type(ScaleModel)}
+    assert planned.get(f"{ns}/hpa-model", 1) > 1 and planned.get(f"{ns}/free-model", 1) > 1, result.plan.describe()
+    assert (await apps.read_namespaced_deployment_scale("hpa-model", ns)).spec.replicas == 1
+    assert (await apps.read_namespaced_deployment_scale("free-model", ns)).spec.replicas == planned[f"{ns}/free-model"]
+    assert result.view.models[f"{ns}/hpa-model"].autoscaled_by == f"HorizontalPodAutoscaler {ns}/hpa-model"
+    advised = [line for line in text.splitlines()
+               if line.startswith("slotwise_advised_replicas{") and f'namespace="{ns}"' in line]
+    if mode == "advise":
+        assert len(advised) == 1 and 'name="hpa-model"' in advised[0], advised
+        assert float(advised[0].rsplit(" ", 1)[1]) == planned[f"{ns}/hpa-model"]
+    else:
+        assert advised == []
+    assert not [line for line in _exposition(ctl).splitlines()
+                if line.startswith("slotwise_advised_replicas{") and f'namespace="{ns}"' in line]  # lease released
+
+
+def _exposition(ctl: Controller) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(ctl.exporter.registry).decode()

@@ -187,6 +187,7 @@ _STATUS_REASONS = {
     Reason.METRICS_STALE: "MetricsStale",
     Reason.METRICS_PARTIAL: "MetricsPartial",
     Reason.SLO_UNATTAINABLE: "SloUnattainable",
+    Reason.KV_SATURATED: "KvCacheSaturated",  # Normal: the rail holding or adding a replica is the system working
 }
 _WARNING_REASONS = {Reason.UNPLACEABLE, Reason.METRICS_STALE, Reason.METRICS_PARTIAL}
 
