@@ -70,6 +70,7 @@ def lws_pod(set_name: str, group: int, worker: int, node: str, *, ready: bool = 
 
 
 NODES = [gpu_node(f"gpu-{i}") for i in range(8)]
+WIDE = [gpu_node(f"gpu-{i}") for i in range(16)]
 
 
 # -- the kinds ----------------------------------------------------------------------------------------------------
@@ -83,6 +84,10 @@ def test_kinds_paths_templates_and_selectors() -> None:
     paths = [p for p, _ in LEADERWORKERSET_KIND.templates(obj)]
     assert paths == ["/spec/leaderWorkerTemplate/workerTemplate", "/spec/leaderWorkerTemplate/leaderTemplate"]
     assert LEADERWORKERSET_KIND.template(obj)["spec"]["containers"][0]["name"] == "vllm"  # the workers'
+    assert LEADERWORKERSET_KIND.containers(obj, "vllm") == [("/spec/leaderWorkerTemplate/workerTemplate", 0),
+                                                            ("/spec/leaderWorkerTemplate/leaderTemplate", 0)]
+    assert STATEFULSET.containers(statefulset("s"), "sidecar") == [("/spec/template", 1)]
+    assert STATEFULSET.containers(statefulset("s"), "nope") == []
     assert LEADERWORKERSET_KIND.selector(obj) == {"matchLabels": {LWS_NAME_LABEL: "big"}}
     assert LEADERWORKERSET_KIND.group_size(obj) == 4 and STATEFULSET.group_size(statefulset("s")) == 1
     del obj["spec"]["leaderWorkerTemplate"]["size"]
@@ -216,3 +221,23 @@ def test_a_groups_cold_start_runs_until_its_last_pod_is_ready() -> None:
     # a worker recreated under the same leader: not a new cold start
     assert tick(8, [ready_leader, lws_pod("big", 0, 1, "gpu-1", created=at(8), ready=False), w2]) == []
     assert tick(9, [ready_leader, lws_pod("big", 0, 1, "gpu-1", created=at(8)), w2]) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(1, 4), members=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.booleans()),
+                                                unique_by=lambda t: (t[0], t[1]), max_size=16))
+def test_every_lws_pod_is_in_exactly_one_group_and_a_group_is_ready_only_whole(
+        size: int, members: list[tuple[int, int, bool]]) -> None:
+    members = [(g, w, ok) for g, w, ok in members if w < size]
+    pods = [lws_pod("big", g, w, f"gpu-{g * 4 + w}", ready=ok) for g, w, ok in members]  # one 8-GPU node each
+    obs = view([], pods, WIDE, workloads=[lws("big", replicas=4, size=size)]).snapshot.models["ml/big"]
+    groups = {g for g, _, _ in members}
+    assert [r.replica_id for r in obs.replicas] == [f"{NS}/big-{g}" for g in sorted(groups)]
+    for r in obs.replicas:
+        g = int(r.replica_id.rsplit("-", 1)[1])
+        mine = [(w, ok) for gg, w, ok in members if gg == g]
+        whole = len(mine) == size and all(ok for _, ok in mine)
+        assert r.ready == whole
+        has_leader = any(w == 0 for w, _ in mine)
+        assert (r.slot is not None) == has_leader
+        assert len(r.group_slots) == len(mine) - (1 if has_leader else 0)  # every worker's slot, none twice

@@ -76,6 +76,20 @@ class WorkloadKind:
         got = self.templates(obj)
         return got[0][1] if got else {}
 
+    def containers(self, obj: Mapping[str, Any], container: str) -> list[tuple[str, int]]:
+        """Where a slot change goes: ``(JSON pointer of the pod template, container index)`` for each template, the
+        container named ``container`` (the model's, :attr:`ManagedModel.container`), else -- in a template other than
+        the primary one, e.g. a LeaderWorkerSet's ``leaderTemplate`` whose container is named differently -- its first
+        container: every pod of a group holds ``gpus-per-replica`` GPUs of the same slot kind."""
+        out = []
+        for i, (path, tmpl) in enumerate(self.templates(obj)):
+            names = [c.get("name") for c in (tmpl.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)]
+            if container in names:
+                out.append((path, names.index(container)))
+            elif i > 0 and names:
+                out.append((path, 0))
+        return out
+
     def selector(self, obj: Mapping[str, Any]) -> Any:
         """The label selector (as served: matchLabels / matchExpressions) of the object's pods."""
         if self.grouped:
