@@ -200,7 +200,8 @@ async def test_a_statefulset_model_scales(api: client.ApiClient, ns: str) -> Non
         assert [r.replica_id for r in v.snapshot.models[key].replicas] == [f"{ns}/db-llm-{i}" for i in range(3)]
 
         # a StatefulSet removes its highest ordinal: the replica the plan named is not marked
-        r = await act.apply(Plan(1.0, [RemoveReplica(key, f"{ns}/db-llm-0"), ScaleModel(key, 2, 3, Reason.FORECAST)]), v)
+        plan = Plan(1.0, [RemoveReplica(key, f"{ns}/db-llm-0"), ScaleModel(key, 2, 3, Reason.FORECAST)])
+        r = await act.apply(plan, v)
         assert not r.errors and r.why(f"drain {key}") == ["by-index"]
         assert (await client.AppsV1Api(api).read_namespaced_stateful_set_scale("db-llm", ns)).spec.replicas == 2
         pod0 = await client.CoreV1Api(api).read_namespaced_pod("db-llm-0", ns)
@@ -249,3 +250,43 @@ async def test_an_argo_rollout_scales_via_its_scale_subresource(api: client.ApiC
         assert not r.errors and await scale_of(api, ROLLOUT, ns, "canary-llm") == 3
         pod = await client.CoreV1Api(api).read_namespaced_pod(victim.split("/")[1], ns)
         assert pod.metadata.annotations[POD_DELETION_COST] == "-1000"
+
+
+@aio
+async def test_a_leaderworkerset_scale_write_retries_a_conflict_and_stops_at_a_closed_gate(
+        api: client.ApiClient, ns: str) -> None:
+    """The safety rules hold for a CRD's /scale as for a Deployment's: a write that loses a race (409) re-reads and
+    retries; a deposed leader writes nothing."""
+    from autoscaler.live.kube.term import LeadershipLost, WriteGate
+
+    async with crds_installed(api, "lws_crds.yaml"):
+        objs = client.CustomObjectsApi(api)
+        await objs.create_namespaced_custom_object(
+            "leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets",
+            {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+             "metadata": {"name": "race", "annotations": ANNOTATIONS},
+             "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "workerTemplate": template("race")}}})
+        v = await read_view(api, ns, "no-nodes-", LEADERWORKERSET_KIND)
+        key = f"{ns}/race"
+        act = KubeActuator(api, ActuatorConfig())
+        calls: list[str] = []
+
+        async def other_writer(what: str, _key: str) -> None:
+            calls.append(what)
+            if len(calls) == 1:  # between the actuator's read of /scale and its write: the object moves on
+                await objs.patch_namespaced_custom_object(
+                    "leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets", "race",
+                    {"metadata": {"annotations": {"other-writer": "yes"}}},
+                    _content_type="application/merge-patch+json")
+
+        act.before_write = other_writer
+        r = await act.apply(Plan(0.0, [ScaleModel(key, 2, 1, Reason.FORECAST)]), v)
+        assert not r.errors and r.conflicts_retried == 1 and calls == ["scale", "scale"]
+        assert await scale_of(api, LEADERWORKERSET_KIND, ns, "race") == 2
+
+        act.before_write = None
+        closed = WriteGate(leading=lambda: False)
+        with pytest.raises(LeadershipLost):
+            await act.apply(Plan(1.0, [ScaleModel(key, 3, 1, Reason.FORECAST)]),
+                            await read_view(api, ns, "no-nodes-", LEADERWORKERSET_KIND), closed)
+        assert await scale_of(api, LEADERWORKERSET_KIND, ns, "race") == 2
