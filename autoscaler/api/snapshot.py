@@ -38,6 +38,9 @@ class ModelObservation:
     desired_replicas: int  # the Deployment's current scale
     replicas: tuple[Replica, ...] = ()
     spec_error: SpecError | None = None
+    # another autoscaler (an HPA, a KEDA ScaledObject: "<Kind> <ns>/<name>") writes this model's replica count:
+    # slotwise sizes it (to report or advise) but cannot remove its replicas, so it is never a preemption victim
+    scaled_by: str | None = None
 
     # Cached: the core asks every tick, and an observation is immutable.
     @cached_property

@@ -278,7 +278,8 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindo
     replicas that may be preempted only if it asks (when the asks do not all fit).
 
     A model whose metrics are stale or partial is never a preemption victim: its load reads as 0 or as part of
-    itself, so it would look spare -- and a preemption is a scale-down, which no missing data may cause."""
+    itself, so it would look spare -- and a preemption is a scale-down, which no missing data may cause. Nor is a
+    model another autoscaler scales (``ModelObservation.scaled_by``): slotwise does not write its count."""
     team_of: dict[str, str] = {}
     held: dict[str, float] = {}
     freeing: list[tuple[str, Slot]] = []
@@ -316,6 +317,8 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindo
             m = metrics.models.get(name, STALE_METRICS)
             if m.stale or m.partial_reason() is not None:
                 continue  # unobserved (in part): its load is unknown, none of its replicas is spare
+            if obs.scaled_by is not None:
+                continue  # an HPA/KEDA owns its count: a preemption would be a scale-down nobody writes
             removed = {r.replica_id for r in removals.get(name, ())}
             candidates.extend(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at,
                                         r.group_slots)

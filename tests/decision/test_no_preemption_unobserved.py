@@ -47,7 +47,7 @@ class Wants:
         return PolicyResult(self.wants[ctx.spec.name], 0, Reason.FORECAST, "wants")
 
 
-def _preempted(low: ModelMetrics, mode: str) -> list[RemoveReplica]:
+def _preempted(low: ModelMetrics, mode: str, low_scaled_by: str | None = None) -> list[RemoveReplica]:
     top = ModelSpec(name="top", slo_latency_ms=1000, service_time_ms=200, max_replicas=10, priority=100)
     low_spec = ModelSpec(name="low", slo_latency_ms=1000, service_time_ms=200, max_replicas=10, priority=0,
                          min_replicas=0)
@@ -59,7 +59,8 @@ def _preempted(low: ModelMetrics, mode: str) -> list[RemoveReplica]:
             slot = FirstFitPacker().place(inventory, slot_request(spec))
             inventory.allocate(slot, f"{spec.name}-{i}", model=spec.name)
             replicas.append(Replica(f"{spec.name}-{i}", slot, ready=True, started_at=0.0))
-        models[spec.name] = ModelObservation(spec.name, spec, desired_replicas=n, replicas=tuple(replicas))
+        models[spec.name] = ModelObservation(spec.name, spec, desired_replicas=n, replicas=tuple(replicas),
+                                             scaled_by=low_scaled_by if spec is low_spec else None)
     window = MetricsWindow(now=1000.0, step_s=10.0, models={
         "top": ModelMetrics(rate=np.full(12, 30.0), in_flight=np.full(12, 6.0)), "low": low})
     config = CoreConfig(policy=Wants({"top": 3, "low": 2}), arbitration=ArbitrationPolicy(mode=mode))
@@ -78,3 +79,11 @@ def test_an_unobserved_model_is_never_preempted(mode: str) -> None:
     assert _preempted(WHOLE, "priority"), "the test needs a victim that is preempted when observed whole"
     for window in (PARTIAL, NAN, STALE_METRICS):
         assert _preempted(window, mode) == []
+
+
+@pytest.mark.parametrize("mode", ["priority", "slo"])
+def test_a_model_another_autoscaler_scales_is_never_preempted(mode: str) -> None:
+    """Issue 17: an HPA/KEDA owns its count; slotwise does not write its /scale, so preempting it would free
+    nothing (the preemptor would wait on a scale-down that never happens)."""
+    assert _preempted(WHOLE, "priority")
+    assert _preempted(WHOLE, mode, low_scaled_by="HorizontalPodAutoscaler ns/low") == []

@@ -445,6 +445,7 @@ def _observations(models: _Models, slots: Mapping[str, Slot], down: Mapping[str,
             desired_replicas=model.replicas,
             replicas=tuple(replicas),
             spec_error=models.errors.get(key),
+            scaled_by=model.autoscaled_by,
         )
     return observations
 
