@@ -7,15 +7,20 @@ as pure functions, is in :mod:`~autoscaler.live.kube.writes`.
 
 What each action becomes:
 
-- ``ScaleModel``: the Deployment's ``scale`` subresource (replaced with the read ``resourceVersion``). The Scale
+- ``ScaleModel``: the workload's ``scale`` subresource (replaced with the read ``resourceVersion``), whatever its
+  kind -- Deployment, StatefulSet, LeaderWorkerSet (whose replicas are groups), Argo Rollout
+  (:mod:`~autoscaler.live.kube.workloads`) -- through the generic object calls; the status annotation and the Events
+  name the same workload. The Scale
   just read is compared with the replicas the plan started from (``ScaleModel.previous``): when they differ (a
   stale cache, another writer) a value below the live one is never written -- it would be a scale-down no rail
   approved -- and the action is skipped ``stale-view`` (the next tick plans from fresh data); a value above the
   live one is still written (it lowers nothing). Before a
   scale-down the plan's ``RemoveReplica`` pods get ``controller.kubernetes.io/pod-deletion-cost=-1000`` so the
-  ReplicaSet removes them first (honoured from Kubernetes 1.22 on, harmless before). A preemption (a
-  ``RemoveReplica`` with ``preempted_by``) takes the same path, and once the scale-down is written the victim
-  Deployment gets a Warning Event ``Preempted`` with the core's message (one per replica; repeats bump the count).
+  ReplicaSet removes them first (honoured from Kubernetes 1.22 on, harmless before); a StatefulSet or a
+  LeaderWorkerSet removes its highest ordinals / group indices whatever the pods say, so nothing is marked there
+  (the removals are skipped ``by-index``). A preemption (a ``RemoveReplica`` with ``preempted_by``) takes the same
+  path, and once the scale-down is written the victim workload gets a Warning Event ``Preempted`` with the core's
+  message (one per replica; repeats bump the count).
 - ``SetSlotTemplate``: a JSON patch of the pod template: the container's ``resources`` replaced whole (so the old
   GPU resource goes, e.g. ``nvidia.com/gpu`` -> ``nvidia.com/mig-3g.40gb``) and its ``nodeSelector``.
 - ``SetTimeSlicing``: the device plugin's time-slicing ConfigMap (create, or update one key).
