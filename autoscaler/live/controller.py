@@ -50,9 +50,10 @@ from autoscaler.live.exporter import ControllerMetrics
 from autoscaler.live.health import Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.live.kube.discovery import ServedApis, discover
+from autoscaler.live.kube.dra_act import DraActuation
 from autoscaler.live.kube.informer import Informer, frozen_informers
 from autoscaler.live.kube.leader import LeaderElector
-from autoscaler.live.kube.lending import LendingActuator, kueue_workloads_path
+from autoscaler.live.kube.lending import LendingActuator, workloads_path
 from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
 from autoscaler.live.kube.pods import slim_pod
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
@@ -243,8 +244,13 @@ class Controller:
         """Ask the server which API versions it serves (once, before the informers run) and point every versioned
         watch at the newest one slotwise speaks: Kueue Workloads, the workload kinds, HPAs, ScaledObjects, DRA."""
         self.apis = await discover(self.api)
+        if self.elects:
+            self.elector.require_served(self.apis)  # no Lease API: say so now, not as retries forever
+        # the writers speak what the server serves (Eviction's policy version, Kueue's, resource.k8s.io's)
+        self.lender.apis = self.apis
+        self.actuator.dra = DraActuation(self.api, self.apis)
         if self.settings.kueue_workloads_path is None:
-            await self._discover_kueue()
+            self._watch_kueue(workloads_path(self.apis))
         for w, old in list(self.watched.items()):
             if w.path(self.apis, self.settings.namespace) != old.path:
                 new = self._watch_informer(w)
@@ -424,9 +430,8 @@ class Controller:
             await runner.cleanup()
             log.info("stopped")
 
-    async def _discover_kueue(self) -> None:
-        """Watch Kueue Workloads in the version the apiserver serves (v1beta2 on a current Kueue)."""
-        path = await kueue_workloads_path(self.api)
+    def _watch_kueue(self, path: str) -> None:
+        """Watch Kueue Workloads at ``path`` (the version the apiserver serves: v1beta2 on a current Kueue)."""
         old = self.training[-1]
         if path == old.path:
             return

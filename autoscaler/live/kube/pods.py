@@ -26,8 +26,9 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # tests/live/test_pod_slimming.py compares views of slimmed and full pods).
 _META_KEEP = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp",
               "ownerReferences")
-_SPEC_KEEP = ("nodeName", "terminationGracePeriodSeconds")
-_STATUS_KEEP = ("phase", "conditions", "startTime")
+# resourceClaims / resourceClaimStatuses: which DRA claims the pod holds (live/kube/dra.py reads the device from them)
+_SPEC_KEEP = ("nodeName", "terminationGracePeriodSeconds", "resourceClaims")
+_STATUS_KEEP = ("phase", "conditions", "startTime", "resourceClaimStatuses")
 
 
 def _slim_containers(containers: Any) -> list[dict[str, Any]]:
