@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slotwise {package_version()}",
                         help="print the installed slotwise's version and exit")
     # the verbs are listed in the epilog, one line each (VERBS); argparse's own listing is hidden
-    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>", help=argparse.SUPPRESS)
+    # prog: a verb's usage reads "slotwise simulate [-h] ...", not the top-level usage line before it
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>", help=argparse.SUPPRESS,
+                                prog="slotwise")
     trace.register(sub)
     simulate.register(sub)
     packbench.register(sub)

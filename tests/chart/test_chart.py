@@ -1,7 +1,8 @@
 """The Helm chart ``charts/slotwise``: lint, render, validate, install into a real apiserver, and prove its RBAC.
 
 - ``helm lint --strict`` and ``helm template`` with the default values and every ``ci/*-values.yaml``; the rendered
-  manifests pass ``kubernetes-validate --strict`` for Kubernetes 1.28 and 1.33 (CRD kinds only warn);
+  manifests pass ``kubernetes-validate --strict`` for Kubernetes 1.28 and the newest schemas kubernetes-validate
+  knows (1.35 or later; CRD kinds only warn);
 - ``values.schema.json`` closes every object, so a typo in values fails, and covers exactly the controller's
   settings fields (a new ``ActuatorConfig`` field must be exposed, or this fails);
 - the rendered settings file is accepted by the controller's own loader (``autoscaler.cli.run``), and the
@@ -63,7 +64,21 @@ pytest_plugins = ("realparts.helm", "realparts.kube")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "slotwise"
 
-VALIDATE_VERSIONS = ("1.28.0", "1.33.0")
+
+def _newest_schemas() -> str:
+    """The newest Kubernetes version whose schemas the installed kubernetes-validate carries ("1.37.0" with
+    kubernetes-validate 1.37); "1.35.0" when it is not installed (the tests needing it skip then)."""
+    try:
+        from kubernetes_validate.utils import latest_version
+    except ImportError:
+        return NEWEST_REQUIRED
+    return latest_version()
+
+
+NEWEST_REQUIRED = "1.35.0"  # the newest Kubernetes slotwise claims (docs/kubernetes.md's compatibility table)
+OLDEST_VALIDATED = "1.28.0"  # the oldest Kubernetes still validated offline
+NEWEST = _newest_schemas()
+VALIDATE_VERSIONS = (OLDEST_VALIDATED, NEWEST)
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
 VALUE_SETS = [None, *CI_VALUES]  # None: the chart's defaults
 VALUE_IDS = ["default", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
@@ -77,7 +92,7 @@ def _values_args(values: Path | None) -> list[str]:
 
 
 def render(helm: Helm, *args: str, chart: Path = CHART_DIR, namespace: str = "slotwise-system",
-           kube_version: str = "1.33.0") -> list[dict[str, Any]]:
+           kube_version: str = NEWEST) -> list[dict[str, Any]]:
     """``helm template`` -> the manifests as dicts (fails the test on a non-zero exit)."""
     done = helm.run("template", "rel", str(chart), "--namespace", namespace, "--kube-version", kube_version, *args,
                     check=True)
@@ -202,7 +217,9 @@ def test_readme_lists_every_value_and_the_rbac() -> None:
     missing = [path for path, _ in _walk_schema(SCHEMA) if path and "[]" not in path and not path.endswith(".*")
                and f"`{path}`" not in readme]
     assert not missing, f"values not documented in charts/slotwise/README.md: {missing}"
-    for resource in ("deployments/scale", "leases", "configmaps", "events", "workloads", "jobs", "nodes", "pods"):
+    for resource in ("deployments/scale", "leases", "configmaps", "events", "workloads", "jobs", "nodes", "pods",
+                     "statefulsets/scale", "leaderworkersets/scale", "rollouts/scale", "horizontalpodautoscalers",
+                     "scaledobjects", "resourceslices", "resourceclaims", "deviceclasses", "resourceclaimtemplates"):
         assert f"`{resource}`" in readme, f"RBAC table lacks {resource}"
 
 
@@ -244,10 +261,33 @@ def test_lint_template_and_validate(helm: Helm, kubernetes_validate: KubeValidat
         assert ("PrometheusRule" in kinds) == chosen.get("prometheusRule", {}).get("enabled", False)
         if "PodDisruptionBudget" in kinds:  # templates without a cluster: the current API
             assert one(docs, "PodDisruptionBudget")["apiVersion"] == "policy/v1"
-    for version in VALIDATE_VERSIONS:
-        checked = kubernetes_validate.run(files, [version])
+    for version, rendered in zip(VALIDATE_VERSIONS, files, strict=True):  # each render against its own version
+        checked = kubernetes_validate.run([rendered], [version])
         assert checked.returncode == 0, f"kubernetes-validate --strict {version}:\n{checked.stdout}{checked.stderr}"
         assert "ERROR" not in checked.stdout
+
+
+def test_validated_against_the_newest_kubernetes_the_validator_knows(kubernetes_validate: KubeValidate,
+                                                                     helm: Helm, tmp_path: Path) -> None:
+    """Issue 17: the chart is validated against the newest schemas kubernetes-validate carries (not a pinned older
+    one), which must reach the newest Kubernetes slotwise claims; and each version's own schemas are applied (a
+    field newer than 1.28 passes the newest, not 1.28)."""
+    from kubernetes_validate.utils import all_versions
+
+    newest = max(all_versions(), key=lambda v: tuple(map(int, v.split("."))))
+    assert newest == NEWEST and NEWEST in VALIDATE_VERSIONS and OLDEST_VALIDATED in VALIDATE_VERSIONS
+    assert tuple(map(int, NEWEST.split("."))) >= tuple(map(int, NEWEST_REQUIRED.split("."))), (
+        f"kubernetes-validate knows Kubernetes {NEWEST} at the newest, older than {NEWEST_REQUIRED}: "
+        "pip install -U 'kubernetes-validate>=1.35'")
+    # pod-level resources (PodSpec.resources) came with Kubernetes 1.32: valid in the newest schemas, an unknown
+    # field in 1.28's -- so each version's own schemas are the ones applied
+    dep = one(render(helm), "Deployment")
+    dep["spec"]["template"]["spec"]["resources"] = {"limits": {"cpu": "1"}}
+    newer = tmp_path / "pod-resources.yaml"
+    newer.write_text(yaml.safe_dump(dep))
+    assert kubernetes_validate.run([newer], [NEWEST]).returncode == 0
+    old = kubernetes_validate.run([newer], [OLDEST_VALIDATED])
+    assert old.returncode != 0 and "resources" in old.stdout, old.stdout
 
 
 def test_validation_catches_a_bad_manifest(helm: Helm, kubernetes_validate: KubeValidate, tmp_path: Path) -> None:
@@ -371,6 +411,32 @@ def test_a_settings_typo_is_rejected_by_the_controller(helm: Helm, tmp_path: Pat
             load_settings(path)
 
 
+def test_coexistence_presets_and_kv_saturation_reach_the_controller(helm: Helm, tmp_path: Path) -> None:
+    """Issue 17: `actuator.coexistence` (default hands-off; advise), every engine preset (vllm, vllm-v0, sglang, tgi,
+    triton) and `kv_saturation` (default 0.9; false turns the rail off, null in the settings file) go from values
+    to the controller's own loader; a mode or preset the controller does not know fails at `helm template`."""
+    path = tmp_path / "config.yaml"
+
+    def loaded(*args: str) -> ControllerSettings:
+        path.write_text(settings_text(render(helm, *args)))
+        return load_settings(path)
+
+    default = loaded()
+    assert default.actuator.coexistence == "hands-off" == ActuatorConfig().coexistence
+    assert default.kv_saturation == ControllerSettings.kv_saturation == 0.9
+    assert loaded("--set", "config.actuator.coexistence=advise").actuator.coexistence == "advise"
+    assert loaded("--set", "config.kv_saturation=false").kv_saturation is None
+    assert loaded("--set-json", "config.kv_saturation=0.75").kv_saturation == 0.75
+    for preset in ("vllm", "vllm-v0", "sglang", "tgi", "triton"):
+        assert loaded("--set", f"config.metrics.preset={preset}").metric_names == MetricNames.preset(preset)
+    kv = loaded("--set", "config.metrics.kv_cache=engine_kv", "--set-json", "config.metrics.kv_cache_unit=0.01")
+    assert (kv.metric_names.kv_cache, kv.metric_names.kv_cache_unit) == ("engine_kv", 0.01)
+    for bad in (("--set", "config.actuator.coexistence=fight"), ("--set", "config.metrics.preset=ollama"),
+                ("--set-json", "config.kv_saturation=1.5")):
+        done = helm.run("template", "rel", str(CHART_DIR), *bad)
+        assert done.returncode != 0 and "values don't meet the specifications" in done.stderr, (bad, done.stderr)
+
+
 def test_triton_unit_survives_go_float_formatting(helm: Helm, tmp_path: Path) -> None:
     """Go prints 1e-06 without a decimal point, which PyYAML reads as a string; the chart writes 1.0e-06."""
     values = tmp_path / "v.yaml"
@@ -488,16 +554,14 @@ def test_rbac_follows_the_settings(helm: Helm) -> None:
     dry = render(helm, "-f", str(CHART_DIR / "ci" / "dry-run-values.yaml"), namespace="ops")
     assert not {(g, r, v) for g, r, v in cluster_rules(dry) if v not in ("get", "list", "watch")}
     assert set(roles(dry)) == {("ops", "rel-slotwise-leader-election"), ("inference", "rel-slotwise-models")}
-    assert role_rules(dry, "inference", "rel-slotwise-models") == {("apps", "deployments", v)
-                                                                   for v in ("get", "list", "watch")}
+    assert role_rules(dry, "inference", "rel-slotwise-models") == MODEL_READS
     # report mode: reads, the status annotation and Events, in the models' namespace; lending on changes nothing
     report = render(helm, "-f", str(CHART_DIR / "ci" / "report-values.yaml"), namespace="ops")
     assert not {(g, r, v) for g, r, v in cluster_rules(report) if v not in ("get", "list", "watch")}
     assert ("", "pods", "get") not in cluster_rules(report)
     assert set(roles(report)) == {("ops", "rel-slotwise-leader-election"), ("inference", "rel-slotwise-models")}
-    assert role_rules(report, "inference", "rel-slotwise-models") == {
-        ("apps", "deployments", v) for v in ("get", "list", "watch", "patch")} | {
-        ("", "events", "create"), ("", "events", "patch")}
+    assert role_rules(report, "inference", "rel-slotwise-models") == MODEL_READS | {
+        (g, r, "patch") for g, r in WORKLOAD_KINDS} | {("", "events", "create"), ("", "events", "patch")}
     # MIG re-layout: nodes get/patch, one Role per ConfigMap namespace, restricted to the names
     mig = render(helm, "-f", str(CHART_DIR / "ci" / "mig-values.yaml"), namespace="ops")
     assert {("", "nodes", "get"), ("", "nodes", "patch")} <= cluster_rules(mig)
@@ -519,6 +583,51 @@ def role_rules(docs: list[dict], namespace: str, name: str) -> set[tuple[str, st
 # what acts on the managed models: namespaced whenever config.namespace is set
 MODEL_WRITES = {("apps", "deployments", "patch"), ("apps", "deployments/scale", "update"), ("", "pods", "patch"),
                 ("", "events", "create"), ("", "events", "patch")}
+# the scalable workloads a model may be (issue 17; Deployments above), the autoscalers that may own one's /scale
+WORKLOAD_KINDS = (("apps", "deployments"), ("apps", "statefulsets"), ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+                  ("argoproj.io", "rollouts"))
+AUTOSCALERS = (("autoscaling", "horizontalpodautoscalers"), ("keda.sh", "scaledobjects"))
+READ = ("get", "list", "watch")
+# what is read about the models in every mode, dry-run included: namespaced whenever config.namespace is set
+MODEL_READS = {(g, r, v) for g, r in (*WORKLOAD_KINDS, *AUTOSCALERS, ("resource.k8s.io", "resourceclaimtemplates"))
+               for v in READ}
+# DRA objects read cluster-wide whatever the scope: the inventory sees every GPU and every claim on one
+DRA_READS = {("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims", "deviceclasses") for v in READ}
+
+
+# issue 17's writes on the models when acting: the other workload kinds' status annotation / template (patch) and
+# their scale subresource, a DRA placement's ResourceClaimTemplate
+ISSUE17_WRITES = {(g, r, "patch") for g, r in WORKLOAD_KINDS[1:]} | {
+    (g, f"{r}/scale", v) for g, r in WORKLOAD_KINDS[1:] for v in ("get", "update", "patch")} | {
+    ("resource.k8s.io", "resourceclaimtemplates", v) for v in ("create", "update", "patch")}
+
+
+def test_rbac_for_other_workloads_autoscalers_and_dra(helm: Helm) -> None:
+    """Issue 17: StatefulSets, LeaderWorkerSets and Argo Rollouts are read, annotated and scaled like Deployments;
+    HPAs and KEDA ScaledObjects are read only, in every mode (slotwise never writes them: hands-off or advise);
+    DRA's ResourceSlices, ResourceClaims and DeviceClasses are read cluster-wide whatever the scope, and a model's
+    ResourceClaimTemplates are written in the models' scope when acting only."""
+    for ns_args, where in (((), "cluster"), (("--set", "config.namespace=inference"), "namespaced")):
+        for mode, args in (("acting", ()), ("coexistence advise", ("--set", "config.actuator.coexistence=advise")),
+                           ("report", ("--set", "config.actuator.report_only=true")),
+                           ("dry-run", ("--set", "config.actuator.dry_run=true"))):
+            docs = render(helm, *ns_args, *args, namespace="ops")
+            cluster = cluster_rules(docs)
+            models = cluster if where == "cluster" else role_rules(docs, "inference", "rel-slotwise-models")
+            if where == "namespaced":  # nothing about the models cluster-wide; DRA's inventory reads are
+                assert not {(g, r, v) for g, r, v in cluster if r.split("/")[0] in
+                            {r for _, r in (*WORKLOAD_KINDS, *AUTOSCALERS)} | {"resourceclaimtemplates"}}, cluster
+            assert cluster >= DRA_READS, (where, mode)
+            assert not {(g, r, v) for g, r, v in cluster if (g, r, "get") in DRA_READS and v not in READ}
+            assert models >= MODEL_READS, (where, mode)
+            # the autoscalers are never written, whatever the mode
+            assert {(g, r, v) for g, r, v in models | cluster if (g, r) in AUTOSCALERS} == {
+                (g, r, v) for g, r in AUTOSCALERS for v in READ}, (where, mode)
+            issue17 = {r for _, r in WORKLOAD_KINDS[1:]} | {"resourceclaimtemplates"}
+            writes = {t for t in models if t[1].split("/")[0] in issue17 and t not in MODEL_READS}
+            expected = {"acting": ISSUE17_WRITES, "coexistence advise": ISSUE17_WRITES,
+                        "report": {(g, r, "patch") for g, r in WORKLOAD_KINDS[1:]}, "dry-run": set()}[mode]
+            assert writes == expected, (where, mode, writes ^ expected)
 
 
 def test_namespace_mode_grants_the_model_verbs_in_that_namespace_only(helm: Helm) -> None:
@@ -533,8 +642,7 @@ def test_namespace_mode_grants_the_model_verbs_in_that_namespace_only(helm: Helm
     assert {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods/eviction", "create"),
             ("batch", "jobs", "list"), ("kueue.x-k8s.io", "workloads", "watch")} <= cluster
     models = role_rules(docs, "inference", "rel-slotwise-models")
-    assert MODEL_WRITES | {("apps", "deployments", v) for v in ("get", "list", "watch")} | {
-        ("apps", "deployments/scale", "get")} == models
+    assert MODEL_WRITES | MODEL_READS | {("apps", "deployments/scale", "get")} | ISSUE17_WRITES == models
     (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "rel-slotwise-models"]
     assert binding["metadata"]["namespace"] == "inference"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-slotwise", "namespace": "ops"}]
@@ -792,6 +900,18 @@ def _needed(r: Release) -> list[tuple[str, str, str, str, str, str]]:
         ("get", "", "configmaps", "", gpu, "slotwise-mig-parted-config"),
         ("patch", "", "configmaps", "", gpu, "slotwise-mig-parted-config"),
         ("create", "", "configmaps", "", gpu, ""),
+        # issue 17 (live/kube/watches.py informers; the actuator on the other workload kinds, DRA placements):
+        # the workloads, their autoscalers and ResourceClaimTemplates in the models' namespace ...
+        *[(v, g, res, "", app, "") for g, res in (*WORKLOAD_KINDS[1:], *AUTOSCALERS,
+                                                   ("resource.k8s.io", "resourceclaimtemplates"))
+          for v in ("list", "watch")],
+        *[(v, g, res, sub, app, "m") for g, res in WORKLOAD_KINDS[1:]
+          for v, sub in (("get", ""), ("patch", ""), ("get", "scale"), ("update", "scale"), ("patch", "scale"))],
+        *[(v, "resource.k8s.io", "resourceclaimtemplates", "", app, "m-gpu") for v in ("get", "update", "patch")],
+        ("create", "resource.k8s.io", "resourceclaimtemplates", "", app, ""),
+        # ... and DRA's inventory cluster-wide, read-only
+        *[(v, "resource.k8s.io", res, "", "", "") for res in ("resourceslices", "resourceclaims", "deviceclasses")
+          for v in ("list", "watch")],
         # leader.py
         ("get", "coordination.k8s.io", "leases", "", r.namespace, lease),
         ("update", "coordination.k8s.io", "leases", "", r.namespace, lease),
@@ -825,6 +945,21 @@ def _forbidden(r: Release) -> list[tuple[str, str, str, str, str, str]]:
         ("delete", "batch", "jobs", "", app, "j"), ("create", "batch", "jobs", "", app, ""),
         ("delete", "", "events", "", app, "x"), ("list", "", "events", "", "", ""),
         ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", "", ""),
+        # issue 17: the autoscalers are never written (hands-off or advise); DRA's inventory never written; the
+        # workload kinds neither created nor deleted, nor touched outside the models' namespace
+        *[(v, g, res, "", app, "x") for g, res in AUTOSCALERS for v in ("update", "patch", "delete")],
+        *[("create", g, res, "", app, "") for g, res in AUTOSCALERS],
+        *[(v, "resource.k8s.io", res, "", ns, "x") for res, ns in (("resourceslices", ""), ("deviceclasses", ""),
+                                                                  ("resourceclaims", app))
+          for v in ("update", "patch", "delete")],
+        ("create", "resource.k8s.io", "resourceslices", "", "", ""),
+        ("delete", "resource.k8s.io", "resourceclaimtemplates", "", app, "x"),
+        ("patch", "resource.k8s.io", "resourceclaimtemplates", "", gpu, "x"),
+        *[(v, g, res, "", app, "x") for g, res in WORKLOAD_KINDS[1:] for v in ("delete", "update")],
+        *[("create", g, res, "", app, "") for g, res in WORKLOAD_KINDS[1:]],
+        *[(v, g, res, sub, gpu, "x") for g, res in WORKLOAD_KINDS[1:] for v, sub in (("patch", ""), ("get", ""),
+                                                                                     ("update", "scale"))],
+        *[("list", g, res, "", "", "") for g, res in (*WORKLOAD_KINDS[1:], *AUTOSCALERS)],
         ("impersonate", "", "serviceaccounts", "", r.namespace, "default"),
     ]
 

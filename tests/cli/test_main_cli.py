@@ -54,6 +54,9 @@ def test_help_says_what_slotwise_is_lists_every_verb_and_where_to_start() -> Non
     # written for users: no module docstring markup, no internal issue numbers, no argparse's brace list
     assert "``" not in text and "issue 1" not in text and "{trace," not in text
     assert max(map(len, lines)) <= 120
+    # a verb's own usage line names the verb after the program, not the top-level usage
+    verb = slotwise("simulate", "--help")
+    assert verb.returncode == 0 and verb.stdout.startswith("usage: slotwise simulate [-h]"), verb.stdout[:200]
 
 
 @pytest.mark.parametrize("args", [(), ("help-me",)])

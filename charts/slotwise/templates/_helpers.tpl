@@ -126,6 +126,10 @@ set: no key at all */}}
 {{- else }}
 {{- $_ := unset $cfg "prometheus_auth" }}
 {{- end }}
+{{- /* kv_saturation: false is "off", which the settings file says as null (Helm drops a null value itself) */}}
+{{- if and (kindIs "bool" .Values.config.kv_saturation) (not .Values.config.kv_saturation) }}
+{{- $_ := set $cfg "kv_saturation" nil }}
+{{- end }}
 {{- /* limits: left out when empty (the controller's defaults) */}}
 {{- if not .Values.config.limits }}
 {{- $_ := unset $cfg "limits" }}
@@ -167,9 +171,50 @@ in config.namespace (rbac.yaml).
   verbs: ["patch"]
 {{- end }}
 {{- if not $act.dry_run }}
-# Events on Deployments (status, Unplaceable, Preempted); patch bumps the count of a repeat
+# Events on the models' workloads (status, Unplaceable, Preempted, AutoscaledElsewhere); patch bumps the count of a
+# repeat
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+# the other scalable workloads a model may be (issue 17): informers (list+watch; LeaderWorkerSet and Rollout are
+# optional -- a missing CRD reads as none, a 403 would not), the status annotation and the pod template (patch, as
+# for Deployments), the scale subresource (ScaleModel: read, then update/patch with the read resourceVersion)
+{{- range $g := list (list "apps" "statefulsets") (list "leaderworkerset.x-k8s.io" "leaderworkersets") (list "argoproj.io" "rollouts") }}
+- apiGroups: [{{ index $g 0 | quote }}]
+  resources: [{{ index $g 1 | quote }}]
+  verbs:
+    - get
+    - list
+    - watch
+    {{- if not $act.dry_run }}
+    - patch
+    {{- end }}
+{{- if $acting }}
+- apiGroups: [{{ index $g 0 | quote }}]
+  resources: ["{{ index $g 1 }}/scale"]
+  verbs: ["get", "update", "patch"]
+{{- end }}
+{{- end }}
+# informers: the autoscalers that may already own a workload's /scale (HPA, KEDA ScaledObject) -- read only: slotwise
+# never writes them (actuator.coexistence: hands-off or advise)
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "list", "watch"]
+# Dynamic Resource Allocation: a placement on a DRA node is a ResourceClaimTemplate in the model's namespace,
+# referenced from its pod template (created and kept up to date when acting)
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs:
+    - get
+    - list
+    - watch
+    {{- if $acting }}
+    - create
+    - update
+    - patch
+    {{- end }}
 {{- end }}
