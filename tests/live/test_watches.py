@@ -131,3 +131,14 @@ def _exposition(ctl: Controller) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(ctl.exporter.registry).decode()
+
+
+@pytest.mark.asyncio
+async def test_one_discovery_points_the_kueue_watch_and_the_writers_at_what_is_served(api: client.ApiClient) -> None:
+    from realparts.kueue import kueue_installed
+
+    ctl = Controller(api, ControllerSettings(namespace="default", http_port=0))
+    async with kueue_installed(api):
+        apis = await ctl.discover()
+    assert ctl.training[-1].path == "/apis/kueue.x-k8s.io/v1beta2/workloads" and ctl.training[-1] in ctl.informers
+    assert ctl.lender.apis is apis and ctl.actuator.dra.apis is apis
