@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -268,6 +269,13 @@ class CapacityLearner:
             prof = hit[1]
         else:
             prof = self.prior if key == 0 else self.prior.scaled(math.exp(key * self._step))
+            if prof.itl_slo_s is not None:
+                # The factor is learned from in-flight counts and request latency, not from tokens: the ITL of a
+                # request decoding alone stays as declared, slowed only by the kind's declared speed (a factor
+                # learned a little low would otherwise lift the ITL's batch cap off entirely).
+                itl_base = self.prior.itl_base_s / math.exp(self._speed_log.get(kind, 0.0) if kind else 0.0)
+                if prof.itl_base_s != itl_base:
+                    prof = replace(prof, itl_base_s=itl_base, _memo={}, _variants={})
             self._profiles[kind] = (key, prof)
         self._answers[kind] = (self._version, prof)
         return prof

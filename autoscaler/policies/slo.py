@@ -165,10 +165,13 @@ class SloPolicy:
         # days 2 and 3 separately: draining over 60 s instead left 1.7-1.9x the violating requests at
         # about the same GPU-hours.)
         in_flight = _last_finite(ctx.metrics.in_flight)
-        backlog = in_flight - max(stable, short) * profile.mean_s
+        # (a decode-bound model holds each request longer the larger its batch: what is in service at this load
+        # is no backlog, capacity.batch_factor)
+        mean_s = profile.mean_s if not profile.batch_slows else _served_mean_s(max(stable, short), ctx, profile)
+        backlog = in_flight - max(stable, short) * mean_s
         # It is a backlog when the replicas in place need longer than the SLO latency to serve it (a
         # steady queue of a count that meets the SLO never is).
-        throughput = max(ctx.ready_replicas, 1) * profile.concurrency / profile.mean_s
+        throughput = max(ctx.ready_replicas, 1) * profile.concurrency / mean_s
         if backlog > 0 and backlog / throughput > spec.slo_latency_s:
             drain_s = self.drain_s if self.drain_s is not None else spec.slo_latency_s
             drain = self._size(max(stable, short) + backlog / drain_s, ctx, profile)
@@ -203,6 +206,14 @@ class SloPolicy:
             n_minus_1 = NMinus1(lambda: self._size(floor_load, ctx, profile), f"the SLO at {_q_text(q_down)}")
         return PolicyResult(raw, new_state, reason, detail, n_minus_1=n_minus_1,
                             arrival_scv=dispersion if self.burstiness else None)
+
+
+def _served_mean_s(rate: float, ctx: PolicyContext, profile: ServiceProfile) -> float:
+    """How long a request holds its slot on the replicas in place at ``rate``: the mean occupancy slowed by the batch
+    (:func:`autoscaler.estimation.capacity.batch_factor`), a full batch's when they cannot keep up."""
+    g = capacity_model.batch_factor(rate / max(ctx.ready_replicas, 1), profile)
+    full = 1.0 + profile.batch_slows * (profile.concurrency - 1)
+    return profile.mean_s * min(g, full)
 
 
 def _itl_detail(load: float, profile: ServiceProfile, spec: ModelSpec, detail: str) -> tuple[Reason | None, str]:

@@ -26,3 +26,18 @@ def test_the_learned_factor_is_the_hardwares_not_the_batchs(hardware: float) -> 
     in_flight = float(np.interp(a, xs, ys)) * replicas  # what the replicas hold: in service + queued
     est = CapacityLearner(prior).estimate(rate, replicas, in_flight)
     assert est == pytest.approx(hardware, rel=0.02)
+
+
+def test_a_learned_factor_leaves_the_declared_itl_alone() -> None:
+    """The factor is learned from in-flight counts, not from tokens: a factor learned low must not lift the ITL's
+    batch cap (on the Azure conv trace it did, and the model was sized below its ITL count)."""
+    spec = LLM.with_(slo_itl_ms=25.0, concurrency=8)
+    prior = C.profile_from_spec(spec)
+    learner = CapacityLearner(prior, prior_weight=0.0)
+    for _ in range(50):  # readings of a service 30 % faster than declared
+        learner.observe(4.0, 4, 4.0 * 0.7 * prior.mean_s / 4 * 4)
+    prof = learner.profile()
+    assert learner.scale < 0.8 and prof.mean_s < 0.8 * prior.mean_s
+    assert prof.itl_base_s == prior.itl_base_s and prof.itl_cap == prior.itl_cap == 6
+    learner.declare_speed("L4-24GB/whole", 0.5)  # a kind declared twice as slow decodes twice as slowly
+    assert learner.profile("L4-24GB/whole").itl_base_s == pytest.approx(2 * prior.itl_base_s)

@@ -105,3 +105,26 @@ def test_a_replica_saturates_at_its_full_batch_throughput(engine: type) -> None:
 def test_models_without_the_decode_keys_get_the_workload_of_before() -> None:
     w = Workload.from_request_log(_log(1.0, 600.0), [LLM.with_(decode_batch_slowdown=0.0)])
     assert w.itl_slo_s is None and not w.decode_bound.any()
+
+
+def test_on_the_bundled_azure_llm_trace_the_itl_sets_the_count_and_is_met() -> None:
+    """The bundled Azure LLM 2023 slice (real input and output token counts per request; ATTRIBUTION.md) with the
+    simulator's LLM defaults (8 slots, 20 ms a token) plus a 25 ms ITL target and a 0.05 batch slowdown (a batch
+    of at most 6): slotwise holds more replicas than for the TTFT alone, and the requests meet both targets."""
+    from autoscaler.sim.defaults import model_specs
+    from autoscaler.sim.harness import DEFAULT_TRACE, default_cluster
+    from forecasting.traces import resolve_trace
+
+    trace = resolve_trace(DEFAULT_TRACE)
+    base = model_specs(trace)
+    runs = {}
+    for name, extra in (("ttft", {"decode_batch_slowdown": 0.05}),
+                        ("ttft+itl", {"decode_batch_slowdown": 0.05, "slo_itl_ms": 25.0})):
+        specs = {m: s.with_(**extra) for m, s in base.items() if isinstance(s, ModelSpec)}
+        w = build_workload(trace, specs, history_s=900.0)
+        res = simulate(w, default_cluster(w, 10.0), make_policy("slotwise"), SimConfig())
+        runs[name] = res
+    for i, _ in enumerate(runs["ttft+itl"].models):
+        both, ttft = runs["ttft+itl"], runs["ttft"]
+        assert both.minute_replicas[i].mean() > ttft.minute_replicas[i].mean()
+        assert both.minute_within[i].sum() / both.minute_arrivals[i].sum() >= 0.95
