@@ -290,3 +290,37 @@ async def test_a_leaderworkerset_scale_write_retries_a_conflict_and_stops_at_a_c
             await act.apply(Plan(1.0, [ScaleModel(key, 3, 1, Reason.FORECAST)]),
                             await read_view(api, ns, "no-nodes-", LEADERWORKERSET_KIND), closed)
         assert await scale_of(api, LEADERWORKERSET_KIND, ns, "race") == 2
+
+
+@aio
+async def test_a_slot_template_change_reaches_every_template_of_a_leaderworkerset(api: client.ApiClient,
+                                                                                  ns: str) -> None:
+    """SetSlotTemplate on an LWS (issue 17): the leader's and the workers' templates both get the new slot (one
+    JSON patch on the LWS itself, through the generic object API), so every pod of a group holds the same slot."""
+    from autoscaler.api.plan import SetSlotTemplate
+
+    prefix = f"lwst-{uuid.uuid4().hex[:6]}"
+    leader = template("tmpl")
+    leader["spec"]["containers"][0]["name"] = "leader"
+    async with crds_installed(api, "lws_crds.yaml"), gpu_nodes(api, prefix, 1):
+        objs = client.CustomObjectsApi(api)
+        await objs.create_namespaced_custom_object(
+            "leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets",
+            {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+             "metadata": {"name": "tmpl", "annotations": ANNOTATIONS},
+             "spec": {"replicas": 0, "leaderWorkerTemplate": {"size": 2, "leaderTemplate": leader,
+                                                              "workerTemplate": template("tmpl")}}})
+        v = await read_view(api, ns, prefix, LEADERWORKERSET_KIND)
+        key = f"{ns}/tmpl"
+        change = SetSlotTemplate(key, {"limits": {"nvidia.com/mig-3g.40gb": "1"}}, {"nvidia.com/gpu.product": H100})
+        r = await KubeActuator(api, ActuatorConfig()).apply(Plan(0.0, [change]), v)
+        assert not r.errors and len(r.applied) == 1, r
+        got = await objs.get_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets", "tmpl")
+        lwt = got["spec"]["leaderWorkerTemplate"]
+        for which in ("leaderTemplate", "workerTemplate"):
+            limits = lwt[which]["spec"]["containers"][0]["resources"]["limits"]
+            assert limits == {"nvidia.com/mig-3g.40gb": "1"}, (which, limits)
+        # the same change again: nothing to write
+        v = await read_view(api, ns, prefix, LEADERWORKERSET_KIND)
+        again = await KubeActuator(api, ActuatorConfig()).apply(Plan(0.0, [change]), v)
+        assert not again.applied and [why for _, why in again.skipped] == ["unchanged"], again

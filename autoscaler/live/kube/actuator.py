@@ -525,35 +525,32 @@ class KubeActuator:
             return
 
         async def attempt() -> bool:
-            dep = self.api_client.sanitize_for_serialization(
-                await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key))
-            pod_spec = dep["spec"]["template"]["spec"]
-            containers = pod_spec.get("containers") or []
-            idx = next((i for i, c in enumerate(containers) if c.get("name") == mm.container), None)
-            if idx is None:
-                raise ValueError(f"container {mm.container!r} not in the pod template")
-            old_res = containers[idx].get("resources") or {}
-            old_sel = pod_spec.get("nodeSelector") or {}
-            new_res = merged_resources(old_res, a.resources)
-            new_sel = merged_node_selector(old_sel, a.node_selector)
-            if new_res == old_res and new_sel == old_sel:
+            obj, where = await self._pod_templates(mm)
+            # a resourceVersion in the patch is a precondition: the server answers 409 if it moved on
+            ops: list[dict[str, Any]] = [
+                {"op": "replace", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]}]
+            for pointer, pod_spec, idx in where:  # every template of the workload (a LeaderWorkerSet: both)
+                container = pod_spec["containers"][idx]
+                old_res = container.get("resources") or {}
+                old_sel = pod_spec.get("nodeSelector") or {}
+                new_res = merged_resources(old_res, a.resources)
+                new_sel = merged_node_selector(old_sel, a.node_selector)
+                if new_res == old_res and new_sel == old_sel:
+                    continue
+                base = f"{pointer}/spec/containers/{idx}"
+                # the name check guards the index (containers are a list) even without the precondition;
+                # the whole resources map is replaced: a merge would keep the old GPU resource next to the new one
+                ops += [{"op": "test", "path": f"{base}/name", "value": container.get("name")},
+                        {"op": "add", "path": f"{base}/resources", "value": new_res}]
+                if new_sel:
+                    ops.append({"op": "add", "path": f"{pointer}/spec/nodeSelector", "value": new_sel})
+                elif "nodeSelector" in pod_spec:
+                    ops.append({"op": "remove", "path": f"{pointer}/spec/nodeSelector"})
+            if len(ops) == 1:
                 return False
             await self._hook("template", mm.key)
-            base = f"/spec/template/spec/containers/{idx}"
-            ops: list[dict[str, Any]] = [
-                # a resourceVersion in the patch is a precondition: the server answers 409 if it moved on
-                {"op": "replace", "path": "/metadata/resourceVersion", "value": dep["metadata"]["resourceVersion"]},
-                # the name check guards the index (containers are a list) even without the precondition
-                {"op": "test", "path": f"{base}/name", "value": mm.container},
-                # replace the whole map: a merge would keep the old GPU resource next to the new one
-                {"op": "add", "path": f"{base}/resources", "value": new_res},
-            ]
-            if new_sel:
-                ops.append({"op": "add", "path": "/spec/template/spec/nodeSelector", "value": new_sel})
-            elif "nodeSelector" in pod_spec:
-                ops.append({"op": "remove", "path": "/spec/template/spec/nodeSelector"})
             tick.gate.check(f"template {mm.key}")
-            await self._apps.patch_namespaced_deployment(mm.name, mm.namespace, ops, field_manager=FIELD_MANAGER)
+            await self._patch_object(mm, ops)
             return True
 
         if await self._retrying(tick, attempt):
@@ -579,35 +576,35 @@ class KubeActuator:
                            share_memory_gib=share)
 
         async def attempt() -> str | None:
-            dep = self.api_client.sanitize_for_serialization(
-                await _or_gone(self._apps.read_namespaced_deployment(mm.name, mm.namespace), mm.key))
-            meta = dep["metadata"]
+            obj, where = await self._pod_templates(mm)
+            meta = obj["metadata"]
             owner = {"apiVersion": mm.api_version, "kind": mm.kind, "name": mm.name, "uid": meta.get("uid") or mm.uid}
             body = claim_template(mm.namespace, owner, claim, version, self.config.component)
             name = body["metadata"]["name"]
-            pod_spec = dep["spec"]["template"]["spec"]
-            want = pod_template_changes(pod_spec, mm.container, name)
-            idx = next(i for i, c in enumerate(pod_spec["containers"]) if c.get("name") == mm.container)
-            if (want["resourceClaims"] == pod_spec.get("resourceClaims")
-                    and want["resources"] == pod_spec["containers"][idx].get("resources")
-                    and want["nodeSelector"] == pod_spec.get("nodeSelector")):
+            ops: list[dict[str, Any]] = [
+                {"op": "replace", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}]
+            for pointer, pod_spec, idx in where:  # every template of the workload (a LeaderWorkerSet: both)
+                container = pod_spec["containers"][idx]
+                want = pod_template_changes(pod_spec, str(container.get("name")), name)
+                if (want["resourceClaims"] == pod_spec.get("resourceClaims")
+                        and want["resources"] == container.get("resources")
+                        and want["nodeSelector"] == pod_spec.get("nodeSelector")):
+                    continue
+                base = f"{pointer}/spec/containers/{idx}"
+                ops += [{"op": "test", "path": f"{base}/name", "value": container.get("name")},
+                        {"op": "add", "path": f"{base}/resources", "value": want["resources"]},
+                        {"op": "add", "path": f"{pointer}/spec/resourceClaims", "value": want["resourceClaims"]}]
+                if want["nodeSelector"]:
+                    ops.append({"op": "add", "path": f"{pointer}/spec/nodeSelector", "value": want["nodeSelector"]})
+                elif "nodeSelector" in pod_spec:
+                    ops.append({"op": "remove", "path": f"{pointer}/spec/nodeSelector"})
+            if len(ops) == 1:
                 return None
             await self._hook("template", mm.key)
             tick.gate.check(f"ResourceClaimTemplate {mm.namespace}/{name}")
             await dra.ensure_claim_template(body)
-            base = f"/spec/template/spec/containers/{idx}"
-            ops: list[dict[str, Any]] = [
-                {"op": "replace", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-                {"op": "test", "path": f"{base}/name", "value": mm.container},
-                {"op": "add", "path": f"{base}/resources", "value": want["resources"]},
-                {"op": "add", "path": "/spec/template/spec/resourceClaims", "value": want["resourceClaims"]},
-            ]
-            if want["nodeSelector"]:
-                ops.append({"op": "add", "path": "/spec/template/spec/nodeSelector", "value": want["nodeSelector"]})
-            elif "nodeSelector" in pod_spec:
-                ops.append({"op": "remove", "path": "/spec/template/spec/nodeSelector"})
             tick.gate.check(f"template {mm.key}")
-            await self._apps.patch_namespaced_deployment(mm.name, mm.namespace, ops, field_manager=FIELD_MANAGER)
+            await self._patch_object(mm, ops)
             return name
 
         name = await self._retrying(tick, attempt)
@@ -616,6 +613,30 @@ class KubeActuator:
             return
         tick.template_writes += 1
         r.applied.append(f"{line}: ResourceClaimTemplate {mm.namespace}/{name} ({', '.join(target.nodes)})")
+
+    async def _pod_templates(self, mm: ManagedModel) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any], int]]]:
+        """The workload read fresh, and where a slot change goes in it: ``(JSON pointer of a pod template, its pod
+        spec, the container's index)`` per template (:meth:`WorkloadKind.containers`: a LeaderWorkerSet has two)."""
+        group, version, plural = _address(mm)
+        obj = await _or_gone(self._objects.get_namespaced_custom_object(group, version, mm.namespace, plural,
+                                                                        mm.name), mm.key)
+        kind = by_name(mm.kind, mm.api_version)
+        where = []
+        for pointer, idx in kind.containers(obj, mm.container) if kind is not None else ():
+            node: Any = obj
+            for part in pointer.strip("/").split("/"):
+                node = node[part]
+            where.append((pointer, node["spec"], idx))
+        if not where:
+            raise ValueError(f"container {mm.container!r} not in the pod template of {mm.kind} {mm.key}")
+        return obj, where
+
+    async def _patch_object(self, mm: ManagedModel, ops: list[dict[str, Any]]) -> None:
+        """One JSON patch on the model's workload, whatever its kind."""
+        group, version, plural = _address(mm)
+        await self._objects.patch_namespaced_custom_object(group, version, mm.namespace, plural, mm.name, ops,
+                                                           _content_type="application/json-patch+json",
+                                                           field_manager=FIELD_MANAGER)
 
     # -- ConfigMaps -------------------------------------------------------------------------------------------
 
