@@ -114,3 +114,29 @@ def test_a_rendered_template_reads_back_as_the_resources_it_came_from(version, r
     got = slot_resources(claim_spec(resources, SEL, version, product_name="NVIDIA H100 80GB HBM3"))
     assert got["limits"] == resources["limits"]
     assert slot_resources({"devices": {"requests": [{"name": "x", "exactly": {"deviceClassName": "other"}}]}}) == {}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_a_model_whose_pods_claim_their_gpu_reads_as_asking_for_that_slot(version: str) -> None:
+    """What slotwise wrote on a DRA node reads back as the slot it stands for: the model's template (the
+    controller's SlotTemplate) asks for the MIG profile, so the core does not re-template it to what it has."""
+    from autoscaler.live.controller import pod_templates
+    from autoscaler.live.kube.translate import build_view
+
+    mig = {"limits": {"nvidia.com/mig-3g.40gb": "1"}, "requests": {"nvidia.com/mig-3g.40gb": "1"}}
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat", "uid": "u1"}
+    rct = {**claim_template("ns", owner, claim_spec(mig, {}, version), version), "kind": "ResourceClaimTemplate"}
+    pod_spec = {"containers": [{"name": "srv", "resources": {"limits": {"cpu": "2"}}}]}
+    changed = pod_template_changes(pod_spec, "srv", rct["metadata"]["name"])
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": "chat", "namespace": "ns", "annotations": {"slotwise.io/slo-latency-ms": "500"}},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "chat"}},
+                    "template": {"metadata": {"labels": {"app": "chat"}}, "spec": {
+                        "resourceClaims": changed["resourceClaims"],
+                        "containers": [{"name": "srv", "resources": changed["resources"]}]}}}}
+    without = build_view([dep], [], [], now=0.0)
+    assert "nvidia.com/mig-3g.40gb" not in pod_templates(without.models)["ns/chat"].resources
+    view = build_view([dep], [], [], now=0.0, resource_claim_templates=[rct])
+    got = pod_templates(view.models)["ns/chat"].resources
+    assert got == {"requests": {"nvidia.com/mig-3g.40gb": "1"}, "limits": {"nvidia.com/mig-3g.40gb": "1"}}, got
+    assert view.models["ns/chat"].resources["limits"]["cpu"] == "2"  # what the container had stays

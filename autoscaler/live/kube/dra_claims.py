@@ -34,11 +34,11 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoscaler.live.kube.dra import DRIVER, GPU_CLASS, MIG_CLASS, DraInventory
-from autoscaler.live.kube.objects import FIELD_MANAGER, GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from autoscaler.live.kube.objects import FIELD_MANAGER, GPU_RESOURCE, MIG_RESOURCE_PREFIX, ManagedModel
 from sharing.render import GPU_PRODUCT
 
 CLAIM_NAME = "slotwise-gpu"  # the pod-level claim name slotwise owns in a pod template
@@ -203,3 +203,41 @@ def slot_resources(template_spec: Mapping[str, Any]) -> dict[str, dict[str, str]
     else:
         return {}
     return {"requests": dict(got), "limits": dict(got)}
+
+
+def template_claims(pod_spec: Mapping[str, Any]) -> dict[str, str]:
+    """A pod spec's claims made from ResourceClaimTemplates: claim name -> template name (v1's
+    ``resourceClaimTemplateName``; the 1.26-1.30 alpha's ``source.resourceClaimTemplateName`` too)."""
+    out: dict[str, str] = {}
+    for c in pod_spec.get("resourceClaims") or ():
+        if not isinstance(c, Mapping) or not c.get("name"):
+            continue
+        name = c.get("resourceClaimTemplateName") or (c.get("source") or {}).get("resourceClaimTemplateName")
+        if name:
+            out[str(c["name"])] = str(name)
+    return out
+
+
+def with_claimed_resources(models: Mapping[str, ManagedModel],
+                           templates: Iterable[Mapping[str, Any]]) -> dict[str, ManagedModel]:
+    """The models whose container claims its GPU through a ResourceClaimTemplate, with that template's ask read into
+    ``resources`` as device-plugin resources (:func:`slot_resources`): the decision core compares a model's
+    template with the slot it plans in those terms, so a DRA model is not re-templated to what it already has.
+    Only models that change are returned."""
+    by_key = {(str((t.get("metadata") or {}).get("namespace")), str((t.get("metadata") or {}).get("name"))): t
+              for t in templates}
+    out: dict[str, ManagedModel] = {}
+    for key, mm in models.items():
+        claimed = [n.get("name") for n in (mm.resources.get("claims") or ()) if isinstance(n, Mapping)]
+        asks: dict[str, dict[str, str]] = {}
+        for claim in claimed:
+            tmpl = by_key.get((mm.namespace, mm.claim_templates.get(str(claim), "")))
+            got = slot_resources(((tmpl or {}).get("spec") or {}).get("spec") or {}) if tmpl else {}
+            for part, values in got.items():
+                asks.setdefault(part, {}).update(values)
+        if asks:
+            resources = {k: dict(v) if isinstance(v, Mapping) else v for k, v in mm.resources.items()}
+            for part, values in asks.items():
+                resources[part] = {**(resources.get(part) or {}), **values}
+            out[key] = replace(mm, resources=resources)
+    return out

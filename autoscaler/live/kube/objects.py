@@ -82,6 +82,9 @@ class ManagedModel:
     # the HorizontalPodAutoscaler or KEDA ScaledObject that targets the same workload ("<Kind> <ns>/<name>"):
     # slotwise then never writes /scale (autoscaler/live/kube/autoscalers.py); None: nobody else scales it
     autoscaled_by: str | None = None
+    # DRA: the pod template's claims made from ResourceClaimTemplates, claim name -> template name
+    # (spec.resourceClaims[].resourceClaimTemplateName); what the template asks for is read into ``resources``
+    claim_templates: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

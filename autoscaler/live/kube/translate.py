@@ -76,6 +76,7 @@ from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, 
 from autoscaler.api.spec import ModelSpec, SpecError, is_managed, parse_annotations
 from autoscaler.live.kube.autoscalers import mark_autoscaled
 from autoscaler.live.kube.dra import DraInventory, DraNode, dra_slot, index_claims, pod_devices, read_slices
+from autoscaler.live.kube.dra_claims import template_claims, with_claimed_resources
 from autoscaler.live.kube.fields import condition, grace_s, metadata, parse_count, parse_time
 from autoscaler.live.kube.gpu_nodes import GpuNode, find_slot, is_gpu_node, lay_out, out_of_service, read_gpu_node
 from autoscaler.live.kube.objects import (
@@ -127,6 +128,7 @@ def build_view(
     autoscalers: Iterable[dict] = (),
     resource_slices: Iterable[dict] = (),
     resource_claims: Iterable[dict] = (),
+    resource_claim_templates: Iterable[dict] = (),
 ) -> ClusterView:
     """One read of the caches -> the decision core's snapshot, the managed models, GPU node info, problems.
 
@@ -141,7 +143,7 @@ def build_view(
     workloads other than Deployments (StatefulSets, LeaderWorkerSets, Argo Rollouts) that may be models;
     ``autoscalers``, the HorizontalPodAutoscalers and KEDA ScaledObjects (a model they target is not scaled by
     slotwise); ``resource_slices`` and ``resource_claims`` (``resource.k8s.io``), the GPUs a DRA driver publishes
-    and which of them pods hold.
+    and which of them pods hold; ``resource_claim_templates``, what a model whose pods claim their GPU asks for.
     """
     cat = catalog if catalog is not None else load_catalog()
     problems: list[str] = []
@@ -154,6 +156,7 @@ def build_view(
     live = live_pods(pods, now)
     models = _read_models(deployments, live, problems, namespace, workloads)
     models.models.update(mark_autoscaled(models.models, autoscalers, problems))  # an HPA/KEDA scales these
+    models.models.update(with_claimed_resources(models.models, resource_claim_templates))  # DRA: what claims ask
     _count_unavailable(models, down)
     workloads, training_refs = read_training(training, live, cat, problems)
 
@@ -292,6 +295,7 @@ def _managed_model(obj: Mapping[str, Any], key: str, kind: WorkloadKind = DEPLOY
         api_version=str(obj.get("apiVersion") or kind.api_version()),
         resource=kind.resource,
         group_size=kind.group_size(obj),
+        claim_templates=template_claims(pod_spec),
     )
 
 

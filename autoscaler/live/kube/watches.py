@@ -36,6 +36,7 @@ WORKLOADS = "workloads"
 AUTOSCALERS = "autoscalers"
 RESOURCE_SLICES = "resource_slices"
 RESOURCE_CLAIMS = "resource_claims"
+RESOURCE_CLAIM_TEMPLATES = "resource_claim_templates"
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ WATCHES: tuple[Watch, ...] = (
     # cluster-wide whatever the scope, like pods and nodes: the inventory must see every GPU and every claim on one
     Watch("resourceslices", "ResourceSlice", *RESOURCE, "v1", "resourceslices", RESOURCE_SLICES, scoped=False),
     Watch("resourceclaims", "ResourceClaim", *RESOURCE, "v1", "resourceclaims", RESOURCE_CLAIMS, scoped=False),
+    # what a DRA model's pods ask for (the models' namespaces)
+    Watch("resourceclaimtemplates", "ResourceClaimTemplate", *RESOURCE, "v1", "resourceclaimtemplates",
+          RESOURCE_CLAIM_TEMPLATES, scoped=True),
 )
 
 
@@ -92,7 +96,8 @@ def stamped(kind: str, api_version: str) -> Callable[[dict[str, Any]], dict[str,
 
 def by_role(items: Mapping[Watch, Sequence[dict]]) -> dict[str, list[dict]]:
     """The watched objects grouped by the ``build_view`` input they feed (every role present, maybe empty)."""
-    out: dict[str, list[dict]] = {WORKLOADS: [], AUTOSCALERS: [], RESOURCE_SLICES: [], RESOURCE_CLAIMS: []}
+    out: dict[str, list[dict]] = {WORKLOADS: [], AUTOSCALERS: [], RESOURCE_SLICES: [], RESOURCE_CLAIMS: [],
+                                  RESOURCE_CLAIM_TEMPLATES: []}
     for watch, objs in items.items():
         out[watch.role].extend(objs)
     return out
