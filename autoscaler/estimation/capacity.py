@@ -540,8 +540,13 @@ def batch_replicas(rate: float, batch: float, profile: ServiceProfile) -> int:
     if not batch > 1.0:
         return 0
     budget = profile.median_budget_s
-    per_replica = profile.concurrency * (1.0 + budget / profile.mean_s)
-    need = (profile.percentile / 100.0) * batch + max(rate, 0.0) * profile.mean_s * (1.0 + budget / profile.mean_s)
+    slots, mean_s = profile.concurrency, profile.mean_s
+    if profile.decode_bound:
+        # a decode-bound replica serves a burst in the batch the ITL allows, each request as slowly as that batch
+        slots = profile.itl_cap or slots
+        mean_s = mean_s * (1.0 + profile.batch_slows * (slots - 1))
+    per_replica = slots * (1.0 + budget / mean_s)
+    need = (profile.percentile / 100.0) * batch + max(rate, 0.0) * mean_s * (1.0 + budget / mean_s)
     return max(1, math.ceil(need / per_replica - 1e-9))
 
 

@@ -100,3 +100,12 @@ def test_replicas_are_monotone_in_load_and_never_below_either_slo(
         if n < 10_000:
             assert C.attainment(rate, n, both) >= 0.95 - 1e-12
             assert np.isfinite(C.predicted_latency_s(rate, n, both))
+
+
+def test_a_burst_is_served_in_the_batch_the_itl_allows() -> None:
+    """The burst floor (a batch of arrivals served in time) fills only the ITL's batch on each replica, each request
+    as slowly as that batch: on the Azure code trace, bursts sized on all 8 slots left minutes of ITL misses."""
+    plain = C.profile_from_spec(LLM)
+    capped = C.profile_from_spec(LLM.with_(slo_itl_ms=25.0, decode_batch_slowdown=0.05))  # 6 of the 32 slots
+    assert C.batch_replicas(2.0, 64.0, capped) > C.batch_replicas(2.0, 64.0, plain)
+    assert C.batch_replicas(2.0, 1.0, capped) == 0  # no burst, no floor
