@@ -26,9 +26,10 @@ from two points of a vLLM benchmark (the ITL at batch 1 and at batch ``c``). Two
 
 - *saturation*: a request's decode takes ``ITL(b) / d`` times its batch-1 time, so a replica's throughput
   ``b / S(b)`` saturates with the batch. Mean-field: a replica at ``lam`` req/s with mean batch-1 occupancy ``m``
-  (decode share ``delta``) runs ``a = lam m (1 + alpha delta (a - 1))`` requests at once (for ``a >= 1``), so
-  ``a = lam m (1 - k) / (1 - lam m k)`` with ``k = alpha delta``; the queueing model then runs on the occupancy
-  ``a / lam`` (:func:`batch_factor`). ``a >= c`` (or ``lam m k >= 1``) is overload.
+  (decode share ``delta``) runs ``a`` requests at once, and a request decodes beside the ``a`` others it finds (an
+  arrival sees the time average; at most ``c - 1``), so ``a = lam m (1 + k min(a, c - 1))`` with ``k = alpha
+  delta``: ``a = lam m / (1 - lam m k)``, or ``lam m (1 + k (c - 1))`` past ``c - 1``; the queueing model then runs
+  on the occupancy ``a / lam`` (:func:`batch_factor`). ``a >= c`` (or ``lam m k >= 1``) is overload.
 - *the ITL SLO* caps the batch: ``b_max`` = the largest batch whose ITL meets it (:attr:`ServiceProfile.itl_cap`). A
   request decodes in the batch it joins, the requests already running on its replica plus itself (``c`` when it had
   to wait for a slot); in M/M/c the running count an arrival finds is ``k < c`` with probability ``(1 - C) pois(k; a)
@@ -380,12 +381,13 @@ def batch_factor(rate_per_replica: float, profile: ServiceProfile) -> float:
     mean-field batch); inf when the replica cannot keep up (the decode-bound saturation); 1 without a slowdown."""
     k = profile.batch_slows
     a0 = rate_per_replica * profile.mean_s
-    if k <= 0 or a0 <= 1.0:
+    if k <= 0 or a0 <= 0.0:
         return 1.0
-    if a0 * k >= 1.0:
-        return math.inf
-    a = a0 * (1.0 - k) / (1.0 - a0 * k)
-    return a / a0 if a < profile.concurrency else math.inf
+    c = profile.concurrency
+    a = a0 / (1.0 - a0 * k) if a0 * k < 1.0 else math.inf
+    if a > c - 1:
+        a = a0 * (1.0 + k * (c - 1))  # the others are at most a full batch
+    return a / a0 if a < c else math.inf
 
 
 def latency_attainment(rate: float, replicas: int, profile: ServiceProfile) -> float:

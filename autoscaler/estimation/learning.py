@@ -218,10 +218,11 @@ class CapacityLearner:
         self._h_tab: list[float] | None = None  # latency table, built on the first latency reading
         self._hx_tab: list[float] = []
         # The batch's own slowdown (decode-bound saturation, issue 17): the offered load ``x`` a reading implies is
-        # ``rate/replicas * scale * mean * (1 + k (x - 1))`` (:func:`autoscaler.estimation.capacity.batch_factor`), so
+        # ``rate/replicas * scale * mean * (1 + k min(x, c - 1))`` (capacity.batch_factor), so
         # the scale is what is left once the batch's factor at ``x`` is taken out -- else the factor would learn the
         # batch's slowdown and sizing would charge it twice. 0 without a slowdown (the division by 1 is exact).
         self._batch_k = prior.batch_slows
+        self._c_1 = prior.concurrency - 1.0
 
     def declare_speed(self, kind: str, speed: float) -> None:
         """Declare how fast ``kind`` is relative to the reference (as ``declared_speed`` does), e.g. when
@@ -312,7 +313,7 @@ class CapacityLearner:
             if x is None:
                 x, saturated = self._x_max, True
             if x > 0.0:
-                est_mean = math.log(x / (to_log * (1.0 + self._batch_k * max(x - 1.0, 0.0))))
+                est_mean = math.log(x / (to_log * (1.0 + self._batch_k * min(x, self._c_1))))
         est_lat: float | None = None
         if latency_s > 0.0 and math.isfinite(latency_s) and self._latency_ready():
             assert self._h_tab is not None
@@ -321,7 +322,7 @@ class CapacityLearner:
             if x is None:
                 x = self._x_max
             if x > 0.0:
-                est_lat = math.log(x / (to_log * (1.0 + self._batch_k * max(x - 1.0, 0.0))))
+                est_lat = math.log(x / (to_log * (1.0 + self._batch_k * min(x, self._c_1))))
                 if est_mean is None:
                     saturated = lat_sat
                 elif lat_sat != saturated:

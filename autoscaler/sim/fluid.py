@@ -151,14 +151,16 @@ class FluidEngine:
        the DES models exactly). Without speeds (every replica at speed 1) the tick is the one before speeds.
 
     6. Decode-bound saturation and the ITL SLO (issue 17, :mod:`autoscaler.sim.queueing`): for a model whose batch
-       slows its decode, each cohort's mean occupancy this tick is its batch-1 mean times ``1 + alpha delta (b - 1)``,
-       ``b = rho(x) c`` the busy servers its state holds at the tick's start (the mean-field batch of
+       slows its decode, each cohort's mean occupancy this tick is its batch-1 mean times ``1 + alpha delta
+       min(b, c - 1)``, ``b = rho(x) c`` the busy servers its state holds at the tick's start, the others a request
+       decodes beside (the mean-field batch of
        :func:`autoscaler.estimation.capacity.batch_factor`; in steady state the same fixed point), so the service
        rate falls as the batch grows and a replica's throughput saturates at ``c / (mean (1 + alpha delta (c - 1)))``.
        Within the SLO is the smaller of the latency share and the ITL share (the share joining a batch of at most
        the ITL's cap, :func:`autoscaler.estimation.capacity.itl_attainment`, on the tick's state). On request logs
-       each request's decode is stretched by the batch too (its e2e latency and its completion for the timeout); on
-       rate series the latency points are not (only the wait is). Models with neither take the path of before.
+       each request's decode is stretched by its cohort's batch too (its e2e latency and its completion for the
+       timeout); on rate series each profile point's, by the old cohort's batch. Models with neither take the path
+       of before.
 
     Whole-run latency quantiles come from a sketch: per model, the arrival-weighted CDF of the wait on a
     fixed grid (0 plus 64 log-spaced points from 1 ms to 10^4 s, ratio 1.29 between points), updated
@@ -437,7 +439,7 @@ class FluidEngine:
         x = self._x[:km]
         in_before = fold(x * n_c) + self._held
         if self._decode_bound:  # the batch of each cohort's state stretches its service (class docstring, 6.)
-            busy0 = np.maximum(self._rho(x, rows)[0] * c_k - 1.0, 0.0)
+            busy0 = np.minimum(self._rho(x, rows)[0] * c_k, c_k - 1.0)  # the others a request decodes beside
             mean_k = mean_k * (1.0 + rep(self._grow) * busy0)
             mu_k = c_k / mean_k
             stretch_k = rep(self._alpha) * busy0  # of a request's batch-1 decode time
@@ -478,6 +480,12 @@ class FluidEngine:
             if inv_s is not None:  # the budgets of slower service
                 _, _, _, pts, pts_to = self._speed_arrays(inv_s)
                 assert pts is not None and pts_to is not None
+            if self._decode_bound:  # each point's decode stretched by the old cohort's batch (6.)
+                assert w.decode_pts is not None
+                slow = 1.0 if inv_s is None else inv_s[:, None]
+                extra = w.decode_pts * stretch_k[:m, None]
+                pts = _PointBudgets(w.slo_s[:, None] - (w.latency_pts + extra * self._stretch_lat[:, None]) * slow)
+                pts_to = _PointBudgets(self.request_timeout_s - (w.occupancy_pts + extra) * slow)
             lat_share = pts.mean_within(k, p_wait, decay)
             within = fold(share * (lat_share if itl_ok is None else np.minimum(lat_share, itl_ok)))
             within_to = fold(share * pts_to.mean_within(k, p_wait, decay))
