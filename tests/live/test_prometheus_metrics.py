@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
+from realparts.prometheus import wait_scraped
 
 from autoscaler.api.spec import ModelSpec
 from autoscaler.live.prometheus.metrics import (
@@ -320,7 +321,7 @@ def live(prometheus_factory, tmp_path_factory):
             assert line.startswith("listening"), line
             targets.append((f"127.0.0.1:{port}", {"namespace": ns}))
         prom = prometheus_factory(scrape_targets=targets, scrape_interval_s=1.0)
-        _wait_scraped(prom.url, len(targets))  # Prometheus applies new targets a few seconds after start
+        wait_scraped(prom.url, len(targets))  # Prometheus applies new targets a few seconds after start
         time.sleep(15.0)  # a full window (12 s) plus the step before it, plus a scrape
         yield prom, procs
     finally:
@@ -329,21 +330,6 @@ def live(prometheus_factory, tmp_path_factory):
                 p.terminate()
                 p.wait(timeout=10)
 
-
-def _wait_scraped(url: str, targets: int, timeout_s: float = 30.0) -> None:
-    import json
-    import urllib.parse
-    import urllib.request
-
-    query = urllib.parse.urlencode({"query": "count(up == 1)"})
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as r:
-            result = json.load(r)["data"]["result"]
-        if result and float(result[0]["value"][1]) >= targets:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"Prometheus did not scrape all {targets} model servers within {timeout_s}s")
 
 
 async def _instant(url: str, promql: str, at: float) -> dict[str, float]:

@@ -222,6 +222,24 @@ def running_prometheus(
         _stop(proc)
 
 
+def wait_scraped(url: str, targets: int, timeout_s: float = 30.0) -> None:
+    """Until Prometheus at ``url`` reports ``targets`` scrape targets up (it applies new targets a few seconds after
+    start); AssertionError after ``timeout_s``."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode({"query": "count(up == 1)"})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as r:
+            result = json.load(r)["data"]["result"]
+        if result and float(result[0]["value"][1]) >= targets:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Prometheus did not scrape all {targets} model servers within {timeout_s}s")
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
