@@ -223,3 +223,29 @@ async def test_mig_relayout_is_refused_on_static_mig_dra_nodes_and_skipped_on_dy
             assert "nvidia.com/mig.config" not in ((await core.read_node(name)).metadata.labels or {})
         for sl in (static, dynamic):
             await custom.delete_cluster_custom_object(G, V, "resourceslices", sl["metadata"]["name"])
+
+
+@aio
+async def test_dra_nodes_that_cannot_be_read_stop_no_other_action(api, ns) -> None:
+    """Review finding: the fresh ResourceSlice read behind a MIG re-layout failed (here: the server says DRA is
+    served but the collection answers 404) and the whole apply() raised -- the tick's scale-ups were lost. Now
+    the re-layouts wait (skipped ``dra-unknown``, an error line) and the scale in the same plan is written."""
+    from autoscaler.api.plan import Reason, ScaleModel
+    from autoscaler.live.kube.discovery import ServedApis
+    from autoscaler.live.kube.dra_act import DraActuation
+
+    apps = client.AppsV1Api(api)
+    await apps.create_namespaced_deployment(ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llm"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "llm"}},
+                 "template": {"metadata": {"labels": {"app": "llm"}},
+                              "spec": {"containers": [{"name": "srv", "image": "registry.invalid/x"}]}}}})
+    mm = ManagedModel(key=f"{ns}/llm", namespace=ns, name="llm", uid="", replicas=1, container="srv")
+    act = KubeActuator(api, ActuatorConfig(mig_relayout=True))
+    act.dra = DraActuation(api, ServedApis({G: (V,)}))  # "served", but no CRDs installed: the list fails
+    plan = Plan(0.0, [SetMigLayout("some-node", "cfg", {}, {0: (("7g", 0),)}, (0,)),
+                      ScaleModel(mm.key, 2, 1, Reason.FORECAST)])
+    r = await act.apply(plan, _view([mm]))
+    assert r.why("mig-layout some-node") == ["dra-unknown"] and any("DRA nodes" in e for e in r.errors), r
+    assert r.applied == [f"scale {mm.key}: 1 -> 2 (forecast)"], r
+    assert (await apps.read_namespaced_deployment_scale("llm", ns)).spec.replicas == 2

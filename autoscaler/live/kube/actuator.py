@@ -696,13 +696,21 @@ class KubeActuator:
             return
         # recovery and relayouts in flight go on even with the gate off: a node we cordoned is never abandoned
         self.gate.recover(tick.view, tick.now)
-        actions = await self._mig_on_dra(tick, actions)
+        if not self.config.mig_relayout:
+            r.skipped.extend((describe(a), "gate-disabled") for a in actions)
+            actions = []
+        try:
+            actions = await self._mig_on_dra(tick, actions)
+        except LeadershipLost:
+            raise
+        except Exception as e:  # no fresh read of the DRA nodes: no new re-layout this tick, the rest of it goes on
+            log.warning("MIG re-layouts: the DRA nodes could not be read (%s); none started this tick", api_error(e))
+            r.errors.append(f"MIG re-layouts: the DRA nodes could not be read: {api_error(e)}")
+            r.skipped.extend((describe(a), "dra-unknown") for a in actions)
+            actions = []
         for a in actions:
-            if self.config.mig_relayout:
-                self.gate.submit(a, tick.now, r)
-            else:
-                r.skipped.append((describe(a), "gate-disabled"))
-        if self.gate.jobs:
+            self.gate.submit(a, tick.now, r)
+        if self.gate.jobs:  # the jobs in flight advance whatever happened above
             await self.gate.tick(tick.view, tick.now, _KubeGateIO(self, tick), r)
 
     async def _mig_on_dra(self, tick: _Tick, actions: list[SetMigLayout]) -> list[SetMigLayout]:
