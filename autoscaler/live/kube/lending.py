@@ -20,16 +20,16 @@ in what order, the node patches, the lendingLimit) are in :mod:`~autoscaler.live
        decision's time and       on the node, the named       the node: inference may land)
        reason as annotations)    workloads' pods first)
 
-  Evictions go through the Eviction subresource (``policy/v1`` where the server serves it, ``policy/v1beta1`` on
-  1.20: by discovery, :mod:`~autoscaler.live.kube.discovery`) with ``deleteOptions.gracePeriodSeconds`` = the pod's own grace period capped
-  by ``max_reclaim_s``, and ``preconditions`` (uid, resourceVersion) so that the pod evicted is exactly the one
-  read -- still labelled preemptible. A pod WITHOUT the preemptible label is never evicted, whatever the plan
-  says: a plan naming one gets it reported in ``report.refused`` instead. Right before evicting, the node is read
-  again: one lent again meanwhile (the other replica, in a term this one did not lead) or released is not evicted
-  from -- the reclaim ends there. A 429 is told apart: a PodDisruptionBudget's refusal (its Status cause or
-  message) is asked again next tick (or after its ``Retry-After``); a plain 429 (the server throttling) stops
-  every request until its ``Retry-After``. The reclaim's duration is measured from the decision (the view's
-  ``now`` when the action first came) to the taint's removal.
+  Evictions go through the Eviction subresource (``policy/v1`` where the server serves it, ``policy/v1beta1`` on 1.20:
+  by discovery, :mod:`~autoscaler.live.kube.discovery`) with ``deleteOptions.gracePeriodSeconds`` = the pod's own
+  grace period capped by ``max_reclaim_s``, and ``preconditions`` (uid, resourceVersion) so that the pod evicted is
+  exactly the one read -- still labelled preemptible. A pod WITHOUT the preemptible label is never evicted, whatever
+  the plan says: a plan naming one gets it reported in ``report.refused`` instead. Right before evicting, the node is
+  read again: one lent again meanwhile (the other replica, in a term this one did not lead) or released is not evicted
+  from -- the reclaim ends there. A 429 is told apart: a PodDisruptionBudget's refusal (its Status cause or message)
+  is asked again next tick (or after its ``Retry-After``); a plain 429 (the server throttling) stops every request
+  until its ``Retry-After``. The reclaim's duration is measured from the decision (the view's ``now`` when the action
+  first came) to the taint's removal.
 - After a restart, and at every new term of leadership (:meth:`LendingActuator.new_term` drops what the earlier
   term remembered), a node with the taint but no label is a reclaim in flight: it is adopted (its decision time
   read back from ``slotwise.io/reclaim-since``) and finished.
