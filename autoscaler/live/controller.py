@@ -162,6 +162,8 @@ class TickResult:
 class Controller:
     """One controller process. ``run(stop)`` until ``stop`` is set; :meth:`tick` is one pass (tests call it)."""
 
+    discovery_retry_s: tuple[float, ...] = (1.0, 2.0, 4.0)  # waits before asking discovery again at start
+
     def __init__(
         self,
         api_client: object,
@@ -244,6 +246,11 @@ class Controller:
         """Ask the server which API versions it serves (once, before the informers run) and point every versioned
         watch at the newest one slotwise speaks: Kueue Workloads, the workload kinds, HPAs, ScaledObjects, DRA."""
         self.apis = await discover(self.api)
+        for delay in self.discovery_retry_s:  # the apiserver may be slow at start: ask again before using fallbacks
+            if self.apis.discovered:
+                break
+            await asyncio.sleep(delay)
+            self.apis = await discover(self.api)
         if self.elects:
             self.elector.require_served(self.apis)  # no Lease API: say so now, not as retries forever
         # the writers speak what the server serves (Eviction's policy version, Kueue's, resource.k8s.io's)

@@ -142,3 +142,31 @@ async def test_one_discovery_points_the_kueue_watch_and_the_writers_at_what_is_s
         apis = await ctl.discover()
     assert ctl.training[-1].path == "/apis/kueue.x-k8s.io/v1beta2/workloads" and ctl.training[-1] in ctl.informers
     assert ctl.lender.apis is apis and ctl.actuator.dra.apis is apis
+
+
+@pytest.mark.asyncio
+async def test_a_failed_discovery_leaves_every_watch_on_a_version_served_wherever_its_group_is(
+        api: client.ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: with discovery failed, its assumptions (autoscaling v2) sent the HPA watch -- which must
+    sync -- to a path a 1.20-1.22 server does not serve: the controller never became ready. Now a failed discovery
+    is asked again a few times, then every watch keeps its fallback (HPAs: autoscaling/v1), and the DRA actuation
+    asks again on its first use instead of keeping "DRA not served"."""
+    import autoscaler.live.controller as controller_module
+    from autoscaler.live.kube.discovery import ASSUMED
+    from autoscaler.live.kube.dra_act import DraActuation
+
+    asked = []
+
+    async def unreachable(api_client: object) -> object:
+        asked.append(api_client)
+        return ASSUMED  # what discover() answers when the server cannot be asked
+
+    monkeypatch.setattr(controller_module, "discover", unreachable)
+    ctl = Controller(api, ControllerSettings(namespace="ns", http_port=0))
+    ctl.discovery_retry_s = (0.0, 0.0)
+    assert await ctl.discover() is ASSUMED and len(asked) == 3
+    paths = {w.kind: inf.path for w, inf in ctl.watched.items()}
+    assert paths["HorizontalPodAutoscaler"] == "/apis/autoscaling/v1/namespaces/ns/horizontalpodautoscalers"
+    assert paths["ResourceSlice"] == "/apis/resource.k8s.io/v1/resourceslices"
+    dra = DraActuation(api, ASSUMED)
+    assert await dra.version() is None and dra.apis.discovered  # asked the real server (1.20: no DRA)

@@ -67,7 +67,8 @@ def collection_path(group: str, version: str, resource: str, namespace: str | No
 
 # What a current cluster serves of the built-in groups; used when discovery fails. Add-ons are not assumed.
 ASSUMED = ServedApis(
-    groups={"": ("v1",), "apps": ("v1",), "policy": ("v1",), "autoscaling": ("v2", "v1"),
+    # autoscaling: only v1, served from 1.2 to today (v2 is 1.23+): an assumption must hold on any server
+    groups={"": ("v1",), "apps": ("v1",), "policy": ("v1",), "autoscaling": ("v1",),
             "coordination.k8s.io": ("v1",)},
     discovered=False,
 )

@@ -33,7 +33,7 @@ class DraActuation:
 
     async def version(self) -> str | None:
         """The ``resource.k8s.io`` version to speak (v1, v1beta2, v1beta1), None when DRA is not served."""
-        if self.apis is None:
+        if self.apis is None or not self.apis.discovered:  # a failed discovery is asked again, not kept
             self.apis = await discover(self.api_client)
         return self.apis.pick(RESOURCE)
 

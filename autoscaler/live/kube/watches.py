@@ -53,7 +53,9 @@ class Watch:
     selected: bool = False  # the controller's label selector applies (workloads only, as for Deployments)
 
     def version(self, apis: ServedApis | None) -> str:
-        got = apis.version(self.group, self.versions) if apis is not None else None
+        """The discovered version; the fallback before discovery answered or when it failed (its assumptions are
+        no evidence about this server)."""
+        got = apis.version(self.group, self.versions) if apis is not None and apis.discovered else None
         return got or self.fallback
 
     def path(self, apis: ServedApis | None, namespace: str | None) -> str:
