@@ -41,6 +41,10 @@ class ModelObservation:
     # another autoscaler (an HPA, a KEDA ScaledObject: "<Kind> <ns>/<name>") writes this model's replica count:
     # slotwise sizes it (to report or advise) but cannot remove its replicas, so it is never a preemption victim
     scaled_by: str | None = None
+    # the workload removes its highest-index replicas itself on a scale-down (a StatefulSet its highest ordinals, a
+    # LeaderWorkerSet its highest group indices: neither honours pod-deletion-cost), so slotwise cannot choose which
+    # go: ``choose_removals`` names those, and only the next of them can be a preemption victim
+    removal_by_index: bool = False
 
     # Cached: the core asks every tick, and an observation is immutable.
     @cached_property

@@ -320,9 +320,19 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindo
             if obs.scaled_by is not None:
                 continue  # an HPA/KEDA owns its count: a preemption would be a scale-down nobody writes
             removed = {r.replica_id for r in removals.get(name, ())}
+            replicas = obs.replicas
+            if obs.removal_by_index:
+                # A StatefulSet / LeaderWorkerSet removes its highest index whatever slotwise names: any other
+                # victim's slot would never free (the preemptor waits on it, and the next tick preempts again), so
+                # the one candidate is the replica the scale-down would take -- the next after this tick's own
+                # removals, named the same way -- and only when its id has an index (else which goes is unknown).
+                order = scaledown.choose_removals(obs, len(removed) + 1)
+                nxt = order[-1] if len(order) > len(removed) else None
+                replicas = tuple(r for r in obs.replicas if nxt is not None and r.replica_id == nxt
+                                 and scaledown.replica_index(nxt) is not None)
             candidates.extend(Candidate(name, spec.team, spec.priority, r.replica_id, r.slot, r.started_at,
                                         r.group_slots)
-                              for r in obs.replicas
+                              for r in replicas
                               if r.slot is not None and not r.draining and r.replica_id not in removed)
         return LazyMapping(load_of), candidates
 

@@ -303,13 +303,34 @@ def choose_removals(obs: ModelObservation, count: int, per_node: dict[str, int] 
 
     With ``per_node`` (allocations per node, ``CoreConfig.consolidate_removals``): among those that serve (or among
     those that do not), the replicas on the nodes with the fewest allocations first, so that a node empties and
-    can be lent whole."""
+    can be lent whole.
+
+    A model whose workload removes its highest-index replicas itself (``obs.removal_by_index``: a StatefulSet its
+    highest ordinals, a LeaderWorkerSet its highest group indices) loses those whatever slotwise names, Ready or
+    not: the replicas named are the highest indices, so that the capacity the decision counts on is what stays.
+    The index is the replica id's (``"<ns>/<pod>"``: ``<name>-<ordinal>``, a group's leader ``<lws>-<index>``);
+    an id without one goes last."""
     live = [r for r in obs.replicas if not r.draining]
-    if per_node is None:
+    if obs.removal_by_index:
+        live.sort(key=lambda r: _by_index(r.replica_id))
+    elif per_node is None:
         live.sort(key=lambda r: (r.ready, -r.started_at))
     else:
         live.sort(key=lambda r: (r.ready, _node_load_of(r, per_node), -r.started_at))
     return [r.replica_id for r in live[:count]]
+
+
+def replica_index(replica_id: str) -> int | None:
+    """A replica's index in a workload that removes by index: a StatefulSet pod's ordinal, a LeaderWorkerSet
+    leader's group index -- the number after the last ``-`` of the pod name (``"<ns>/<pod>"``); None without one."""
+    _, _, index = replica_id.rpartition("/")[2].rpartition("-")
+    return int(index) if index.isascii() and index.isdigit() else None
+
+
+def _by_index(replica_id: str) -> tuple[bool, int, str]:
+    """Sort key: the highest index first, ids without one last."""
+    index = replica_index(replica_id)
+    return (index is None, -(index or 0), replica_id)
 
 
 def _node_load_of(r: Replica, per_node: dict[str, int]) -> int:

@@ -241,3 +241,16 @@ def test_every_lws_pod_is_in_exactly_one_group_and_a_group_is_ready_only_whole(
         has_leader = any(w == 0 for w, _ in mine)
         assert (r.slot is not None) == has_leader
         assert len(r.group_slots) == len(mine) - (1 if has_leader else 0)  # every worker's slot, none twice
+
+
+def test_statefulsets_and_leaderworkersets_remove_by_index_deployments_and_rollouts_do_not() -> None:
+    """A StatefulSet / LeaderWorkerSet scale-down takes its highest ordinals / group indices whatever the pods'
+    pod-deletion-cost says: the observation says so (``removal_by_index``), so the decision names those replicas;
+    a ReplicaSet (Deployment, Rollout) removes the pods slotwise marks."""
+    pods = [pod("db-llm-0", "db-llm", node="gpu-0"), pod("plain-x", "plain", node="gpu-1")]
+    pods += [lws_pod("big", 0, w, f"gpu-{2 + w}") for w in range(4)]
+    v = view([deployment("plain")], pods, NODES,
+             workloads=[statefulset("db-llm"), rollout("canary-llm"), lws("big", replicas=1)])
+    flags = {k: o.removal_by_index for k, o in v.snapshot.models.items()}
+    assert flags == {"ml/plain": False, "ml/canary-llm": False, "ml/db-llm": True, "ml/big": True}
+    assert [r.replica_id for r in v.snapshot.models["ml/big"].replicas] == ["ml/big-0"]  # the leader: its index

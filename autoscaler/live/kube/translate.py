@@ -450,6 +450,7 @@ def _observations(models: _Models, slots: Mapping[str, Slot], down: Mapping[str,
             replicas=tuple(replicas),
             spec_error=models.errors.get(key),
             scaled_by=model.autoscaled_by,
+            removal_by_index=not models.kinds[key].deletion_cost,  # a StatefulSet, a LeaderWorkerSet
         )
     return observations
 
