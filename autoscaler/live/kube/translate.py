@@ -205,10 +205,14 @@ def _read_nodes(
         if not on_dra and not is_gpu_node(node):
             continue
         node_objs[name] = node
-        # a DRA pool being republished (fewer slices than it says) is no capacity this read
-        why = out_of_service(node) or dra.incomplete.get(name)
+        why = out_of_service(node)
         if why is not None:
             down[name] = why  # no capacity now, and its replicas are none either
+        # a DRA pool being republished (fewer slices than it says): no new placement there this read, but its pods
+        # are not lost (the driver rewrites its slices; a transient read must not look like a node going away)
+        republishing = dra.incomplete.get(name)
+        if republishing is not None:
+            problems.append(f"node {name}: {republishing}; left out of the inventory this read")
         got: GpuNode | str | None = dra.nodes.get(name) if on_dra else read_gpu_node(node, catalog)
         if got is None:
             continue  # named by slices that could not be read: the problem line says why
@@ -216,7 +220,7 @@ def _read_nodes(
             problems.append(got)
             continue
         problems.extend(got.problems)
-        if not (node.get("spec") or {}).get("unschedulable") and why is None:
+        if not (node.get("spec") or {}).get("unschedulable") and why is None and republishing is None:
             gpu_nodes[name] = got
     return node_objs, gpu_nodes, down
 
