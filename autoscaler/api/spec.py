@@ -281,6 +281,10 @@ class SpecLimits:
     max_replicas: int = 1000
     max_concurrency: int = 4096
     max_gpus_per_replica: int = 64
+    # A LeaderWorkerSet's group size (``pods_per_replica``, read from the workload): each replica's pods are
+    # placed together, and a group far beyond what a cluster holds makes every placement try of it slow (issue 17).
+    # Also bounds the group's GPUs: pods x gpus-per-replica <= max_gpus_per_replica.
+    max_pods_per_replica: int = 64
     max_time_slice_replicas: int = 16
     max_priority: int = 1000  # |priority|; a team may cap it lower (teams[].max_priority)
     max_gpu_memory_gib: float = 4096.0
@@ -324,6 +328,10 @@ _CAPPED: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Not an annotation: the workload's group size (a LeaderWorkerSet's spec.leaderWorkerTemplate.size).
+PODS_PER_REPLICA_KEY = "pods-per-replica (the workload's group size)"
+
+
 def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX) -> list[SpecProblem]:
     """Every value of ``spec`` over the operator's caps (empty: within them), each naming the annotation, the
     value and the cap. Plain comparisons, cheap enough to run for every model on every tick."""
@@ -343,6 +351,14 @@ def limit_problems(spec: ModelSpec, limits: SpecLimits, key_prefix: str = PREFIX
     if spec.slo_percentile < limits.min_slo_percentile:
         problems.append(SpecProblem(key_prefix + "slo-percentile", _shown(spec.slo_percentile),
                                     f"below the floor limits.min_slo_percentile ({limits.min_slo_percentile:g})"))
+    pods, gpus = spec.pods_per_replica, spec.gpus_per_replica
+    if pods > limits.max_pods_per_replica:
+        problems.append(SpecProblem(PODS_PER_REPLICA_KEY, _shown(pods),
+                                    f"above the cap limits.max_pods_per_replica ({limits.max_pods_per_replica})"))
+    elif pods > 1 and pods * gpus > limits.max_gpus_per_replica:
+        problems.append(SpecProblem(PODS_PER_REPLICA_KEY, f"{pods} pods x {gpus} GPUs",
+                                    f"a group of {pods * gpus} GPUs, above the cap limits.max_gpus_per_replica "
+                                    f"({limits.max_gpus_per_replica})"))
     if abs(spec.priority) > limits.max_priority:
         problems.append(SpecProblem(key_prefix + "priority", _shown(spec.priority),
                                     f"beyond the cap limits.max_priority (+-{limits.max_priority})"))
@@ -367,6 +383,8 @@ def within_limits(s: ModelSpec, lim: SpecLimits) -> bool:
     latency = lim.max_latency_ms
     if not (s.max_replicas <= lim.max_replicas and s.min_replicas <= lim.max_replicas
             and s.concurrency <= lim.max_concurrency and s.gpus_per_replica <= lim.max_gpus_per_replica
+            and s.pods_per_replica <= lim.max_pods_per_replica
+            and s.pods_per_replica * s.gpus_per_replica <= lim.max_gpus_per_replica
             and -lim.max_priority <= s.priority <= lim.max_priority
             and s.slo_latency_ms <= latency and s.service_time_ms <= latency and s.cold_start_s <= lim.max_cold_start_s
             and s.slo_percentile >= lim.min_slo_percentile
