@@ -10,6 +10,7 @@ from realparts.dra import gpu_device, node_slice, resource_slice
 from autoscaler.live.kube.dra import read_slices
 from autoscaler.live.kube.dra_claims import (
     CLAIM_NAME,
+    claim_removal_ops,
     claim_spec,
     claim_template,
     dra_target,
@@ -17,6 +18,7 @@ from autoscaler.live.kube.dra_claims import (
     pod_template_changes,
     slot_resources,
     template_name,
+    without_slotwise_claim,
 )
 from sharing.catalog import load_catalog
 from sharing.render import GPU_PRODUCT
@@ -140,3 +142,43 @@ def test_a_model_whose_pods_claim_their_gpu_reads_as_asking_for_that_slot(versio
     got = pod_templates(view.models)["ns/chat"].resources
     assert got == {"requests": {"nvidia.com/mig-3g.40gb": "1"}, "limits": {"nvidia.com/mig-3g.40gb": "1"}}, got
     assert view.models["ns/chat"].resources["limits"]["cpu"] == "2"  # what the container had stays
+
+
+# -- back to device-plugin nodes: slotwise's claim leaves the pod template -------------------------------------------
+def _dra_pod_spec(*, user_claim: bool) -> dict:
+    """A pod spec as pod_template_changes leaves it, optionally with a claim of the user's own beside slotwise's."""
+    pod_spec = {"nodeSelector": {**SEL, "pool": "inference"}, "containers": [
+        {"name": "server", "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "4"}}}]}
+    if user_claim:
+        pod_spec["resourceClaims"] = [{"name": "scratch", "resourceClaimTemplateName": "nic"}]
+        pod_spec["containers"][0]["resources"]["claims"] = [{"name": "scratch"}]
+    want = pod_template_changes(pod_spec, "server", "llm-gpu-0123abcd")
+    return {**pod_spec, "resourceClaims": want["resourceClaims"],
+            "containers": [{"name": "server", "resources": want["resources"]}]}
+
+
+def test_slotwise_claim_leaves_the_container_and_the_pod_spec() -> None:
+    pod_spec = _dra_pod_spec(user_claim=False)
+    assert pod_spec["containers"][0]["resources"]["claims"] == [{"name": CLAIM_NAME}]
+    res, claims = without_slotwise_claim(pod_spec, pod_spec["containers"][0])
+    assert res == {"limits": {"cpu": "4"}} and claims is None  # the claims key gone, not left empty
+    assert claim_removal_ops("/spec/template", pod_spec) == [
+        {"op": "remove", "path": "/spec/template/spec/resourceClaims"}]
+
+
+def test_claims_that_are_not_slotwises_stay() -> None:
+    pod_spec = _dra_pod_spec(user_claim=True)
+    res, claims = without_slotwise_claim(pod_spec, pod_spec["containers"][0])
+    assert res["claims"] == [{"name": "scratch"}]
+    assert claims == [{"name": "scratch", "resourceClaimTemplateName": "nic"}]
+    assert claim_removal_ops("/spec/leaderWorkerTemplate/workerTemplate", pod_spec) == [
+        {"op": "replace", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/resourceClaims",
+         "value": [{"name": "scratch", "resourceClaimTemplateName": "nic"}]}]
+
+
+def test_a_template_without_slotwise_claim_needs_no_claim_change() -> None:
+    plain = {"containers": [{"name": "server", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    assert without_slotwise_claim(plain, plain["containers"][0]) == ({"limits": {"nvidia.com/gpu": "1"}}, None)
+    assert claim_removal_ops("/spec/template", plain) == []
+    user_only = {"resourceClaims": [{"name": "scratch", "resourceClaimTemplateName": "nic"}], "containers": []}
+    assert claim_removal_ops("/spec/template", user_only) == []  # the user's claim is not touched

@@ -93,11 +93,13 @@ from autoscaler.api.spec import SpecError, parse_annotations
 from autoscaler.live.kube.dra_act import DraActuation
 from autoscaler.live.kube.dra_claims import (
     DraTarget,
+    claim_removal_ops,
     claim_spec,
     claim_template,
     dra_target,
     mig_relayout_refusal,
     pod_template_changes,
+    without_slotwise_claim,
 )
 from autoscaler.live.kube.mig_gate import (
     OWNER_LABEL,
@@ -533,9 +535,13 @@ class KubeActuator:
                 container = pod_spec["containers"][idx]
                 old_res = container.get("resources") or {}
                 old_sel = pod_spec.get("nodeSelector") or {}
-                new_res = merged_resources(old_res, a.resources)
+                # a model coming back from a DRA pool: its claim of the DRA slot goes (a pod asking for
+                # nvidia.com/gpu AND the claim never schedules); claims that are not slotwise's stay
+                unclaimed, _ = without_slotwise_claim(pod_spec, container)
+                claim_ops = claim_removal_ops(pointer, pod_spec)
+                new_res = merged_resources(unclaimed, a.resources)
                 new_sel = merged_node_selector(old_sel, a.node_selector)
-                if new_res == old_res and new_sel == old_sel:
+                if new_res == old_res and new_sel == old_sel and not claim_ops:
                     continue
                 base = f"{pointer}/spec/containers/{idx}"
                 # the name check guards the index (containers are a list) even without the precondition;
@@ -546,6 +552,7 @@ class KubeActuator:
                     ops.append({"op": "add", "path": f"{pointer}/spec/nodeSelector", "value": new_sel})
                 elif "nodeSelector" in pod_spec:
                     ops.append({"op": "remove", "path": f"{pointer}/spec/nodeSelector"})
+                ops += claim_ops
             if len(ops) == 1:
                 return False
             await self._hook("template", mm.key)

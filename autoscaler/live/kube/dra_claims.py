@@ -24,6 +24,8 @@ The pod template then gets ``spec.resourceClaims: [{name: slotwise-gpu, resource
 the container ``resources.claims: [{name: slotwise-gpu}]``, its ``nvidia.com/*`` resources removed, and the GPU
 product taken out of its node selector (DRA nodes carry no GFD labels; the claim selects the product).
 
+Back on device-plugin nodes, slotwise's claim leaves the pod template again (:func:`without_slotwise_claim`).
+
 MIG re-layout (``SetMigLayout``) on a DRA node has nothing to write with DynamicMIG (claims create instances), and
 is refused without it: :func:`mig_relayout_refusal`.
 """
@@ -164,6 +166,37 @@ def pod_template_changes(pod_spec: Mapping[str, Any], container: str, template: 
     res["claims"] = [*(x for x in res.get("claims") or () if x.get("name") != CLAIM_NAME), {"name": CLAIM_NAME}]
     sel = {k: v for k, v in (pod_spec.get("nodeSelector") or {}).items() if k != GPU_PRODUCT}
     return {"resourceClaims": claims, "resources": res, "nodeSelector": sel or None}
+
+
+def without_slotwise_claim(pod_spec: Mapping[str, Any],
+                           container: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """The container's ``resources`` and the pod spec's ``resourceClaims`` without slotwise's claim
+    (:data:`CLAIM_NAME`, what :func:`pod_template_changes` added): a model moved from a DRA pool to a device-plugin
+    one asks for ``nvidia.com/*`` resources, and a pod still claiming the DRA slot beside them never schedules.
+    Claims that are not slotwise's stay. ``resources`` loses its ``claims`` key when none is left; the claims list
+    is None when none is left (the field is removed) or when the pod spec had none."""
+    res = dict(container.get("resources") or {})
+    if "claims" in res:
+        kept = [c for c in res["claims"] or () if not (isinstance(c, Mapping) and c.get("name") == CLAIM_NAME)]
+        if kept:
+            res["claims"] = kept
+        else:
+            del res["claims"]
+    claims = [dict(c) for c in pod_spec.get("resourceClaims") or ()
+              if not (isinstance(c, Mapping) and c.get("name") == CLAIM_NAME)]
+    return res, claims or None
+
+
+def claim_removal_ops(pointer: str, pod_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """JSON-patch operations that take slotwise's claim out of the pod template at ``pointer``'s
+    ``spec.resourceClaims`` (:func:`without_slotwise_claim`): the list without it replaced, or the field removed
+    when nothing else is left; none when the template has no such claim."""
+    present = pod_spec.get("resourceClaims") or ()
+    if not any(isinstance(c, Mapping) and c.get("name") == CLAIM_NAME for c in present):
+        return []
+    _, kept = without_slotwise_claim(pod_spec, {})
+    path = f"{pointer}/spec/resourceClaims"
+    return [{"op": "replace", "path": path, "value": kept}] if kept else [{"op": "remove", "path": path}]
 
 
 def mig_relayout_refusal(node: str, dynamic: bool) -> tuple[str, str]:
