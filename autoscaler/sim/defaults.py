@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from autoscaler.api.spec import ModelSpec, SpecError, SpecProblem, parse_mapping
+from autoscaler.api.spec import ModelSpec, SpecError, SpecLimits, SpecProblem, parse_mapping
 from forecasting.traces.model import RateSeries, RequestLog, Trace
 
 LLM_DEFAULTS: dict[str, Any] = {
@@ -121,7 +121,7 @@ def default_model_values(trace: Trace) -> dict[str, dict[str, Any]]:
 # workload, not from ``slotwise.io/*`` annotations. ``pods-per-replica``: a LeaderWorkerSet's group size (each
 # replica is that many pods, each with the model's slot, placed together; ModelSpec.pods_per_replica).
 SIM_KEYS = ("pods-per-replica",)
-MAX_PODS_PER_REPLICA = 64
+MAX_PODS_PER_REPLICA = SpecLimits().max_pods_per_replica  # the controller's default cap on a group's size
 
 
 def parse_model_values(name: str, values: Mapping[str, Any]) -> ModelSpec:
