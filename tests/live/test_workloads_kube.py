@@ -324,3 +324,26 @@ async def test_a_slot_template_change_reaches_every_template_of_a_leaderworkerse
         v = await read_view(api, ns, prefix, LEADERWORKERSET_KIND)
         again = await KubeActuator(api, ActuatorConfig()).apply(Plan(0.0, [change]), v)
         assert not again.applied and [why for _, why in again.skipped] == ["unchanged"], again
+
+
+@aio
+async def test_a_rollout_with_workload_ref_gets_no_template_write_and_no_error(api: client.ApiClient, ns: str) -> None:
+    """Review finding: a Rollout whose pods come from a Deployment (``workloadRef``) has no template of its own; a
+    slot change for it raised every tick (an error line). Now it is skipped with the reason."""
+    from autoscaler.api.plan import SetSlotTemplate
+
+    async with crds_installed(api, "rollout_crds.yaml"):
+        objs = client.CustomObjectsApi(api)
+        await client.AppsV1Api(api).create_namespaced_deployment(ns, {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "base"},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "ref-llm"}}, "template": template("ref-llm")}})
+        await objs.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts", {
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "ref-llm", "annotations": ANNOTATIONS},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "ref-llm"}},
+                     "workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "base"}}})
+        v = await read_view(api, ns, "none", ROLLOUT)
+        key = f"{ns}/ref-llm"
+        change = SetSlotTemplate(key, {"limits": {"nvidia.com/mig-3g.40gb": "1"}}, {"nvidia.com/gpu.product": H100})
+        r = await KubeActuator(api, ActuatorConfig()).apply(Plan(0.0, [change]), v)
+        assert not r.errors and r.why(f"template {key}") == ["no-pod-template"], r

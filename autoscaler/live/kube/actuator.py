@@ -208,6 +208,10 @@ class ActuationReport:
         return [why for line, why in self.skipped if line.startswith(prefix)]
 
 
+class NoPodTemplate(Exception):
+    """The workload has no pod template of its own to write a slot into (a Rollout with ``workloadRef``)."""
+
+
 def _address(mm: ManagedModel) -> tuple[str, str, str]:
     """(group, version, plural) of a model's workload, for the generic object and /scale calls."""
     group, version = split_api_version(mm.api_version)
@@ -328,6 +332,8 @@ class KubeActuator:
             await fn(tick, a)
         except Gone:
             tick.report.skipped.append((describe(a), "gone"))
+        except NoPodTemplate:
+            tick.report.skipped.append((describe(a), "no-pod-template"))
         except LeadershipLost:
             raise  # not this action's error: the whole tick stops
         except Exception as e:
@@ -634,6 +640,9 @@ class KubeActuator:
             for part in pointer.strip("/").split("/"):
                 node = node[part]
             where.append((pointer, node["spec"], idx))
+        if kind is not None and not kind.templates(obj):
+            # an Argo Rollout with workloadRef: its pods come from another Deployment's template (not written)
+            raise NoPodTemplate(f"{mm.kind} {mm.key} has no pod template of its own")
         if not where:
             raise ValueError(f"container {mm.container!r} not in the pod template of {mm.kind} {mm.key}")
         return obj, where
