@@ -19,7 +19,6 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from realparts.prometheus import wait_scraped
 
 from autoscaler.api.plan import Reason
 from autoscaler.api.snapshot import ModelMetrics
@@ -70,6 +69,8 @@ def servers(prometheus_factory, tmp_path_factory):
             labels = {"namespace": ns, "service": name} if engine == "tgi" else {"namespace": ns}
             targets.append((f"127.0.0.1:{port}", labels))
         prom = prometheus_factory(scrape_targets=targets, scrape_interval_s=1.0)
+        from realparts.prometheus import wait_scraped  # after pytest loaded the plugin (assert rewriting)
+
         wait_scraped(prom.url, len(targets))
         time.sleep(15.0)  # a full window (12 s), the step before it and a scrape
         yield prom

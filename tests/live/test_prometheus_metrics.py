@@ -23,7 +23,6 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from realparts.prometheus import wait_scraped
 
 from autoscaler.api.spec import ModelSpec
 from autoscaler.live.prometheus.metrics import (
@@ -321,6 +320,8 @@ def live(prometheus_factory, tmp_path_factory):
             assert line.startswith("listening"), line
             targets.append((f"127.0.0.1:{port}", {"namespace": ns}))
         prom = prometheus_factory(scrape_targets=targets, scrape_interval_s=1.0)
+        from realparts.prometheus import wait_scraped  # after pytest loaded the plugin (assert rewriting)
+
         wait_scraped(prom.url, len(targets))  # Prometheus applies new targets a few seconds after start
         time.sleep(15.0)  # a full window (12 s) plus the step before it, plus a scrape
         yield prom, procs
