@@ -4,14 +4,13 @@ on is what stays, and preempts only the replica the scale-down would actually ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_no_preemption_unobserved import Wants
 
-from autoscaler.api.plan import Reason, RemoveReplica
+from autoscaler.api.plan import RemoveReplica
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
 from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.decision.arbitration import ArbitrationPolicy
@@ -19,30 +18,10 @@ from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.core import decide
 from autoscaler.decision.scaledown import choose_removals
 from autoscaler.decision.state import fresh_state
-from autoscaler.policies.base import PolicyResult
 from sharing.packer import FirstFitPacker
 from sharing.slots import Inventory, NodeSpec
 
 WHOLE = ModelMetrics(rate=np.full(12, 0.5), in_flight=np.full(12, 0.1))
-
-
-@dataclass
-class Wants:
-    """A policy that asks for a fixed count per model."""
-
-    wants: dict
-    behavior: object = None
-    name: str = "wants"
-    tick_s: float = 10.0
-    instant_start: bool = False
-    uses_forecast: bool = False
-    learns: bool = False
-
-    def initial_state(self, spec: ModelSpec, replicas: int) -> int:
-        return 0
-
-    def decide(self, ctx) -> PolicyResult:
-        return PolicyResult(self.wants[ctx.spec.name], 0, Reason.FORECAST, "wants")
 
 
 def _model(inventory: Inventory, spec: ModelSpec, ids: list[str], *, by_index: bool,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_model_isolation import CountingPacker, Wants
 
 from autoscaler.api.plan import Plan, Reason, ScaleModel, UpdateStatus
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
@@ -26,10 +27,9 @@ from autoscaler.api.spec import (
 from autoscaler.decision import core
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.state import fresh_state
-from autoscaler.policies.base import PolicyContext, PolicyResult
 from sharing.cluster import nodes_from_spec
 from sharing.packer import CostAwarePacker
-from sharing.slots import Inventory, Slot, SlotRequest
+from sharing.slots import Inventory
 
 GOOD = {PREFIX + "slo-latency-ms": "500"}
 
@@ -64,37 +64,6 @@ def test_the_operator_sets_the_group_cap() -> None:
     assert "limits.max_pods_per_replica (4)" in problem.reason
     with pytest.raises(ValueError, match=re.escape("limits.max_pods_per_replica must be a whole number")):
         SpecLimits(max_pods_per_replica=0)
-
-
-class Wants:
-    """A policy that asks for ``wants[model]`` replicas."""
-
-    tick_s = 10.0
-    name = "wants"
-    instant_start = False
-    uses_forecast = False
-    learns = False
-    behavior = None
-
-    def __init__(self, wants: dict[str, int]) -> None:
-        self.wants = wants
-
-    def initial_state(self, spec: object, replicas: int) -> int:
-        return 0
-
-    def decide(self, ctx: PolicyContext) -> PolicyResult:
-        want = self.wants.get(ctx.spec.name, ctx.current_replicas)
-        return PolicyResult(want, ctx.state, Reason.REACTIVE, f"wants {want}")
-
-
-class CountingPacker(CostAwarePacker):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
-        self.calls[req.model] = self.calls.get(req.model, 0) + 1
-        return super().place(inv, req)
 
 
 def _decide(models: dict[str, ModelObservation], packer: CostAwarePacker, limits: SpecLimits | None = None) -> Plan:

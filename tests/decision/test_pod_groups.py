@@ -4,43 +4,21 @@ removes it, and counts all of it against a team's GPUs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_model_isolation import Wants
 
-from autoscaler.api.plan import PlaceReplica, Plan, Reason, RemoveReplica, Shortfall, ShortfallCause
+from autoscaler.api.plan import PlaceReplica, Plan, RemoveReplica, Shortfall, ShortfallCause
 from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation, Replica
 from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.decision.arbitration import ArbitrationPolicy, TeamQuota
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.core import decide
 from autoscaler.decision.state import fresh_state
-from autoscaler.policies.base import PolicyContext, PolicyResult
 from sharing.cluster import nodes_from_spec
 from sharing.packer import CostAwarePacker, allocate_group, place_group
 from sharing.slots import Inventory, Slot
-
-
-@dataclass
-class Wants:
-    """A policy that asks for ``wants[model]`` replicas (default: the current count)."""
-
-    wants: dict[str, int]
-    tick_s: float = 10.0
-    name: str = "fake"
-    instant_start: bool = False
-    uses_forecast: bool = False
-    learns: bool = False
-    behavior: None = None
-
-    def initial_state(self, spec: ModelSpec, replicas: int) -> int:
-        return 0
-
-    def decide(self, ctx: PolicyContext) -> PolicyResult:
-        want = self.wants.get(ctx.spec.name, ctx.current_replicas)
-        return PolicyResult(want, ctx.state, Reason.REACTIVE, f"wants {want}")
 
 
 def window(names: list[str], now: float = 100.0) -> MetricsWindow:
