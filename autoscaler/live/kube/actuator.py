@@ -208,6 +208,23 @@ class ActuationReport:
         return [why for line, why in self.skipped if line.startswith(prefix)]
 
 
+def _slot_ops(pointer: str, pod_spec: Mapping[str, Any], idx: int, resources: Mapping[str, Any],
+              node_selector: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    """The JSON-patch ops that give container ``idx`` of the pod template at ``pointer`` ``resources`` and the
+    template ``node_selector`` (empty or None: removed). The name check guards the index (containers are a list)
+    even without the resourceVersion precondition; the whole resources map is replaced: a merge would keep the old
+    GPU resource next to the new one."""
+    base = f"{pointer}/spec/containers/{idx}"
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": f"{base}/name", "value": pod_spec["containers"][idx].get("name")},
+        {"op": "add", "path": f"{base}/resources", "value": resources}]
+    if node_selector:
+        ops.append({"op": "add", "path": f"{pointer}/spec/nodeSelector", "value": node_selector})
+    elif "nodeSelector" in pod_spec:
+        ops.append({"op": "remove", "path": f"{pointer}/spec/nodeSelector"})
+    return ops
+
+
 class NoPodTemplate(Exception):
     """The workload has no pod template of its own to write a slot into (a Rollout with ``workloadRef``)."""
 
@@ -267,6 +284,8 @@ class KubeActuator:
         # any workload kind (Deployment, StatefulSet, LeaderWorkerSet, Rollout): its object and /scale by
         # group/version/plural; these calls work for built-in groups as for CRDs, and answer plain dicts
         self._objects = CustomObjectsApi(api_client)
+        # DRA reads and writes (discovery asked on first use; the controller hands over its own)
+        self.dra = DraActuation(api_client)
         self._rng = rng or random.Random()
         self.gate = MigGate(max_nodes=config.max_nodes_relayout, timeout_s=config.mig_timeout_s,
                             retry_after_s=config.mig_timeout_s)
@@ -522,8 +541,7 @@ class KubeActuator:
             r.skipped.append((line, "rate-limit"))
             return
         # DRA nodes (issue 17): the slot is a ResourceClaimTemplate the pod template references (dra_claims.py)
-        dra = self.__dict__.get("dra") or DraActuation(self.api_client)
-        self.dra = dra
+        dra = self.dra
         version = await dra.version()
         labels = {n: info.labels for n, info in tick.view.nodes.items()}
         target = None if version is None else dra_target(await dra.inventory(labels), labels.items(),
@@ -549,16 +567,7 @@ class KubeActuator:
                 new_sel = merged_node_selector(old_sel, a.node_selector)
                 if new_res == old_res and new_sel == old_sel and not claim_ops:
                     continue
-                base = f"{pointer}/spec/containers/{idx}"
-                # the name check guards the index (containers are a list) even without the precondition;
-                # the whole resources map is replaced: a merge would keep the old GPU resource next to the new one
-                ops += [{"op": "test", "path": f"{base}/name", "value": container.get("name")},
-                        {"op": "add", "path": f"{base}/resources", "value": new_res}]
-                if new_sel:
-                    ops.append({"op": "add", "path": f"{pointer}/spec/nodeSelector", "value": new_sel})
-                elif "nodeSelector" in pod_spec:
-                    ops.append({"op": "remove", "path": f"{pointer}/spec/nodeSelector"})
-                ops += claim_ops
+                ops += _slot_ops(pointer, pod_spec, idx, new_res, new_sel) + claim_ops
             if len(ops) == 1:
                 return False
             await self._hook("template", mm.key)
@@ -603,14 +612,8 @@ class KubeActuator:
                         and want["resources"] == container.get("resources")
                         and want["nodeSelector"] == pod_spec.get("nodeSelector")):
                     continue
-                base = f"{pointer}/spec/containers/{idx}"
-                ops += [{"op": "test", "path": f"{base}/name", "value": container.get("name")},
-                        {"op": "add", "path": f"{base}/resources", "value": want["resources"]},
-                        {"op": "add", "path": f"{pointer}/spec/resourceClaims", "value": want["resourceClaims"]}]
-                if want["nodeSelector"]:
-                    ops.append({"op": "add", "path": f"{pointer}/spec/nodeSelector", "value": want["nodeSelector"]})
-                elif "nodeSelector" in pod_spec:
-                    ops.append({"op": "remove", "path": f"{pointer}/spec/nodeSelector"})
+                ops += _slot_ops(pointer, pod_spec, idx, want["resources"], want["nodeSelector"])
+                ops.append({"op": "add", "path": f"{pointer}/spec/resourceClaims", "value": want["resourceClaims"]})
             if len(ops) == 1:
                 return None
             await self._hook("template", mm.key)
@@ -735,8 +738,7 @@ class KubeActuator:
         node (:func:`~autoscaler.live.kube.dra_claims.mig_relayout_refusal`)."""
         if not actions:
             return actions
-        dra = self.__dict__.get("dra") or DraActuation(self.api_client)
-        self.dra = dra
+        dra = self.dra
         if await dra.version() is None:
             return actions
         inv = await dra.inventory()
