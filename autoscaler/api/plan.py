@@ -34,6 +34,11 @@ class Reason(StrEnum):
     INVALID_SPEC = "invalid_spec"
     DECISION_FAILED = "decision_failed"  # the model's decision raised: it alone keeps its replicas
     PREEMPTED = "preempted"  # replicas drained for a higher-priority model or a team reclaiming its guarantee
+    # Scale to and from zero (min-replicas 0; autoscaler/decision/zero.py, issue 18):
+    SCALED_TO_ZERO = "scaled_to_zero"  # idle, and its keep-alive policy says no request is likely soon
+    KEEP_WARM = "keep_warm"  # idle, and its keep-alive policy keeps one replica for the next request
+    PRE_WARM = "pre_warm"  # at zero, and its keep-alive policy expects a request within the cold start
+    ACTIVATED = "activated"  # at zero with requests held (the activator): one replica at once
 
 
 class ShortfallCause(StrEnum):
@@ -198,6 +203,18 @@ class ReclaimGpus:
     deadline_s: float
 
 
+@dataclass(frozen=True)
+class SetRouting:
+    """Route a model's traffic through the activator (``via_activator``: requests are held while it has no Ready
+    replica) or straight to its pods. Planned for models that may go to zero (``min-replicas: 0``): on before
+    the scale to zero is written, off once a replica is Ready; the simulator records it, the Kubernetes actuator
+    writes the activator's EndpointSlice for the model's Service (docs/scale-to-zero.md)."""
+
+    model: str
+    via_activator: bool
+    reason: str = ""
+
+
 Action = (
     ScaleModel
     | PlaceReplica
@@ -209,6 +226,7 @@ Action = (
     | SetSlotTemplate
     | LendGpus
     | ReclaimGpus
+    | SetRouting
 )
 
 
@@ -252,4 +270,7 @@ class Plan:
                                  f"{', '.join(a.workloads) or 'nothing'} within {a.deadline_s:.0f}s")
                 case SetSlotTemplate():
                     lines.append(f"template {a.model}: resources {a.resources} nodeSelector {a.node_selector}")
+                case SetRouting():
+                    where = "the activator" if a.via_activator else "its pods"
+                    lines.append(f"route {a.model}: via {where} {a.reason}".rstrip())
         return lines

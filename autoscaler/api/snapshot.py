@@ -45,6 +45,9 @@ class ModelObservation:
     # LeaderWorkerSet its highest group indices: neither honours pod-deletion-cost), so slotwise cannot choose which
     # go: ``choose_removals`` names those, and only the next of them can be a preemption victim
     removal_by_index: bool = False
+    # where its traffic goes now (a model that may go to zero): True through the activator, False straight to its
+    # pods, None when nobody fronts it (no activator, or the model is not fronted); SetRouting changes it
+    via_activator: bool | None = None
 
     # Cached: the core asks every tick, and an observation is immutable.
     @cached_property
@@ -137,6 +140,10 @@ class ModelMetrics:
     # observed inter-token latency (ITL/TPOT) at the model's SLO percentile over the last step, from the engine's
     # ITL histogram (vLLM's vllm:inter_token_latency_seconds, SGLang's, TGI's mean time per token); NaN without one
     itl_s: float = float("nan")
+    # requests held for this model while it has no Ready replica (the activator's report in the live controller, the
+    # engine's held queue in the simulator), at the newest step; > 0 scales a model at zero to one at once
+    # (autoscaler/decision/zero.py), whatever the other samples say
+    held_requests: float = 0.0
 
     def partial_reason(self) -> str | None:
         """Why this window is not the whole model's load (a scale-down must not be decided on it); None when it
