@@ -19,6 +19,11 @@ The same decision core as the simulator, configured by the same function
   fresh start.
 - **report**: ``/metrics``, ``/healthz``, ``/readyz`` (:mod:`autoscaler.live.exporter`, served by
   :mod:`autoscaler.live.health`), a log line per action.
+- **activations** (issue 18, ``activator_enabled``): every replica books the activators' ``POST /v1/activations``
+  (:mod:`autoscaler.live.activations`); a report holding requests for a model without a Ready replica wakes the
+  leader's loop at once (it waits on that event with its tick timeout), and the held counts reach the decision as
+  ``ModelMetrics.held_requests``. The controller's activator EndpointSlices and the activator's pods are watched
+  for the routing (:mod:`autoscaler.live.kube.routing`).
 
 Shutdown (SIGTERM): the tick in progress finishes, then the Lease is released and the tasks stop.
 """
@@ -45,6 +50,7 @@ from autoscaler.decision.node_actions import NodeActionState, gpu_resources
 from autoscaler.decision.scaledown import DEFAULT_KV_SATURATION
 from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.decision.tick import plan_tick
+from autoscaler.live.activations import DEFAULT_TTL_S, ActivationBook
 from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.live.exporter import ControllerMetrics
 from autoscaler.live.health import Health, start_http
@@ -58,7 +64,7 @@ from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, Managed
 from autoscaler.live.kube.pods import slim_pod
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
 from autoscaler.live.kube.translate import build_view
-from autoscaler.live.kube.watches import WATCHES, Watch, by_role, stamped
+from autoscaler.live.kube.watches import ENDPOINT_SLICE_WATCH, WATCHES, Watch, by_role, stamped
 from autoscaler.live.prometheus.client import PrometheusAuth
 from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
 from autoscaler.policies import make_policy
@@ -110,6 +116,13 @@ class ControllerSettings:
     # preemptible training workloads (the lending issue acts on them; here they are observed)
     training_paths: tuple[str, ...] = ("/api/v1/pods", "/apis/batch/v1/jobs")
     kueue_workloads_path: str | None = None  # None: the version the apiserver serves (v1beta2, else v1beta1)
+    # Scale to and from zero (docs/scale-to-zero.md): the activator is deployed (the chart's activator.enabled);
+    # its pods are found in ``activator_namespace`` (None: the controller's own, ``lease_namespace``) by
+    # ``activator_selector``; a held count expires ``activation_ttl_s`` after an activator's last report
+    activator_enabled: bool = False
+    activator_namespace: str | None = None
+    activator_selector: str = "app.kubernetes.io/name=slotwise,app.kubernetes.io/component=activator"
+    activation_ttl_s: float = DEFAULT_TTL_S
 
 
 def _collection(group_path: str, resource: str, namespace: str | None) -> str:
@@ -130,6 +143,19 @@ def read_view(
     ``resource_claims``; :mod:`~autoscaler.live.kube.watches`)."""
     view = build_view(deployments, pods, nodes, training, now=now, lending=lending, **watched)
     return replace(view, snapshot=replace(view.snapshot, templates=pod_templates(view.models)))
+
+
+def with_held(window: MetricsWindow, held: Mapping[str, float], view: ClusterView) -> MetricsWindow:
+    """``window`` with each model's held requests (the activation book's counts) as ``held_requests``. A model
+    the source has nothing for (at zero it has no scrape targets) gets a stale entry carrying them: the zero rail
+    wakes it on held requests whatever the staleness. Models not in the view are left out."""
+    if not held:
+        return window
+    models = dict(window.models)
+    for key, n in held.items():
+        if key in view.snapshot.models and n > 0:
+            models[key] = replace(models.get(key, STALE_METRICS), held_requests=float(n))
+    return replace(window, models=models)
 
 
 class InformerCluster:
@@ -191,8 +217,19 @@ class Controller:
         # issue 17: other workload kinds, HPAs and ScaledObjects, DRA's ResourceSlices and ResourceClaims, at the
         # versions discovery picks (discover(), before the informers run; until then each watch's fallback)
         self.apis: ServedApis | None = None
-        self.watched: dict[Watch, Informer] = {w: self._watch_informer(w) for w in WATCHES}
-        self.informers = [self.deployments, self.pods, self.nodes, *self.training, *self.watched.values()]
+        watches = (*WATCHES, ENDPOINT_SLICE_WATCH) if settings.activator_enabled else WATCHES
+        self.watched: dict[Watch, Informer] = {w: self._watch_informer(w) for w in watches}
+        # the activator's pods, unslimmed (their IPs are the slices' endpoints); only with the activator enabled
+        self.activator_pods: Informer | None = None
+        if settings.activator_enabled:
+            ans = settings.activator_namespace or settings.lease_namespace
+            self.activator_pods = Informer(api_client, f"/api/v1/namespaces/{ans}/pods",
+                                           label_selector=settings.activator_selector, name="activator-pods")
+        self.activations = ActivationBook(settings.activation_ttl_s)
+        self._ready_models: set[str] = set()  # models with a Ready replica in the last view
+        self.activations.active = lambda model: model in self._ready_models
+        self.informers = [self.deployments, self.pods, self.nodes, *self.training, *self.watched.values(),
+                          *([self.activator_pods] if self.activator_pods is not None else [])]
         self.cluster: ViewPort[ClusterView] = InformerCluster(self.deployments, self.pods, self.nodes, self.training,
                                                               settings.lending, self.watched)
         self.elector = LeaderElector(
@@ -201,6 +238,8 @@ class Controller:
             retry_period_s=settings.retry_period_s,
         )
         self.actuator = KubeActuator(api_client, settings.actuator)  # an AsyncActuator, with the write gate
+        if self.activator_pods is not None:
+            self.actuator.activator_pods = self.activator_pods.items
         # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
         # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
         # (report mode writes status and Events only: no lending, no evictions)
@@ -239,7 +278,8 @@ class Controller:
 
     def _watch_informer(self, w: Watch) -> Informer:
         path = w.path(self.apis, self.settings.namespace)
-        return Informer(self.api, path, label_selector=self.settings.label_selector if w.selected else None,
+        labels = self.settings.label_selector if w.selected else w.labels
+        return Informer(self.api, path, label_selector=labels,
                         name=w.name, optional=w.optional, transform=stamped(w.kind, w.api_version(path)))
 
     async def discover(self) -> ServedApis:
@@ -256,6 +296,7 @@ class Controller:
         # the writers speak what the server serves (Eviction's policy version, Kueue's, resource.k8s.io's)
         self.lender.apis = self.apis
         self.actuator.dra = DraActuation(self.api, self.apis)
+        self.actuator.slice_api_version = f"discovery.k8s.io/{ENDPOINT_SLICE_WATCH.version(self.apis)}"
         if self.settings.kueue_workloads_path is None:
             self._watch_kueue(workloads_path(self.apis))
         for w, old in list(self.watched.items()):
@@ -270,9 +311,14 @@ class Controller:
 
     # -- one pass ---------------------------------------------------------------------------------------------
     def view(self) -> ClusterView:
-        return self.cluster.view(self.clock())
+        view = self.cluster.view(self.clock())
+        self._ready_models = {k for k, o in view.snapshot.models.items() if any(r.ready for r in o.replicas)}
+        return view
 
     async def metrics_window(self, view: ClusterView) -> MetricsWindow:
+        return with_held(await self._metrics_window(view), self.activations.held(), view)
+
+    async def _metrics_window(self, view: ClusterView) -> MetricsWindow:
         now = view.snapshot.now
         specs = {k: o.spec for k, o in view.snapshot.models.items() if o.spec is not None}
         if self.prometheus is None:
@@ -400,7 +446,8 @@ class Controller:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Observe always (a follower keeps warm caches), decide and act only as the leader; until ``stop``."""
-        runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port)
+        runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port,
+                                  self.activations, leading=self.gate.open)
         try:
             await self.discover()
         except BaseException:
@@ -419,14 +466,14 @@ class Controller:
                 log.info("caches synced; %s", mode)
             while synced and not stop.is_set():
                 started = self.clock()
+                self.activations.wake.clear()  # this tick sees every report booked so far
                 if self.gate.open():
                     log.debug("acting: tick %d at %.3f", self.ticks, time.time())
                     await self._run_tick()
                 else:
                     self.health.beat(self.clock())
                 delay = max(0.0, self.settings.tick_s - (self.clock() - started))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                await self._sleep(stop, delay)
         finally:
             elector_task.cancel()  # releases the Lease when held
             with contextlib.suppress(asyncio.CancelledError):
@@ -436,6 +483,17 @@ class Controller:
             await asyncio.gather(*informer_tasks, return_exceptions=True)
             await runner.cleanup()
             log.info("stopped")
+
+    async def _sleep(self, stop: asyncio.Event, delay: float) -> None:
+        """Until the next tick is due, ``stop`` is set, or an activation report asks for a scale from zero (a
+        request held for a model at zero must not wait for the next tick)."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.activations.wake.wait())]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _watch_kueue(self, path: str) -> None:
         """Watch Kueue Workloads at ``path`` (the version the apiserver serves: v1beta2 on a current Kueue)."""

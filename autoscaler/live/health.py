@@ -2,11 +2,14 @@
 
 :class:`Health` is the loop's heartbeat and readiness bookkeeping. :func:`start_http` serves ``/metrics`` (the
 text exposition format of :class:`~autoscaler.live.exporter.ControllerMetrics`), ``/healthz`` and ``/readyz``
-(200, or 503 with the reason as the body) from an aiohttp app.
+(200, or 503 with the reason as the body) from an aiohttp app; with an
+:class:`~autoscaler.live.activations.ActivationBook` also ``POST /v1/activations`` (the activators' reports, issue
+18: 202 ``{"leader": bool}``, 400 with the reason for a body that is not the contract's JSON).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from autoscaler.live.activations import ActivationBook, ActivationError
 from autoscaler.live.exporter import ControllerMetrics
 
 
@@ -72,7 +76,23 @@ def _answer(result: tuple[bool, str]) -> web.Response:
     return web.Response(status=200 if ok else 503, text=why + "\n")
 
 
-def build_app(metrics: ControllerMetrics, health: Health) -> web.Application:
+def _activations_route(book: ActivationBook, leading: Callable[[], bool]) -> Callable:
+    async def activations(request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            return web.Response(status=400, text=f"bad activation report: not JSON ({e})\n")
+        try:
+            book.report(body)
+        except ActivationError as e:
+            return web.Response(status=400, text=f"bad activation report: {e}\n")
+        return web.json_response({"leader": bool(leading())}, status=202)
+
+    return activations
+
+
+def build_app(metrics: ControllerMetrics, health: Health, activations: ActivationBook | None = None,
+              leading: Callable[[], bool] = lambda: False) -> web.Application:
     async def serve_metrics(_request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -86,13 +106,17 @@ def build_app(metrics: ControllerMetrics, health: Health) -> web.Application:
     app.router.add_get("/metrics", serve_metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if activations is not None:
+        app.router.add_post("/v1/activations", _activations_route(activations, leading))
     return app
 
 
-async def start_http(metrics: ControllerMetrics, health: Health, host: str, port: int) -> web.AppRunner:
+async def start_http(metrics: ControllerMetrics, health: Health, host: str, port: int,
+                     activations: ActivationBook | None = None,
+                     leading: Callable[[], bool] = lambda: False) -> web.AppRunner:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; read it
     from the runner's ``addresses``). Stop with ``await runner.cleanup()``."""
-    runner = web.AppRunner(build_app(metrics, health), access_log=None)
+    runner = web.AppRunner(build_app(metrics, health, activations, leading), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -84,6 +84,7 @@ from autoscaler.api.plan import (
     RemoveReplica,
     ScaleModel,
     SetMigLayout,
+    SetRouting,
     SetSlotTemplate,
     SetTimeSlicing,
     Shortfall,
@@ -118,6 +119,7 @@ from autoscaler.live.kube.objects import (
     ClusterView,
     ManagedModel,
 )
+from autoscaler.live.kube.routing_act import RoutingActuation
 from autoscaler.live.kube.term import ALWAYS_OPEN, LeadershipLost, WriteGate
 from autoscaler.live.kube.workloads import by_name, split_api_version
 from autoscaler.live.kube.writes import (
@@ -286,6 +288,9 @@ class KubeActuator:
         self._objects = CustomObjectsApi(api_client)
         # DRA reads and writes (discovery asked on first use; the controller hands over its own)
         self.dra = DraActuation(api_client)
+        # the activator's EndpointSlices (SetRouting); the controller points activator_pods at its informer and
+        # slice_api_version at the discovered discovery.k8s.io version
+        self.routing = RoutingActuation(api_client)
         self._rng = rng or random.Random()
         self.gate = MigGate(max_nodes=config.max_nodes_relayout, timeout_s=config.mig_timeout_s,
                             retry_after_s=config.mig_timeout_s)
@@ -320,9 +325,16 @@ class KubeActuator:
         for a in plan.of_type(SetSlotTemplate):
             if not self._leaves_template(tick, a):
                 await self._guard(tick, a, self._template)
+        # routing before scaling: a model goes to zero only once its traffic goes through the activator, and
+        # not at all when that write failed (its requests would have nowhere to go)
+        unrouted = await self._routes(tick, plan)
         scaled = set()
         for a in plan.of_type(ScaleModel):
             scaled.add(a.model)
+            if a.replicas == 0 and a.model in unrouted:
+                r.skipped.append((describe(a), "routing-failed"))
+                r.skipped.extend((describe(x), "routing-failed") for x in removals.get(a.model, []))
+                continue
             await self._guard(tick, a, lambda t, a=a: self._scale(t, a, removals.get(a.model, [])))
         for model, rems in removals.items():
             if model not in scaled:
@@ -344,6 +356,59 @@ class KubeActuator:
             log.info("actuation: %d applied, %d skipped, %d conflict(s) retried", len(r.applied), len(r.skipped),
                      r.conflicts_retried)
         return r
+
+    # -- routing (scale to and from zero) -------------------------------------------------------------------
+
+    @property
+    def activator_pods(self) -> Callable[[], Any]:
+        return self.routing.activator_pods
+
+    @activator_pods.setter
+    def activator_pods(self, pods: Callable[[], Any]) -> None:
+        self.routing.activator_pods = pods
+
+    @property
+    def slice_api_version(self) -> str:
+        return self.routing.api_version
+
+    @slice_api_version.setter
+    def slice_api_version(self, api_version: str) -> None:
+        self.routing.api_version = api_version
+
+    async def _routes(self, tick: _Tick, plan: Plan) -> set[str]:
+        """Apply the plan's ``SetRouting`` and keep the slices of the models already going through the activator
+        in step with its pods. Answers the models whose routing could not be written (no scale to zero for
+        them this tick)."""
+        failed: set[str] = set()
+        planned = {a.model for a in plan.of_type(SetRouting)}
+        keep = [SetRouting(k, True, "reconcile") for k, o in sorted(tick.view.snapshot.models.items())
+                if o.via_activator and k not in planned]
+        for a in [*plan.of_type(SetRouting), *keep]:
+            errors = len(tick.report.errors)
+            await self._guard(tick, a, self._route)
+            if len(tick.report.errors) > errors:
+                failed.add(a.model)
+        return failed
+
+    async def _route(self, tick: _Tick, a: SetRouting) -> None:
+        r, line = tick.report, describe(a)
+        mm = self._model(tick, a.model)
+        if mm.service is None:
+            r.skipped.append((line, "no-service"))
+            return
+        if not self.config.acting:
+            r.skipped.append((line, self.config.skip_why))
+            return
+        await self._hook("routing", mm.key)
+        if a.via_activator:
+            done = await self.routing.route(mm, tick.gate, lambda attempt: self._retrying(tick, attempt))
+        else:
+            done = await self.routing.unroute(mm, tick.gate)
+        if done == "unchanged":
+            if a.reason != "reconcile":
+                r.skipped.append((line, "unchanged"))
+            return
+        r.applied.append(f"{line}: EndpointSlice {done}")
 
     async def _guard(self, tick: _Tick, a: Action, fn: Callable[[_Tick, Any], Awaitable[None]]) -> None:
         """Run one action; whatever goes wrong stays with it."""

@@ -2,10 +2,10 @@
 
 Everything versioned that slotwise reads or writes is addressed through :class:`ServedApis` -- policy (Eviction,
 PodDisruptionBudget), autoscaling (HorizontalPodAutoscaler), coordination (Lease), ``resource.k8s.io`` (Dynamic
-Resource Allocation), Kueue, LeaderWorkerSet, Argo Rollouts, KEDA -- so one binary works on Kubernetes 1.20 through
-1.35+ and with whichever version of an add-on is installed. Each caller names the versions it can speak, newest
-first; :meth:`ServedApis.version` answers the first of those the server serves (None: the group or every version
-of it is absent, so the feature is off and says so).
+Resource Allocation), discovery.k8s.io (EndpointSlices), Kueue, LeaderWorkerSet, Argo Rollouts, KEDA -- so one
+binary works on Kubernetes 1.20 through 1.35+ and with whichever version of an add-on is installed. Each caller
+names the versions it can speak, newest first; :meth:`ServedApis.version` answers the first of those the server
+serves (None: the group or every version of it is absent, so the feature is off and says so).
 
 Discovery that fails (apiserver slow at start, RBAC) leaves :data:`ASSUMED`: what a current cluster serves for the
 built-in groups, nothing for add-ons. Informers on an assumed path are optional where the group is: a 404 there
@@ -31,6 +31,7 @@ LEADERWORKERSET = ("leaderworkerset.x-k8s.io", ("v1",))
 ARGO_ROLLOUTS = ("argoproj.io", ("v1alpha1",))
 KEDA = ("keda.sh", ("v1alpha1",))
 APPS = ("apps", ("v1",))
+DISCOVERY = ("discovery.k8s.io", ("v1", "v1beta1"))  # EndpointSlices: v1 from 1.21, v1beta1 on 1.17-1.20
 
 
 @dataclass(frozen=True)

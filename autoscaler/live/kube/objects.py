@@ -47,6 +47,15 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # + "<profile>", e.g. nvidia.com/mig-3g
 
 FIELD_MANAGER = "slotwise"
 
+# Scale to and from zero (docs/scale-to-zero.md): the Service that fronts a model (an annotation on the workload),
+# and the EndpointSlice the controller adds beside that Service's own while traffic goes through the activator.
+SERVICE_ANNOTATION = PREFIX + "service"  # the name of the Service in the workload's namespace
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+MANAGED_BY = "slotwise.io"  # the managed-by value of the controller's activator slices
+MODEL_LABEL = PREFIX + "model"  # the workload's name, on the activator slice
+ACTIVATOR_PORT = 8012  # the activator's proxy port (the contract with autoscaler/live/activator)
+
 
 def object_key(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
@@ -85,6 +94,9 @@ class ManagedModel:
     # DRA: the pod template's claims made from ResourceClaimTemplates, claim name -> template name
     # (spec.resourceClaims[].resourceClaimTemplateName); what the template asks for is read into ``resources``
     claim_templates: Mapping[str, str] = field(default_factory=dict)
+    # the Service fronting it (``slotwise.io/service``), whose traffic the activator holds while it is at zero;
+    # None: nothing holds its requests (it still scales to zero with min-replicas 0)
+    service: str | None = None
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ from autoscaler.live.kube.objects import (
     object_key,
 )
 from autoscaler.live.kube.pods import LivePod, live_pods
+from autoscaler.live.kube.routing import model_service, with_routing
 from autoscaler.live.kube.selector import Selector, SelectorError
 from autoscaler.live.kube.training import read_training
 from autoscaler.live.kube.workloads import (
@@ -129,6 +130,7 @@ def build_view(
     resource_slices: Iterable[dict] = (),
     resource_claims: Iterable[dict] = (),
     resource_claim_templates: Iterable[dict] = (),
+    endpoint_slices: Iterable[dict] | None = None,
 ) -> ClusterView:
     """One read of the caches -> the decision core's snapshot, the managed models, GPU node info, problems.
 
@@ -144,6 +146,9 @@ def build_view(
     ``autoscalers``, the HorizontalPodAutoscalers and KEDA ScaledObjects (a model they target is not scaled by
     slotwise); ``resource_slices`` and ``resource_claims`` (``resource.k8s.io``), the GPUs a DRA driver publishes
     and which of them pods hold; ``resource_claim_templates``, what a model whose pods claim their GPU asks for.
+    ``endpoint_slices`` (issue 18): the controller's activator EndpointSlices; None when the activator is not
+    enabled (every ``via_activator`` None), else a model with a Service goes through the activator when its slice
+    is there with endpoints (:mod:`~autoscaler.live.kube.routing`).
     """
     cat = catalog if catalog is not None else load_catalog()
     problems: list[str] = []
@@ -170,7 +175,8 @@ def build_view(
         if gn is not None:
             _allocate_lent(inventory, gn, since, lent, problems)
 
-    snapshot = ClusterSnapshot(now=now, models=_observations(models, slots, down), inventory=inventory,
+    observations = with_routing(_observations(models, slots, down), models.models, endpoint_slices)
+    snapshot = ClusterSnapshot(now=now, models=observations, inventory=inventory,
                                training=workloads, lent=dict(sorted(lent.items())))
     return ClusterView(snapshot=snapshot, models=models.models,
                        nodes=_node_infos(node_objs, live, models.owner_of, down),
@@ -295,6 +301,7 @@ def _managed_model(obj: Mapping[str, Any], key: str, kind: WorkloadKind = DEPLOY
         resources=copy.deepcopy(dict(first.get("resources") or {})),  # never an alias into the informer cache
         node_selector=dict(pod_spec.get("nodeSelector") or {}),
         annotations=dict(meta.get("annotations") or {}),
+        service=model_service(meta),
         kind=kind.kind,
         api_version=str(obj.get("apiVersion") or kind.api_version()),
         resource=kind.resource,

@@ -24,6 +24,7 @@ from typing import Any
 from autoscaler.live.kube.discovery import (
     ARGO_ROLLOUTS,
     AUTOSCALING,
+    DISCOVERY,
     KEDA,
     LEADERWORKERSET,
     RESOURCE,
@@ -37,6 +38,7 @@ AUTOSCALERS = "autoscalers"
 RESOURCE_SLICES = "resource_slices"
 RESOURCE_CLAIMS = "resource_claims"
 RESOURCE_CLAIM_TEMPLATES = "resource_claim_templates"
+ENDPOINT_SLICES = "endpoint_slices"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Watch:
     scoped: bool  # True: follows the controller's namespace scope (models and their autoscalers); False: cluster
     optional: bool = True  # a 404 (the group not served) reads as "none"
     selected: bool = False  # the controller's label selector applies (workloads only, as for Deployments)
+    labels: str | None = None  # a fixed label selector of its own (the controller's activator slices)
 
     def version(self, apis: ServedApis | None) -> str:
         """The discovered version; the fallback before discovery answered or when it failed (its assumptions are
@@ -85,6 +88,14 @@ WATCHES: tuple[Watch, ...] = (
 )
 
 
+# Issue 18: the controller's own activator EndpointSlices (autoscaler/live/kube/routing.py), watched only with the
+# activator enabled (Controller.__init__). Required: with the activator on, "cannot list them" must not read as "no
+# model goes through the activator" (that would take traffic away from the activator's held requests).
+ENDPOINT_SLICE_WATCH = Watch("endpointslices", "EndpointSlice", *DISCOVERY, "v1", "endpointslices", ENDPOINT_SLICES,
+                             scoped=True, optional=False,
+                             labels="endpointslice.kubernetes.io/managed-by=slotwise.io")
+
+
 def stamped(kind: str, api_version: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """An informer transform that sets ``kind`` and ``apiVersion`` on every object (list items lack them)."""
 
@@ -97,9 +108,10 @@ def stamped(kind: str, api_version: str) -> Callable[[dict[str, Any]], dict[str,
 
 
 def by_role(items: Mapping[Watch, Sequence[dict]]) -> dict[str, list[dict]]:
-    """The watched objects grouped by the ``build_view`` input they feed (every role present, maybe empty)."""
+    """The watched objects grouped by the ``build_view`` input they feed (every role of :data:`WATCHES` present,
+    maybe empty; ``endpoint_slices`` only when watched: absent is "the activator is not enabled")."""
     out: dict[str, list[dict]] = {WORKLOADS: [], AUTOSCALERS: [], RESOURCE_SLICES: [], RESOURCE_CLAIMS: [],
                                   RESOURCE_CLAIM_TEMPLATES: []}
     for watch, objs in items.items():
-        out[watch.role].extend(objs)
+        out.setdefault(watch.role, []).extend(objs)
     return out

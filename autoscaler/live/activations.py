@@ -1,0 +1,111 @@
+"""The activation book: what the activators say they hold, and the wake-up of the tick loop (issue 18).
+
+Each activator replica POSTs ``/v1/activations`` to every controller replica (the contract in
+docs/scale-to-zero.md) on its first held request for a model and every second while it holds any::
+
+    {"activator": "<pod name>", "models": [{"namespace": ns, "service": svc, "model": "<workload name>",
+                                           "held": n, "oldest_wait_s": s}]}
+
+:meth:`ActivationBook.report` records the counts per (activator, model) and, when a report holds requests for a
+model the book is told has no active replica, sets :attr:`ActivationBook.wake` -- the event the leader's tick loop
+waits on with its tick timeout, so a scale from zero is planned at once, not at the next tick. A count expires
+``ttl_s`` after its activator's last report (an activator that died, or stopped holding, stops counting).
+:meth:`held` sums them per model key (``"<namespace>/<workload name>"``): the controller merges that into the
+metrics window as ``ModelMetrics.held_requests``.
+
+Every replica books reports, the leader alone acts on them; a follower that becomes leader has the counts already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_TTL_S = 5.0  # a held count lives this long after its activator's last report (reports come every second)
+
+
+class ActivationError(ValueError):
+    """A report that is not the contract's JSON (the HTTP answer is 400 with this message)."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """One activator's last word about one model."""
+
+    held: int
+    oldest_wait_s: float
+    at: float  # when it was reported (the book's clock)
+
+
+def parse_report(body: Any) -> tuple[str, list[tuple[str, int, float]]]:
+    """The contract's JSON -> (activator, [(model key, held, oldest_wait_s)]). Raises :class:`ActivationError`
+    naming what is wrong."""
+    if not isinstance(body, Mapping):
+        raise ActivationError("expected a JSON object with 'activator' and 'models'")
+    activator = body.get("activator")
+    if not isinstance(activator, str) or not activator:
+        raise ActivationError("'activator' must be a non-empty string (the activator's pod name)")
+    models = body.get("models")
+    if not isinstance(models, list):
+        raise ActivationError("'models' must be a list")
+    out = []
+    for i, m in enumerate(models):
+        if not isinstance(m, Mapping):
+            raise ActivationError(f"models[{i}]: expected an object")
+        ns, model = m.get("namespace"), m.get("model")
+        if not isinstance(ns, str) or not ns or not isinstance(model, str) or not model:
+            raise ActivationError(f"models[{i}]: 'namespace' and 'model' must be non-empty strings")
+        held, wait = m.get("held"), m.get("oldest_wait_s", 0.0)
+        if isinstance(held, bool) or not isinstance(held, (int, float)) or not math.isfinite(held) or held < 0:
+            raise ActivationError(f"models[{i}]: 'held' must be a count >= 0, got {held!r}")
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
+            raise ActivationError(f"models[{i}]: 'oldest_wait_s' must be seconds >= 0, got {wait!r}")
+        out.append((f"{ns}/{model}", int(held), float(wait)))
+    return activator, out
+
+
+class ActivationBook:
+    """Held counts per (activator, model), expiring; ``wake`` set by a report that needs a scale from zero.
+
+    ``active(model)`` says whether a model has an active replica now (the controller answers from its last view:
+    a model it does not know counts as without one, so a report never waits on a tick that could not know it)."""
+
+    def __init__(self, ttl_s: float = DEFAULT_TTL_S, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.wake = asyncio.Event()
+        self.active: Callable[[str], bool] = lambda _model: False
+        self._held: dict[tuple[str, str], Held] = {}
+        self.reports = 0
+
+    def report(self, body: Any) -> bool:
+        """Book one report (the parsed JSON); True when it woke the loop. Raises :class:`ActivationError`."""
+        activator, models = parse_report(body)
+        now = self.clock()
+        self.reports += 1
+        # the activator's report replaces its earlier one: a model it no longer lists holds nothing there
+        for k in [k for k in self._held if k[0] == activator]:
+            del self._held[k]
+        woke = False
+        for model, held, wait in models:
+            if held > 0:
+                self._held[(activator, model)] = Held(held, wait, now)
+                if not self.active(model):
+                    woke = True
+        if woke:
+            self.wake.set()
+        return woke
+
+    def held(self) -> dict[str, float]:
+        """Model key -> requests held for it now, summed over the activators whose report has not expired."""
+        now = self.clock()
+        for k in [k for k, h in self._held.items() if now - h.at > self.ttl_s]:
+            del self._held[k]
+        out: dict[str, float] = {}
+        for (_, model), h in self._held.items():
+            out[model] = out.get(model, 0.0) + h.held
+        return out
