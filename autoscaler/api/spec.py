@@ -30,6 +30,7 @@ PREFIX = "slotwise.io/"
 
 SLO_METRICS = ("e2e", "ttft")
 SLOT_KINDS = ("whole", "mig", "share")
+KEEP_ALIVE_POLICIES = ("learned", "hybrid", "fixed")  # autoscaler/policies/keepalive.py
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,13 @@ class ModelSpec:
     decode_batch_slowdown: float = 0.0  # ITL's growth per extra request in the decode batch (0: none)
     concurrency: int = 1
     expected_rps: float | None = None  # load hint for a new model, until it has history
+    # Scale to zero (min_replicas 0 only; autoscaler/decision/zero.py, autoscaler/policies/keepalive.py): which
+    # keep-alive policy decides 0 or 1 for an idle model, fixed's keep-alive (also the idle-time histogram's range
+    # and the fallback with too few idle times), and, for learned, how many warm replica-seconds one avoided
+    # cold-started request is worth.
+    keep_alive: str = "learned"
+    keep_alive_s: float = 600.0
+    cold_start_worth_s: float = 300.0
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -261,6 +269,9 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
     "decode-batch-slowdown": ("decode_batch_slowdown", _slowdown),
     "concurrency": ("concurrency", _positive_int),
     "expected-rps": ("expected_rps", _nonneg_float),
+    "keep-alive": ("keep_alive", _choice(KEEP_ALIVE_POLICIES)),
+    "keep-alive-seconds": ("keep_alive_s", _positive_float),
+    "cold-start-worth-seconds": ("cold_start_worth_s", _nonneg_float),
 }
 REQUIRED = ("slo-latency-ms",)
 # Keys slotwise itself writes (status) and must not complain about when it reads them back.

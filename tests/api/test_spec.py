@@ -41,6 +41,9 @@ VALID: dict[str, tuple[str, str, object]] = {
     "decode-batch-slowdown": ("0.05", "decode_batch_slowdown", 0.05),
     "concurrency": ("8", "concurrency", 8),
     "expected-rps": ("12.5", "expected_rps", 12.5),
+    "keep-alive": ("hybrid", "keep_alive", "hybrid"),
+    "keep-alive-seconds": ("900", "keep_alive_s", 900.0),
+    "cold-start-worth-seconds": ("120", "cold_start_worth_s", 120.0),
 }
 
 # (key, bad value, a fragment of the rule the message must state)
@@ -78,6 +81,9 @@ INVALID: list[tuple[str, str, str]] = [
     ("decode-batch-slowdown", "-0.1", "[0, 1]"),
     ("slo-itl-ms", "0", "positive"),
     ("concurrency", "0", ">= 1"),
+    ("keep-alive", "forever", "one of learned, hybrid, fixed"),
+    ("keep-alive-seconds", "0", "positive"),
+    ("cold-start-worth-seconds", "-1", ">= 0"),
 ]
 
 
