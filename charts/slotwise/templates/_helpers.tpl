@@ -135,6 +135,12 @@ set: no key at all */}}
 {{- $_ := unset $cfg "limits" }}
 {{- end }}
 {{- $_ := set $cfg "http_port" (int .Values.listenPort) }}
+{{- /* the activator (issue 18): the controller watches its pods (release namespace) and its EndpointSlices */}}
+{{- if .Values.activator.enabled }}
+{{- $_ := set $cfg "activator_enabled" true }}
+{{- $_ := set $cfg "activator_namespace" .Release.Namespace }}
+{{- $_ := set $cfg "activator_selector" (include "slotwise.activatorSelector" .) }}
+{{- end }}
 {{- $addr := include "slotwise.listenAddress" . }}
 {{- if ne $addr "podIP" }}
 {{- $_ := set $cfg "http_host" $addr }}
@@ -217,4 +223,25 @@ in config.namespace (rbac.yaml).
     - update
     - patch
     {{- end }}
+{{- end }}
+
+{{/*
+The activator's labels. Its own app.kubernetes.io/name (<name>-activator): the controller Deployment's selector
+(name + instance) must not match the activator's pods. The controller finds them by activatorSelector.
+*/}}
+{{- define "slotwise.activatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "slotwise.name" . }}-activator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: activator
+{{- end }}
+
+{{- define "slotwise.activatorLabels" -}}
+helm.sh/chart: {{ include "slotwise.chart" . }}
+{{ include "slotwise.activatorSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "slotwise.activatorSelector" -}}
+app.kubernetes.io/name={{ include "slotwise.name" . }}-activator,app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=activator
 {{- end }}
