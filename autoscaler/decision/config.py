@@ -13,6 +13,7 @@ from functools import partial
 from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.decision.scaledown import DEFAULT_KV_SATURATION
+from autoscaler.decision.zero import ZeroConfig
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from sharing.lending import LendingPolicy
@@ -52,6 +53,8 @@ class CoreConfig:
     # KV-cache use (ModelMetrics.kv_cache_usage, a fraction) at or above which a model's engines count as saturated:
     # no scale-down, and one more replica when its queue grows (the rails, autoscaler/decision/scaledown.py); None: off.
     kv_saturation: float | None = DEFAULT_KV_SATURATION
+    # The zero rail (min-replicas 0 models; autoscaler/decision/zero.py): idle-time decay, the fleet prior.
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
 
     def __post_init__(self) -> None:
         if self.kv_saturation is not None and not 0.0 < self.kv_saturation <= 1.0:

@@ -37,7 +37,7 @@ from autoscaler.api.plan import (
 )
 from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindow, ModelObservation
 from autoscaler.api.spec import ModelSpec, slot_request
-from autoscaler.decision import scaledown
+from autoscaler.decision import scaledown, zero
 from autoscaler.decision.admission import admit
 from autoscaler.decision.arbitration import (
     ArbitrationResult,
@@ -52,6 +52,7 @@ from autoscaler.decision.lend import lend_stage
 from autoscaler.decision.state import ControllerState, ModelState, SizedLoad
 from autoscaler.estimation.capacity import predicted_latency_s, profile_from_spec
 from autoscaler.estimation.forecast import FleetForecaster
+from autoscaler.estimation.idle_times import IdleTimes, fleet_pool, merge_into
 from autoscaler.estimation.model_learning import ModelLearning
 from autoscaler.policies.base import Forecast, PolicyContext
 from sharing.slots import Inventory, Slot
@@ -156,10 +157,11 @@ def _size_models(
             continue
         try:  # (free unless it raises) one model's failure is that model's only
             ms = _model_state(obs, obs.spec, state, config)
-            if snapshot.now < ms.next_decision_at:
+            if snapshot.now < ms.next_decision_at and not zero.needs_activation(obs, metrics.models.get(name)):
                 continue  # (a model whose decision failed stays reported until one succeeds)
-            s = _size(obs, obs.spec, ms, metrics, config, forecaster, snapshot.now)
+            s = _size(obs, obs.spec, ms, metrics, config, forecaster, snapshot.now, state)
             current = obs.active_replicas
+            route = zero.routing(obs, obs.spec, s.target)
             if s.target < current:
                 if config.consolidate_removals and per_node is None:
                     per_node = scaledown.node_load(snapshot)  # once per tick: the snapshot's, not changed within it
@@ -169,6 +171,8 @@ def _size_models(
             continue
         if s.target < current:
             removals[name] = removal
+        if route is not None:  # (before the model's ScaleModel, which _finish appends later)
+            plan.actions.append(route)
         state.invalid.pop(name, None)
         sized.append(s)
     return sized, removals
@@ -219,7 +223,7 @@ def _model_state(obs: ModelObservation, spec: ModelSpec, state: ControllerState,
 
 
 def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: MetricsWindow, config: CoreConfig,
-          forecaster: FleetForecaster | None, now: float) -> _Sized:
+          forecaster: FleetForecaster | None, now: float, state: ControllerState | None = None) -> _Sized:
     """One due model's decision: learn from the window, forecast, run the policy through its behaviour and rails
     (:func:`autoscaler.decision.scaledown.normalize`)."""
     policy = config.policy
@@ -248,7 +252,35 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
     if scaled.arrival_scv is not None:
         ms.arrival_scv = scaled.arrival_scv
     ms.sized = SizedLoad(ctx.forecast, ctx.sizing_quantile or config.upper_quantile, m.rate, metrics.step_s)
-    return _Sized(obs, ms, ctx, learning, scaled.desired, scaled.reason, scaled.detail)
+    desired, reason, detail = scaled.desired, scaled.reason, scaled.detail
+    if spec.min_replicas == 0:
+        lead_s = cold_start_s + policy.tick_s + config.metric_lag_s
+        idle, prior = _idle_times(obs.name, spec, ms, state, config)
+        zero.observe(idle, m, metrics.step_s, now, lead_s)
+        desired, reason, detail = zero.apply(obs, spec, m, desired, reason, detail, idle, now, lead_s,
+                                             ctx.forecast, prior, config.zero)
+    return _Sized(obs, ms, ctx, learning, desired, reason, detail)
+
+
+def _idle_times(name: str, spec: ModelSpec, ms: ModelState, state: ControllerState | None,
+                config: CoreConfig) -> tuple[IdleTimes, IdleTimes | None]:
+    """The model's idle times (first sight: the warm start from history, else empty) and the fleet prior."""
+    prior = None
+    if state is not None and config.zero.fleet_prior:
+        prior = state.idle_prior
+        if prior is None:
+            prior = state.idle_prior = fleet_pool(half_life_s=config.zero.half_life_s)
+    idle = ms.idle
+    if idle is None:
+        idle = state.idle_history.pop(name, None) if state is not None else None
+        if idle is None:
+            idle = IdleTimes(range_s=spec.keep_alive_s, half_life_s=config.zero.half_life_s)
+        elif prior is not None:
+            merge_into(prior, idle)
+        idle.pool = prior
+        ms.idle = idle
+    idle.rebin(spec.keep_alive_s)  # (a changed keep-alive-seconds; free otherwise)
+    return idle, prior
 
 
 def _ask(s: _Sized, order: int, room: int) -> Ask:

@@ -20,6 +20,7 @@ from autoscaler.decision.arbitration import ArbitrationState
 from autoscaler.decision.scaledown import ScaleDownState
 from autoscaler.estimation.capacity import ServiceProfile
 from autoscaler.estimation.forecast import FleetForecaster
+from autoscaler.estimation.idle_times import IdleTimes
 from autoscaler.estimation.model_learning import ModelLearning
 from autoscaler.policies.base import Forecast
 from sharing.lending import LendingPlan
@@ -69,6 +70,9 @@ class ModelState:
     # The arrivals' dispersion its policy last sized with (PolicyResult.arrival_scv; 1 = Poisson, or not measured):
     # the lend stage sizes the model's need-soon with it.
     arrival_scv: float = 1.0
+    # A model that may go to zero (min_replicas 0): its idle times, what its keep-alive policy decides on
+    # (autoscaler/decision/zero.py); None until it is first decided with min_replicas 0.
+    idle: IdleTimes | None = None
 
     def profile(self) -> ServiceProfile:
         """The service profile sizing uses now: the learned one when the model learns, else the prior."""
@@ -108,10 +112,16 @@ class ControllerState:
     forecast_models: frozenset[str] = frozenset()  # the models the forecaster was last synced to
     lending: LendState | None = None  # the lend stage's memory (need-soon per model, reclaims in flight)
     arbitration: ArbitrationState = field(default_factory=ArbitrationState)  # teams' recent borrowing
+    # Idle times warm-started from history (IdleTimes.from_rates), picked up by a model's first decision; and the
+    # fleet's pooled idle times, the prior of models with few of their own (autoscaler/decision/zero.py).
+    idle_history: dict[str, IdleTimes] = field(default_factory=dict)
+    idle_prior: IdleTimes | None = None
 
 
 def fresh_state(
-    profiles: dict[str, ServiceProfile] | None = None, forecaster: FleetForecaster | None = None
+    profiles: dict[str, ServiceProfile] | None = None, forecaster: FleetForecaster | None = None,
+    idle: dict[str, IdleTimes] | None = None,
 ) -> ControllerState:
-    """A controller's state at start: optionally measured profiles and a warm-started forecaster."""
-    return ControllerState(profiles=dict(profiles or {}), forecaster=forecaster)
+    """A controller's state at start: optionally measured profiles, a warm-started forecaster and idle times
+    warm-started from history (model -> ``IdleTimes.from_rates(...)``)."""
+    return ControllerState(profiles=dict(profiles or {}), forecaster=forecaster, idle_history=dict(idle or {}))

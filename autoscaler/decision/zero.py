@@ -1,0 +1,124 @@
+"""The zero rail: scale to and from zero for models with ``min-replicas: 0`` (issue 18), for every policy.
+
+Applied once per decision after :func:`autoscaler.decision.scaledown.normalize` (``core._size``), to the count the
+policy and the rails chose; models with ``min_replicas >= 1`` are never touched. In order:
+
+1. requests held (``ModelMetrics.held_requests > 0``) and no active replica: at least one at once (``activated``),
+   even on stale or missing metrics -- a model at zero has no pods, hence nothing to scrape -- and even when the
+   model was not due (``core._size_models`` decides it now);
+2. stale or partial metrics: never to zero (a model with replicas keeps at least one; the hold of ``normalize``
+   stays);
+3. serving (arrivals or requests in flight at the newest step): at least one;
+4. idle and the count is at most one: 0 or 1 as the model's keep-alive policy says
+   (:mod:`autoscaler.policies.keepalive`: ``scaled_to_zero``, ``keep_warm``, from zero ``pre_warm``), unless the
+   forecast's median over the lead time expects about a request or more (then one, the forecast's reason).
+
+Routing (:func:`routing`): a model the activator can front (``via_activator`` not None) is routed through it in the
+same plan as, and before, its scale to zero, and whenever it has no Ready replica; straight to its pods once one is
+Ready and it wants one or more. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoscaler.api.plan import Reason, SetRouting
+from autoscaler.api.snapshot import ModelMetrics, ModelObservation
+from autoscaler.api.spec import ModelSpec
+from autoscaler.estimation.idle_times import IdleTimes
+from autoscaler.policies.base import Forecast
+from autoscaler.policies.keepalive import keep_alive
+
+# The forecast expects "about a request or more" over the lead time at this many expected arrivals (median).
+FORECAST_REQUESTS = 1.0
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """The zero rail's settings (``CoreConfig.zero``). ``half_life_s``: the idle-time histograms' decay;
+    ``prior_weight``: how many idle times the fleet's pooled histogram counts for in a model's learned policy (0:
+    no fleet prior); ``fleet_prior``: pool every model's idle times as that prior."""
+
+    half_life_s: float = 86_400.0
+    prior_weight: float = 2.0
+    fleet_prior: bool = True
+
+
+def held(m: ModelMetrics) -> bool:
+    """Requests held for the model now (the activator's report, the simulator's held queue)."""
+    return m.held_requests > 0
+
+
+def needs_activation(obs: ModelObservation, m: ModelMetrics | None) -> bool:
+    """A model at zero with requests held: decided now, due or not."""
+    return (m is not None and m.held_requests > 0 and obs.active_replicas == 0 and obs.spec is not None
+            and obs.spec.min_replicas == 0)
+
+
+def _serving(m: ModelMetrics) -> bool:
+    r, f = m.rate, m.in_flight
+    arrivals = r.size > 0 and math.isfinite(r[-1]) and r[-1] > 0
+    flight = f.size > 0 and math.isfinite(f[-1]) and f[-1] > 0
+    return bool(arrivals or flight)
+
+
+def _forecast_expects(forecast: Forecast | None) -> bool:
+    if forecast is None:
+        return False
+    median = forecast.at(0.5)
+    return math.isfinite(median) and median * forecast.horizon_s >= FORECAST_REQUESTS
+
+
+def apply(obs: ModelObservation, spec: ModelSpec, m: ModelMetrics, desired: int, reason: Reason, detail: str,
+          idle: IdleTimes | None, now: float, lead_s: float, forecast: Forecast | None,
+          prior: IdleTimes | None = None, config: ZeroConfig | None = None) -> tuple[int, Reason, str]:
+    """The rail on one decision's (desired, reason, detail); see the module docstring."""
+    if spec.min_replicas != 0:
+        return desired, reason, detail
+    current = obs.active_replicas
+    top = spec.max_replicas
+    if current == 0 and held(m):
+        if desired >= 1:
+            return desired, reason, detail
+        return min(1, top), Reason.ACTIVATED, f"{m.held_requests:g} request(s) held at zero"
+    if m.stale or m.partial_reason() is not None:
+        if current > 0 and desired < 1:
+            return 1, reason, f"{detail}; not to zero on stale or partial metrics".strip("; ")
+        return desired, reason, detail
+    if desired > 1:
+        return desired, reason, detail
+    if _serving(m):
+        if desired < 1:
+            return 1, Reason.KEEP_WARM, "serving"
+        return desired, reason, detail
+    if _forecast_expects(forecast):
+        return max(desired, 1), reason if desired >= 1 else Reason.FORECAST, detail or "forecast expects a request"
+    cfg = config or ZeroConfig()
+    age = idle.age(now) if idle is not None else 0.0
+    ka = keep_alive(idle, age, lead_s, spec, prior if cfg.fleet_prior else None, cfg.prior_weight)
+    if ka.warm:
+        return 1, Reason.KEEP_WARM if current >= 1 else Reason.PRE_WARM, ka.detail
+    return 0, Reason.SCALED_TO_ZERO, ka.detail
+
+
+def routing(obs: ModelObservation, spec: ModelSpec, target: int) -> SetRouting | None:
+    """The routing change this decision needs (None: none), for a model the activator can front."""
+    via = obs.via_activator
+    if via is None or spec.min_replicas != 0:
+        return None
+    if not via and (target == 0 or obs.ready_replicas == 0):
+        return SetRouting(obs.name, True, "to zero" if target == 0 else "no Ready replica")
+    if via and target >= 1 and obs.ready_replicas >= 1:
+        return SetRouting(obs.name, False, "a replica is Ready")
+    return None
+
+
+def observe(idle: IdleTimes, m: ModelMetrics, step_s: float, now: float, lead_s: float) -> None:
+    """Fold the window into the model's idle times (each step once); the head is counted over the lead time."""
+    idle.head_s = lead_s
+    if not m.stale:
+        idle.observe(m.rate, m.in_flight if m.in_flight.size else np.zeros(m.rate.size), m.held_requests, step_s,
+                     now)
