@@ -7,7 +7,7 @@ policy and the rails chose; models with ``min_replicas >= 1`` are never touched.
    even on stale or missing metrics -- a model at zero has no pods, hence nothing to scrape -- and even when the
    model was not due (``core._size_models`` decides it now);
 2. stale or partial metrics: never to zero (a model with replicas keeps at least one; the hold of ``normalize``
-   stays);
+   stays); a model already at zero may still be pre-warmed (a scale-up; live, it has nothing to scrape);
 3. serving (arrivals or requests in flight at the newest step): at least one;
 4. idle and the count is at most one: 0 or 1 as the model's keep-alive policy says
    (:mod:`autoscaler.policies.keepalive`: ``scaled_to_zero``, ``keep_warm``, from zero ``pre_warm``), unless the
@@ -84,13 +84,15 @@ def apply(obs: ModelObservation, spec: ModelSpec, m: ModelMetrics, desired: int,
         if desired >= 1:
             return desired, reason, detail
         return min(1, top), Reason.ACTIVATED, f"{m.held_requests:g} request(s) held at zero"
-    if m.stale or m.partial_reason() is not None:
-        if current > 0 and desired < 1:
+    unseen = m.stale or m.partial_reason() is not None
+    if unseen and current > 0:
+        if desired < 1:
             return 1, reason, f"{detail}; not to zero on stale or partial metrics".strip("; ")
         return desired, reason, detail
-    if desired > 1:
+    if desired > 1 or (unseen and desired >= 1):
         return desired, reason, detail
-    if _serving(m):
+    # (stale at zero -- live, a model at zero has nothing to scrape -- : only a pre-warm may come of it, below)
+    if not unseen and _serving(m):
         if desired < 1:
             return 1, Reason.KEEP_WARM, "serving"
         return desired, reason, detail
