@@ -18,6 +18,7 @@ DISTRIBUTION = "slotwise"  # the name in pyproject.toml's [project]
 VERBS: dict[str, str] = {
     "simulate": "run the control loop on a simulated cluster driven by a trace; score it against HPA, KPA, ...",
     "run": "run the controller on a Kubernetes cluster (in a pod, or from a kubeconfig)",
+    "activator": "the request-holding proxy in front of models scaled to zero (runs beside the controller)",
     "report": "cost per team and model, idle and lent GPUs, SLO attainment (from a simulation or Prometheus)",
     "trace": "inspect a trace, convert it to the canonical CSV formats, list the bundled traces",
     "pack-bench": "GPU packing benchmark on the Alibaba GPU trace (the FGD paper's protocol)",
@@ -61,7 +62,7 @@ def package_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoscaler.cli import backtest, frontier, migbench, packbench, report, run, simulate, trace
+    from autoscaler.cli import activator, backtest, frontier, migbench, packbench, report, run, simulate, trace
 
     parser = argparse.ArgumentParser(prog="slotwise", usage="slotwise [--version] [--help] <command> [options]",
                                      description=DESCRIPTION, epilog=_epilog(),
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     migbench.register(sub)
     frontier.register(sub)
     run.register(sub)
+    activator.register(sub)
     report.register(sub)
     return parser
 

@@ -29,6 +29,11 @@ with SGLang's default buckets, ``sglang:num_running_reqs``, ``sglang:num_queue_r
 ``tgi_request_duration`` and ``tgi_request_mean_time_per_token_duration`` with TGI's duration buckets,
 ``tgi_queue_size``, ``tgi_batch_current_size``; NO model label, as TGI has none, and no TTFT or KV series).
 
+``POST /v1/completions`` is a real request endpoint (for the activator's tests): JSON ``{"prompt": ...,
+"max_tokens": N, "stream": bool}``; one token every ``--token-ms``; ``stream``: ``text/event-stream`` with one
+``data: {...}`` event per token (each written as it is made), then ``data: [DONE]``; else one JSON answer at the
+end. Each is counted as a request in the metrics (success counter, e2e latency) beside the simulated ones.
+
 It prints ``listening on PORT`` once the HTTP server is up. The simulation advances every ``--tick-ms``
 (event times are exact; only when a queued request starts is rounded to the tick).
 """
@@ -39,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import heapq
+import json
 import math
 import random
 import sys
@@ -244,6 +250,32 @@ class Server:
         at = t + self.rng.expovariate(rate)
         return (at, True) if at <= boundary else (boundary, False)
 
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        body = await request.json()
+        n = max(0, int(body.get("max_tokens", 16)))
+        pause = self.args.token_ms / 1000.0
+        tokens = [f"tok{i}" for i in range(n)]
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            for i, tok in enumerate(tokens):
+                if pause:
+                    await asyncio.sleep(pause)
+                event = {"choices": [{"index": 0, "text": tok}], "token": i, "t": time.time()}
+                await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        else:
+            for _ in tokens:
+                if pause:
+                    await asyncio.sleep(pause)
+            resp = web.json_response({"choices": [{"index": 0, "text": " ".join(tokens)}],
+                                      "usage": {"completion_tokens": n}, "server": self.args.port})
+        self.e2e.observe(time.monotonic() - started)
+        self.success.inc()
+        return resp
+
     async def metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -266,6 +298,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tick-ms", type=float, default=10.0)
     p.add_argument("--engine", choices=("vllm", "sglang", "tgi"), default="vllm", help="whose metric names")
     p.add_argument("--output-tokens", type=int, default=16, help="tokens per request (the ITL observed)")
+    p.add_argument("--token-ms", type=float, default=0.0, help="pause before each token of /v1/completions")
     p.add_argument("--kv-requests", type=int, default=0,
                    help="running requests that fill one replica's KV cache (0: --concurrency)")
     return p.parse_args(argv)
@@ -276,6 +309,7 @@ async def main(argv: list[str]) -> None:
     server = Server(parse(argv))
     app = web.Application()
     app.router.add_get("/metrics", server.metrics)
+    app.router.add_post("/v1/completions", server.completions)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, server.args.host, server.args.port).start()

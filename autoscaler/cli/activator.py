@@ -1,0 +1,95 @@
+"""``slotwise activator``: the activator in front of models at zero (issue 18; docs/scale-to-zero.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+
+log = logging.getLogger("slotwise.activator")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("activator", help="hold requests for models at zero, forward them once a replica is Ready",
+                       description=__doc__)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    where.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    p.add_argument("--controller", action="append", default=[], metavar="URL",
+                   help="a controller endpoint to report activations to (repeatable)")
+    p.add_argument("--controller-service", default=None, metavar="HOST:PORT",
+                   help="a name resolving to every controller replica (a headless Service): each address is told")
+    p.add_argument("--queue-limit", type=int, default=1000, help="held requests per model before 503")
+    p.add_argument("--hold-timeout-s", type=float, default=300.0, help="a held request is answered 504 after this")
+    p.add_argument("--port", type=int, default=8012, help="the proxy port")
+    p.add_argument("--admin-port", type=int, default=9090, help="/metrics, /healthz, /readyz")
+    p.add_argument("--host", default="0.0.0.0", help="the address both ports listen on")
+    p.add_argument("--namespace", "--namespaces", dest="namespaces", action="append", default=[],
+                   help="watch EndpointSlices in this namespace only (repeatable, or comma-separated; "
+                        "default: cluster-wide)")
+    p.add_argument("--pod-name", default=os.environ.get("POD_NAME") or socket.gethostname(),
+                   help="this activator's name in its reports (default: $POD_NAME, else the host name)")
+    p.set_defaults(func=main)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+    from kubernetes_asyncio import config as kconfig
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    from autoscaler.cli.run import client_configuration
+    from autoscaler.live.activator.metrics import ActivatorMetrics
+    from autoscaler.live.activator.notify import Notifier
+    from autoscaler.live.activator.proxy import Activator, admin_app, new_session
+    from autoscaler.live.activator.routes import RouteTable
+    from autoscaler.live.activator.watch import SliceWatch, slice_version
+    from autoscaler.live.kube.discovery import discover
+
+    if args.in_cluster:
+        cfg = Configuration()
+        kconfig.load_incluster_config(client_configuration=cfg)
+    else:
+        cfg = await client_configuration(args.kubeconfig)
+    namespaces = [n for item in args.namespaces for n in item.split(",") if n]
+    metrics = ActivatorMetrics()
+    table = RouteTable()
+    async with ApiClient(configuration=cfg) as api, new_session() as session:
+        activator = Activator(table, metrics, session, queue_limit=args.queue_limit,
+                              hold_timeout_s=args.hold_timeout_s)
+        notifier = Notifier(session, args.pod_name, activator.report, controllers=args.controller,
+                            controller_service=args.controller_service)
+        activator.kick = notifier.kick
+        watch = SliceWatch(api, table, activator.on_change, version=slice_version(await discover(api)),
+                           namespaces=namespaces)
+
+        def ready() -> tuple[bool, str]:
+            return (True, "ok") if watch.synced else (False, "EndpointSlice informers not synced yet")
+
+        proxy = web.ServerRunner(activator.proxy_server())
+        admin = web.AppRunner(admin_app(metrics, ready), access_log=None)
+        await proxy.setup()
+        await admin.setup()
+        await web.TCPSite(proxy, args.host, args.port, backlog=1024).start()
+        await web.TCPSite(admin, args.host, args.admin_port).start()
+        log.info("activator %s: proxy on %s:%d, admin on %s:%d", args.pod_name, args.host, args.port, args.host,
+                 args.admin_port)
+        print(f"listening on {args.port}", flush=True)
+        tasks = [asyncio.create_task(i.run()) for i in watch.informers] + [asyncio.create_task(notifier.run())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await proxy.cleanup()
+            await admin.cleanup()
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,256 @@
+"""The activator with real sockets in front of real model-server processes (``tests/realparts/modelserver.py``).
+
+The activator runs in the test's loop (its routes fed the EndpointSlice JSON the watch would deliver); the model
+servers are subprocesses; the controller is a tiny aiohttp server that records the activation reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from test_activator_routes import activator_slice, pod_slice
+
+from autoscaler.live.activator.metrics import ActivatorMetrics
+from autoscaler.live.activator.notify import Notifier
+from autoscaler.live.activator.proxy import Activator, new_session
+from autoscaler.live.activator.routes import RouteTable
+
+MODELSERVER = Path(__file__).resolve().parents[1] / "realparts" / "modelserver.py"
+MODEL = {"X-Slotwise-Model": "ns/llm"}
+pytestmark = pytest.mark.asyncio
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_modelserver(tmp: Path, token_ms: float) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    (tmp / f"replicas-{port}").write_text("1")
+    proc = subprocess.Popen(
+        [sys.executable, str(MODELSERVER), "--port", str(port), "--model", "llm", "--rps", "0", "--service-ms",
+         "10", "--replicas-file", str(tmp / f"replicas-{port}"), "--token-ms", str(token_ms)],
+        stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("listening on"), "model server did not start"
+    return proc, port
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    tmp = tmp_path_factory.mktemp("modelservers")
+    procs = [start_modelserver(tmp, token_ms=100.0), start_modelserver(tmp, token_ms=100.0)]
+    yield [p for _, p in procs]
+    for proc, _ in procs:
+        proc.terminate()
+        proc.wait(10)
+
+
+class Controller:
+    """A stand-in controller endpoint: records every POST /v1/activations with its arrival time."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[float, dict[str, Any]]] = []
+
+    async def post(self, request: web.Request) -> web.Response:
+        self.reports.append((time.monotonic(), await request.json()))
+        return web.json_response({"leader": True}, status=202)
+
+
+class Rig:
+    def __init__(self, activator: Activator, url: str, controller: Controller, notifier: Notifier) -> None:
+        self.activator, self.url, self.controller, self.notifier = activator, url, controller, notifier
+        self.table = activator.table
+
+    def front(self, backends: list[int]) -> None:
+        self.table.apply("ADDED", activator_slice("ns", "llm", "llm-deploy"))
+        self.set_backends(backends)
+
+    def set_backends(self, ports: list[int], ready: bool = True) -> None:
+        for i, port in enumerate(ports):
+            r = self.table.apply("ADDED", pod_slice("ns", "llm", [("127.0.0.1", ready)], [("http", port)],
+                                                    name=f"llm-{i}"))
+            assert r is not None
+            self.activator.on_change(r)
+
+
+@pytest_asyncio.fixture
+async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    opts = getattr(request, "param", {})
+    controller = Controller()
+    capp = web.Application()
+    capp.router.add_post("/v1/activations", controller.post)
+    crunner = web.AppRunner(capp, access_log=None)
+    await crunner.setup()
+    cport = free_port()
+    await web.TCPSite(crunner, "127.0.0.1", cport).start()
+    async with new_session() as session:
+        activator = Activator(RouteTable(), ActivatorMetrics(), session, queue_limit=opts.get("limit", 100),
+                              hold_timeout_s=opts.get("timeout", 30.0))
+        notifier = Notifier(session, "activator-0", activator.report, controllers=[f"http://127.0.0.1:{cport}"],
+                            interval_s=opts.get("interval", 1.0))
+        activator.kick = notifier.kick
+        runner = web.ServerRunner(activator.proxy_server())
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        task = asyncio.create_task(notifier.run())
+        try:
+            yield Rig(activator, f"http://127.0.0.1:{port}", controller, notifier)
+        finally:
+            task.cancel()
+            await runner.cleanup()
+            await crunner.cleanup()
+
+
+async def eventually(cond: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+def held(rig: Rig) -> int:
+    q = rig.activator.queues.get("ns/llm")
+    return len(q) if q else 0
+
+
+async def test_plain_pass_through_by_header_and_host(rig: Rig, servers: list[int]) -> None:
+    rig.front([servers[0]])
+    async with aiohttp.ClientSession() as c:
+        async with c.post(rig.url + "/v1/completions?x=1", json={"prompt": "hi", "max_tokens": 2}, headers=MODEL) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("application/json")
+            assert (await r.json())["choices"][0]["text"] == "tok0 tok1"
+        async with c.post(rig.url + "/v1/completions", json={"max_tokens": 1},
+                          headers={"Host": "llm.ns.svc.cluster.local:8012"}) as r:
+            assert r.status == 200
+        async with c.post(rig.url + "/v1/completions", json={}, headers={"Host": "other.ns"}) as r:
+            assert r.status == 404 and "other.ns" in await r.text()
+    forwarded = rig.activator.metrics.forwarded.labels("ns", "llm-deploy")._value.get()
+    assert forwarded == 2
+
+
+async def test_streamed_events_arrive_before_the_server_finishes(rig: Rig, servers: list[int]) -> None:
+    """Tokens every 100 ms: the first event must reach the client long before the 10th is made."""
+    rig.front([servers[0]])
+    async with aiohttp.ClientSession() as c:
+        t0 = time.monotonic()
+        async with c.post(rig.url + "/v1/completions", json={"max_tokens": 10, "stream": True},
+                          headers=MODEL) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+            first = await r.content.readline()
+            t_first = time.monotonic() - t0
+            rest = (await r.read()).decode()
+        t_all = time.monotonic() - t0
+    assert first.startswith(b"data: {") and json.loads(first[6:])["token"] == 0
+    assert rest.rstrip().endswith("data: [DONE]") and rest.count("data: {") == 9
+    assert t_first < 0.6 and t_all >= 1.0, (t_first, t_all)
+
+
+async def test_held_requests_released_oldest_first_when_ready_and_controller_told_at_once(
+        rig: Rig, servers: list[int]) -> None:
+    rig.front([])
+    order: list[int] = []
+    async with aiohttp.ClientSession() as c:
+        async def one(i: int) -> int:
+            async with c.post(rig.url + "/v1/completions", json={"max_tokens": 0}, headers=MODEL) as r:
+                await r.read()
+                order.append(i)
+                return r.status
+
+        t0 = time.monotonic()
+        first = asyncio.create_task(one(0))
+        await eventually(lambda: rig.controller.reports, "no activation report")
+        t_report = rig.controller.reports[0][0] - t0
+        report = rig.controller.reports[0][1]
+        assert report["activator"] == "activator-0"
+        assert report["models"] == [{"namespace": "ns", "service": "llm", "model": "llm-deploy", "held": 1,
+                                     "oldest_wait_s": report["models"][0]["oldest_wait_s"]}]
+        assert t_report < 0.5, f"first report {t_report:.2f} s after the first held request: not at once"
+        tasks = [first] + [asyncio.create_task(one(i)) for i in range(1, 5)]
+        await eventually(lambda: held(rig) == 5, "not all held")
+        assert rig.activator.metrics.held.labels("ns", "llm-deploy")._value.get() == 5
+        await asyncio.sleep(1.2)  # reports keep coming every second while requests are held
+        assert any(m["held"] == 5 for _, rep in rig.controller.reports for m in rep["models"])
+        rig.set_backends([servers[1]])
+        assert await asyncio.gather(*tasks) == [200] * 5
+    assert held(rig) == 0
+
+
+async def test_release_forwards_in_arrival_order(rig: Rig, servers: list[int]) -> None:
+    """Released requests reach the backend oldest first: their streams start in arrival order."""
+    rig.front([])
+    async with aiohttp.ClientSession() as c:
+        async def one() -> float:
+            async with c.post(rig.url + "/v1/completions", json={"max_tokens": 1, "stream": True},
+                              headers=MODEL) as r:
+                line = await r.content.readline()
+                return json.loads(line[6:])["t"]
+
+        tasks = []
+        for n in range(1, 5):
+            tasks.append(asyncio.create_task(one()))
+            await eventually(lambda n=n: held(rig) == n, "not held")
+        rig.set_backends([servers[0]])
+        stamps = await asyncio.gather(*tasks)
+    assert stamps == sorted(stamps)
+
+
+@pytest.mark.parametrize("rig", [{"limit": 2}], indirect=True)
+async def test_queue_full_503_with_retry_after(rig: Rig, servers: list[int]) -> None:
+    rig.front([])
+    async with aiohttp.ClientSession() as c:
+        waiting = [asyncio.create_task(c.post(rig.url + "/", headers=MODEL)) for _ in range(2)]
+        await eventually(lambda: held(rig) == 2, "not held")
+        async with c.post(rig.url + "/", headers=MODEL) as r:
+            assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+        assert rig.activator.metrics.queue_full._value.get() == 1
+        for w in waiting:
+            w.cancel()
+
+
+@pytest.mark.parametrize("rig", [{"timeout": 0.5}], indirect=True)
+async def test_hold_timeout_504(rig: Rig, servers: list[int]) -> None:
+    rig.front([])
+    async with aiohttp.ClientSession() as c:
+        t0 = time.monotonic()
+        async with c.post(rig.url + "/v1/completions", headers=MODEL) as r:
+            assert r.status == 504
+        assert 0.4 < time.monotonic() - t0 < 3
+    assert held(rig) == 0 and rig.activator.metrics.timeouts._value.get() == 1
+
+
+async def test_disconnecting_client_leaves_no_queue_entry(rig: Rig, servers: list[int]) -> None:
+    rig.front([])
+    async with aiohttp.ClientSession() as c:
+        gone = asyncio.create_task(c.post(rig.url + "/", headers=MODEL))
+        await eventually(lambda: held(rig) == 1, "not held")
+        gone.cancel()  # the client closes its connection
+    await eventually(lambda: held(rig) == 0, "the abandoned request is still queued")
+    assert rig.activator.metrics.held.labels("ns", "llm-deploy")._value.get() == 0
+
+
+async def test_refused_backend_retried_on_another_else_502(rig: Rig, servers: list[int]) -> None:
+    dead = free_port()
+    rig.front([dead, servers[0]])
+    async with aiohttp.ClientSession() as c:
+        for _ in range(4):  # round robin hits the dead one every other time; each is retried on the live one
+            async with c.post(rig.url + "/v1/completions", json={"max_tokens": 1}, headers=MODEL) as r:
+                assert r.status == 200
+        rig.table.apply("DELETED", pod_slice("ns", "llm", [], [("http", servers[0])], name="llm-1"))
+        async with c.post(rig.url + "/v1/completions", json={"max_tokens": 1}, headers=MODEL) as r:
+            assert r.status == 502
