@@ -28,6 +28,7 @@ HYBRID_MIN_CV = 2.0
 HYBRID_MIN_IDLE = 10  # fewer idle times than this: not representative (the paper leaves the number open)
 OUT_OF_RANGE = 0.5  # more than this share of idle times beyond the range: "mostly out of range"
 
+PRIOR_REFRESH = 50
 LEARNED_MIN_WEIGHT = 3.0  # own + prior idle-time weight below which learned falls back to fixed
 
 
@@ -111,9 +112,11 @@ def learned_bins(idle: IdleTimes, worth_s: float, prior: IdleTimes | None = None
     at ``worth_s`` replica-seconds per avoided cold-started request are exactly those with hazard h_k = p_k / S_k
     and h_k x head x worth_s >= bin width: a fractional knapsack, optimal for that exchange rate (any other warm set
     with as few expected cold-started requests costs at least as many warm replica-seconds). Cached per
-    ``idle.version`` (and the prior's) and ``worth_s``."""
+    ``idle.version`` (and the prior's count, in steps of ``PRIOR_REFRESH``) and ``worth_s``."""
     cache = _cache(idle)
-    key = (worth_s, None if prior is None else prior.version, prior_weight)
+    # (the prior moves with every idle time of any model: a model's blend is refreshed every PRIOR_REFRESH of them,
+    # not every tick -- one fleet idle time barely moves a pooled distribution)
+    key = (worth_s, None if prior is None else prior.n_idle // PRIOR_REFRESH, prior_weight)
     hit = cache.get("learned")
     if hit is not None and hit[0] == key:
         return hit[1]
