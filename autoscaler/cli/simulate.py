@@ -34,7 +34,7 @@ from autoscaler.sim.harness import (
     shipped_scenarios,
 )
 from autoscaler.sim.run import SimConfig
-from autoscaler.sim.scorecard import COLUMNS, EPS, LABELS, LENDING_COLUMNS
+from autoscaler.sim.scorecard import COLUMNS, EPS, LABELS, LENDING_COLUMNS, ZERO_COLUMNS
 from autoscaler.sim.training import BUNDLED, DEFAULT_CHECKPOINT_EVERY_S, DEFAULT_GRACE_S, load_training
 from autoscaler.sim.workload import build_workload
 from forecasting.traces import resolve_trace
@@ -72,6 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the first HOURS of the trace are the controller's history (its forecaster is "
                         "warm-started from them, as from Prometheus in a cluster); only the rest is simulated")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cold-start-slo", choices=("count", "exempt"), default="count",
+                   help="requests that arrived while their model had no routable replica (cold-started): judged "
+                        "against the SLO like any other (count, the default) or left out of the SLO accounting "
+                        "(exempt, as some platforms do)")
     p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of load, replicas and latency vs SLO here")
     p.add_argument("--out", default=None,
@@ -174,6 +178,8 @@ def table_rows(cards: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
     """``(label, field, cells)`` per printed row, the headline first: the label says what the number is, the field
     is its name in the JSON (``--json``) and in ``slotwise report``."""
     keys = COLUMNS + (LENDING_COLUMNS if any(c.get("lending") is not None for c in cards) else ())
+    if any(c.get("cold_started_requests") or c.get("cold_start_slo") == "exempt" for c in cards):
+        keys += ZERO_COLUMNS
     return [(LABELS.get(k, k), k, [_money(c.get(k)) if k.endswith("_usd") else _fmt(c.get(k)) for c in cards])
             for k in keys]
 
@@ -315,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(s, SpecError):
             print(f"slotwise: model {name} left unmanaged: {s}", file=sys.stderr)
     workload = build_workload(trace, specs, history_s=args.history_hours * 3600.0)
-    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, **lending)
+    cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, cold_start_slo=args.cold_start_slo,
+                    **lending)
     nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, cfg.tick_s)
     results, cards = run_policies(workload, nodes, names, cfg)
     gpus = sum(n.gpu_count for n in nodes)

@@ -172,10 +172,13 @@ def lower_bound_lines(cards: Sequence[Card]) -> list[str]:
     me = next((c for c in cards if c["policy"] == SUBJECT), cards[0])
     out = []
     bound = me.get("lower_bound_gpu_hours")
+    exempt = me.get("cold_start_slo") == "exempt"
     if bound is not None:
         line = f"lower bound (clairvoyant, with cold start): {gpu_hours(float(bound))} GPU-h"
         vs = me.get("gpu_hours_vs_lower_bound")
-        if vs is not None:
+        if exempt:  # the bound judges cold-started requests; with them exempt it bounds nothing (scorecard.md)
+            line += "; not comparable: cold-started requests are exempt from the SLO here, the bound counts them"
+        elif vs is not None:
             line += f"; {me['policy']} at {float(vs):.2f}x"
         out.append(line)
     unattainable = int(me.get("unattainable_requests") or 0)
@@ -184,6 +187,18 @@ def lower_bound_lines(cards: Sequence[Card]) -> list[str]:
         out.append(f"{unattainable:,} requests ({change_pct(share)}) are in model-minutes no schedule can meet; "
                    f"'(attainable)' is the SLO attainment over the others")
     return out
+
+
+def cold_start_lines(cards: Sequence[Card]) -> list[str]:
+    """Scale to and from zero (issue 18): how cold-started requests were judged, where there are any or they are
+    exempt, and each policy's count and warm idle GPU-hours."""
+    if not any(c.get("cold_started_requests") or c.get("cold_start_slo") == "exempt" for c in cards):
+        return []
+    how = ("EXEMPT from the SLO accounting (left out of SLO attainment and violating requests)"
+           if any(c.get("cold_start_slo") == "exempt" for c in cards) else "counted against the SLO like any other")
+    per = "; ".join(f"{c['policy']} {int(c.get('cold_started_requests') or 0):,} (warm idle "
+                    f"{gpu_hours(float(c.get('warm_idle_gpu_hours') or 0.0))} GPU-h)" for c in _ordered(cards))
+    return [f"cold-started requests (arrived with no routable replica), {how}: {per}"]
 
 
 def defaults_line(cards: Sequence[Card]) -> str | None:
@@ -211,11 +226,14 @@ def headline(cards: Sequence[Card]) -> list[str]:
         return []
     hours = cards[0].get("cost", {}).get("hours")
     scored = f"; {float(hours):.2g} h scored" if hours and hours < 10 else f"; {hours:.0f} h scored" if hours else ""
+    if any(c.get("cold_start_slo") == "exempt" for c in cards):
+        scored += "; cold-started requests exempt"
     lines = [f"GPU-hours each policy needs at its SLO (objective: >= {SLO_OBJECTIVE:.1%} of requests in "
              f"SLO-meeting model-minutes{scored})"]
     lines += policy_lines(cards)
     lines.append(at_slo_line(cards))
     lines += lower_bound_lines(cards)
+    lines += cold_start_lines(cards)
     d = defaults_line(cards)
     if d is not None:
         lines.append(d)

@@ -53,6 +53,7 @@ from autoscaler.api.plan import (
     RemoveReplica,
     ScaleModel,
     SetMigLayout,
+    SetRouting,
     SetSlotTemplate,
     SetTimeSlicing,
     Shortfall,
@@ -143,6 +144,14 @@ class SimCluster:
         self._gpu_per_server: np.ndarray | None = None
         self.scale_events = 0
         self.reasons: dict[str, int] = {}
+        # The simulated activator (issue 18) fronts every model whose spec has min_replicas 0: via_activator False
+        # (they start with replicas, traffic straight to them) until a SetRouting says otherwise; None for the others.
+        # The engines hold a model's requests while it has no routable replica whatever routing says (the activator
+        # is always there): SetRouting is counted (``routing_actions``, per model) and shown back, nothing more.
+        self.via_activator: list[bool | None] = [
+            False if isinstance(s, ModelSpec) and s.min_replicas == 0 else None
+            for s in (specs[m] for m in self.models)]
+        self.routing_actions: dict[str, int] = {}
         self._obs: list[ModelObservation | None] = [None] * len(self.models)
         self.routable = np.zeros(len(self.models), dtype=int)
         # Routable capacity in reference-speed replicas (module docstring), and how many routable replicas are not at
@@ -223,7 +232,7 @@ class SimCluster:
         )
         if isinstance(spec, SpecError):
             return ModelObservation(name, None, int(self.desired[i]), reps, spec_error=spec)
-        return ModelObservation(name, spec, int(self.desired[i]), reps)
+        return ModelObservation(name, spec, int(self.desired[i]), reps, via_activator=self.via_activator[i])
 
     # -- Actuator ------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
@@ -308,6 +317,12 @@ class SimCluster:
                     self.mig_layouts[a.node] = dict(a.layouts)
                 case SetTimeSlicing():
                     self.time_slicing = dict(a.replicas)
+                case SetRouting() if a.model in self.index:
+                    i = self.index[a.model]
+                    self.routing_actions[a.model] = self.routing_actions.get(a.model, 0) + 1
+                    if self.via_activator[i] is not None:  # nobody fronts the others: nothing to switch
+                        self.via_activator[i] = a.via_activator
+                        touched.add(i)
         # The core re-states a model's status whenever its reason changes, with the Shortfall in the same plan while
         # it is short: a status update without one means the shortfall is over.
         for i in restated - short:

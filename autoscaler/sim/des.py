@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
-from autoscaler.sim.queueing import DEFAULT_REQUEST_TIMEOUT_S, RoutableSpeeds, TickStats, Workload
+from autoscaler.sim.queueing import DEFAULT_REQUEST_TIMEOUT_S, ColdWaits, RoutableSpeeds, TickStats, Workload
 
 
 class DesEngine:
@@ -52,6 +53,8 @@ class DesEngine:
         self._capacity = np.zeros(self._m)  # per model, the capacity last matched (to notice a change of speeds)
         self._off_speed = [False] * self._m  # per model: some replica not at speed 1
         self._waiting: list[list[int]] = [[] for _ in range(self._m)]  # request ids with no replica yet
+        self._cold: list[int] = []  # cold-started request ids (issue 18), in arrival order
+        self._cold_at: dict[int, float] = {}  # cold-started request id -> when it was dispatched
         self._slo = workload.slo_s
         self._pct = workload.percentile
         # Per-request records grow as requests are generated (rate series) or are preallocated (logs).
@@ -156,6 +159,7 @@ class DesEngine:
             self._generate(t0, t1)
         n_new = np.asarray(routable, dtype=np.int64)
         settled: list[int] = []
+        cold_settled: list[int] = []
         for m in range(self._m):
             reps = self._servers[m]
             want = int(n_new[m])
@@ -181,8 +185,11 @@ class DesEngine:
                 for i in self._waiting[m]:
                     self._dispatch(i, m, t0)
                     settled.append(i)
+                    cold_settled.append(i)
+                    self._cold_at[i] = t0
                 self._waiting[m].clear()
 
+        n_cold = len(self._cold)
         i0 = self._next
         i1 = int(np.searchsorted(self._t, t1, side="left"))
         self._next = i1
@@ -195,10 +202,34 @@ class DesEngine:
                 reps = servers[m]
                 if not reps:
                     self._waiting[m].append(i)
+                    self._cold.append(i)
                     continue
                 self._dispatch(i, m, float(t_arr[i]), int(u[j] * len(reps)))
                 settled.append(i)
-        return self._stats(t0, t1, i0, i1, np.asarray(settled, dtype=np.int64))
+        stats = self._stats(t0, t1, i0, i1, np.asarray(settled, dtype=np.int64))
+        cold = np.asarray(cold_settled, dtype=np.int64)
+        lat_c, mi_c = self._latency[cold], self._mi[cold]
+        ok = (lat_c <= self._slo[mi_c] + 1e-9) & self._itl_ok[cold]
+        ok_to = lat_c + self._tail[cold] / self._req_speed[cold] <= self.request_timeout_s + 1e-9
+        new_cold = np.asarray(self._cold[n_cold:], dtype=np.int64)
+        return replace(
+            stats,
+            cold_arrivals=np.bincount(self._mi[new_cold], minlength=self._m).astype(np.float64),
+            cold_within=np.bincount(mi_c[ok], minlength=self._m).astype(np.float64),
+            cold_within_timeout=np.bincount(mi_c[ok_to], minlength=self._m).astype(np.float64),
+            held=np.array([float(len(w)) for w in self._waiting]),
+        )
+
+    def cold_waits(self, now: float) -> ColdWaits:
+        """The cold-started requests so far (:class:`autoscaler.sim.queueing.ColdWaits`), one entry per request."""
+        ids = np.asarray(self._cold, dtype=np.int64)
+        at = np.array([self._cold_at.get(int(i), np.nan) for i in ids], dtype=np.float64)
+        done = np.isfinite(at)
+        t = self._t[ids]
+        # the wait for a replica: until dispatch (the tick boundary it met one at), or until now while held
+        dispatch = np.where(done, at, now)
+        return ColdWaits(model_index=self._mi[ids], t=t, wait_s=dispatch - t, weight=np.ones(len(ids)),
+                         dispatched=done)
 
     def _dispatch(self, i: int, m: int, now: float, rep: int | None = None) -> None:
         """Request ``i`` of model ``m`` goes to replica ``rep`` (None: a uniformly random one)."""

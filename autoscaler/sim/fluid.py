@@ -1,6 +1,11 @@
 """The fluid queueing engine of the simulator (:class:`FluidEngine`): per-tick M/G/c steady state plus a fluid
 backlog for overload, vectorised over models (the interface, the workload and the outcome accounting it shares
-with the DES: :mod:`autoscaler.sim.queueing`)."""
+with the DES: :mod:`autoscaler.sim.queueing`). One module: the cohorts, the burst backlog, the held queue and the
+wait sketch are one state that every tick moves together (splitting them would pass it all between modules).
+
+Cold-started requests (issue 18): arrivals while a model has no routable replica join its held queue as one cohort
+per tick (expected count, mean arrival time: the tick's middle on rate series); when a replica becomes routable they
+are dispatched at that tick's start, each cohort's wait being that start less its mean arrival time."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from scipy import special
 from autoscaler.estimation.capacity import wait_params, within_prob
 from autoscaler.sim.queueing import (
     DEFAULT_REQUEST_TIMEOUT_S,
+    ColdWaits,
     RoutableSpeeds,
     TickStats,
     Workload,
@@ -214,6 +220,10 @@ class FluidEngine:
         self._x = np.zeros(2 * self._m)  # per-replica mean number in system, per cohort
         self._excess = np.zeros(2 * self._m)  # request-level fluid backlog per replica (see _burst_delay)
         self._held = np.zeros(self._m)  # requests waiting for a replica (the model has none)
+        # Cold-started requests (issue 18): per model the held cohorts (mean arrival time, expected count), and
+        # those dispatched: (model, mean arrival time, wait for a replica, count).
+        self._held_log: list[list[tuple[float, float]]] = [[] for _ in range(self._m)]
+        self._cold_done: list[tuple[int, float, float, float]] = []
         self._draining = np.zeros(self._m)  # requests on removed replicas, not finished yet
         self._lat_q = np.array([np.percentile(w.latency_pts[m], w.percentile[m]) for m in range(self._m)])
         self._decode_bound = bool(w.decode_bound.any())
@@ -397,6 +407,9 @@ class FluidEngine:
                 inv_s = np.where(has & (cap > 0), n_safe / np.where(cap > 0, cap, 1.0), 1.0)
                 self._speeds_seen = True
         if not np.array_equal(n, self._n_a + self._n_b):
+            for i in np.flatnonzero((self._n_a + self._n_b == 0) & (n > 0)):  # held requests dispatched at t0
+                self._cold_done.extend((int(i), t, t0 - t, c) for t, c in self._held_log[i])
+                self._held_log[i].clear()
             self._rescale(n)
         # Only while some model has a young cohort do we pay for two (the common steady state has one).
         k = 2 if self._n_b.any() else 1
@@ -459,6 +472,10 @@ class FluidEngine:
         self._x[:km] = x
         held0 = self._held
         self._held = np.where(has, 0.0, held0 + arrivals)  # no replica: everybody waits
+        cold = np.where(has, 0.0, arrivals)
+        for i in np.flatnonzero(cold > 0):  # their mean arrival time (rate series: the tick's middle)
+            t_mean = t0 + 0.5 * dt if self._cum is not None else float(self._t[i0:i1][mi == i].mean())
+            self._held_log[i].append((t_mean, float(cold[i])))
         in_after = fold(x * n_c) + self._held
         in_flight = np.where(has, fold(x_mean * n_c), held0 + 0.5 * arrivals)
         # Requests left on removed replicas (as the DES counts them): each finishes at rate 1/mean_s once
@@ -567,7 +584,21 @@ class FluidEngine:
             latency_at_slo_pct=lat_pct,
             within_timeout=within_to,
             busy=busy,
+            cold_arrivals=cold,
+            cold_within=np.zeros(m),  # settled late in their arrival tick (module docstring)
+            cold_within_timeout=np.zeros(m),
+            held=self._held.copy(),
         )
+
+    def cold_waits(self, now: float) -> ColdWaits:
+        """The cold-started requests so far (:class:`autoscaler.sim.queueing.ColdWaits`), one entry per model and
+        arrival tick, weighted by its expected count."""
+        rows = [(i, t, w, c, True) for i, t, w, c in self._cold_done]
+        rows += [(i, t, now - t, c, False) for i, log in enumerate(self._held_log) for t, c in log]
+        cols = list(zip(*rows, strict=True)) if rows else [(), (), (), (), ()]
+        return ColdWaits(model_index=np.asarray(cols[0], dtype=np.int64), t=np.asarray(cols[1], dtype=np.float64),
+                         wait_s=np.asarray(cols[2], dtype=np.float64), weight=np.asarray(cols[3], dtype=np.float64),
+                         dispatched=np.asarray(cols[4], dtype=bool))
 
     def latency_quantile(self, q: float | np.ndarray) -> np.ndarray:
         """Per model, the q-quantile of latency over the run so far, from the wait sketch (NaN: no requests); ``q``

@@ -25,6 +25,7 @@ class SimMetrics:
         self._in_flight = np.zeros((m, size))
         self._within = np.zeros((m, size))
         self._latency = np.full(m, np.nan)
+        self._held = np.zeros(m)  # requests held by the engine (no routable replica), newest tick (issue 18)
         self._kv = np.full(m, np.nan)  # KV-cache use per model (a fraction), newest tick; NaN: not simulated
         self._filled = 0
         self.warmup = warmup  # samples needed before the data counts (a fresh scrape is not a window)
@@ -34,11 +35,12 @@ class SimMetrics:
 
     def push(
         self, rate: np.ndarray, in_flight: np.ndarray, latency: np.ndarray, within_rate: np.ndarray | None = None,
-        kv_cache: np.ndarray | None = None,
+        kv_cache: np.ndarray | None = None, held: np.ndarray | None = None,
     ) -> None:
         """One tick's samples; ``within_rate``: requests/s settled within the SLO (default: all of them);
         ``kv_cache``: each model's KV-cache use as a fraction (default: not simulated, NaN -- the KV rail then has
-        no effect, as on a live engine without the gauge)."""
+        no effect, as on a live engine without the gauge); ``held``: the engine's held queue at the tick's end (requests
+        waiting for a model at zero: ``ModelMetrics.held_requests``; default none)."""
         self._rate[:, :-1] = self._rate[:, 1:]
         self._rate[:, -1] = rate
         self._in_flight[:, :-1] = self._in_flight[:, 1:]
@@ -48,6 +50,7 @@ class SimMetrics:
         self._latency = latency
         if kv_cache is not None:
             self._kv = kv_cache
+        self._held = np.zeros(len(self.models)) if held is None else np.asarray(held, dtype=np.float64)
         self._filled = min(self._filled + 1, self.size)
 
     def window(self, now: float) -> MetricsWindow:
@@ -64,6 +67,7 @@ class SimMetrics:
         kv = np.asarray(self._kv, dtype=np.float64).tolist()
         young = n < self.warmup  # too little data is "no data", not "zero load": policies hold until it arrives
         stale = self.stale.tolist()
+        held = self._held.tolist()
         models = {
             name: ModelMetrics(
                 rate=rows[i][0],
@@ -73,6 +77,7 @@ class SimMetrics:
                 stale=stale[i] or young,
                 future_rate=None if fut is None else fut[i],
                 kv_cache_usage=kv[i],
+                held_requests=held[i],
             )
             for i, name in enumerate(self.models)
         }

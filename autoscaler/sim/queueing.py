@@ -45,6 +45,14 @@ DES fixes ``b`` when the request starts (later arrivals do not slow it, earlier 
 the batch an arrival finds is the time-average one); the fluid engine runs the mean-field batch of its state. Models
 with neither (``Workload.decode_bound`` false) are served exactly as before.
 
+Cold-started requests (issue 18): a request that arrives while its model has no routable replica is *cold-started*
+(``TickStats.cold_arrivals``, in its arrival tick); it waits in the model's held queue (``TickStats.held``) until a
+replica is routable and is then dispatched, its wait for a replica being dispatch - arrival; ``cold_waits(now)``
+lists them all (the engine's simulated activator: it fronts every model and holds whatever arrives at zero,
+whether or not the controller switched routing). The fluid engine settles them late in their arrival tick (so
+``cold_within`` is 0), the DES when dispatched (``cold_within`` / ``cold_within_timeout``: the part of that tick's
+``within_slo`` / ``within_timeout`` that was cold-started).
+
 Busy (``TickStats.busy``): mean busy servers over the tick, per model -- the DES's exact busy server time / dt
 (replicas draining included); the fluid engine's utilisation of its state ``rho(x)`` x servers (the offered load /
 capacity, capped at 1, in steady state; after a surge the carried backlog keeps it at 1 until it is served).
@@ -79,6 +87,24 @@ class TickStats:
     latency_at_slo_pct: np.ndarray  # latency (s) at the model's SLO percentile, this tick; NaN if none
     within_timeout: np.ndarray  # requests settled this tick that complete within the request timeout
     busy: np.ndarray  # mean busy servers over the tick (module docstring)
+    # Cold-started requests (issue 18; module docstring), None from an engine that does not count them:
+    cold_arrivals: np.ndarray | None = None  # arrivals this tick that found no routable replica (held)
+    cold_within: np.ndarray | None = None  # of within_slo, the cold-started requests
+    cold_within_timeout: np.ndarray | None = None  # of within_timeout, the cold-started requests
+    held: np.ndarray | None = None  # requests held (no routable replica) at the end of the tick
+
+
+@dataclass(frozen=True)
+class ColdWaits:
+    """Every cold-started request so far (fluid: one entry per model and tick of arrival, weighted by its expected
+    count): its model, arrival time, wait for a replica (arrival -> dispatch; still held: -> ``now``), weight, and
+    whether it met a replica yet."""
+
+    model_index: np.ndarray
+    t: np.ndarray
+    wait_s: np.ndarray
+    weight: np.ndarray
+    dispatched: np.ndarray
 
 
 class RoutableSpeeds(Protocol):
@@ -101,6 +127,10 @@ class QueueEngine(Protocol):
 
     def set_request_timeout(self, timeout_s: float) -> None:
         """The client timeout ``within_timeout`` counts against (before the first step)."""
+        ...
+
+    def cold_waits(self, now: float) -> ColdWaits:
+        """Every cold-started request so far (module docstring); still held ones have waited until ``now``."""
         ...
 
     def latency_quantile(self, q: float | np.ndarray) -> np.ndarray:

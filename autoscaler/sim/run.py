@@ -43,6 +43,7 @@ from autoscaler.sim.cluster import SHORTFALL_CAUSES, SimCluster
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.lending import LendingStats
 from autoscaler.sim.metrics import SimMetrics
+from autoscaler.sim.queueing import ColdWaits
 from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
 from autoscaler.sim.workload import SimWorkload, served_as
 from sharing.lending import LendingPolicy
@@ -50,6 +51,11 @@ from sharing.packer import Packer, allocate_group, place_group
 from sharing.slots import NodeSpec, Slot
 
 Progress = Callable[[float], None]  # called with the fraction done
+COLD_START_SLO = ("count", "exempt")  # SimConfig.cold_start_slo
+# A model "serves nothing" in a tick (warm idle, issue 18) when nothing arrives and fewer than this many requests are
+# in flight or held: the fluid engine's state decays towards 0 without reaching it.
+IDLE_IN_FLIGHT = 1e-2
+EPS_ARRIVALS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,13 @@ class SimConfig:
     arbitration: ArbitrationPolicy | None = None
     # A request not completed within this many seconds (wait + service) failed, for the success rate.
     request_timeout_s: float = 60.0
+    # How cold-started requests (issue 18: arrived while their model had no routable replica) are judged: "count"
+    # (against the SLO like any other) or "exempt" (left out of the SLO accounting, as some platforms do).
+    cold_start_slo: str = "count"
+
+    def __post_init__(self) -> None:
+        if self.cold_start_slo not in COLD_START_SLO:
+            raise ValueError(f"cold_start_slo {self.cold_start_slo!r}: one of {', '.join(COLD_START_SLO)}")
 
 
 @dataclass
@@ -190,6 +203,14 @@ class SimResult:
     preemptions: list[dict[str, object]] = field(default_factory=list)  # at_s, model, team, replica, by_model,
     # reason, message: one per replica preempted
     unreasoned: int = 0  # Shortfalls without a cause or words + preemptions without a reason or message
+    # Scale to and from zero (issue 18), scored period only; None in results built without them.
+    cold_start_slo: str = "count"  # SimConfig.cold_start_slo
+    minute_cold: np.ndarray | None = None  # (M, n_minutes) cold-started arrivals (no routable replica on arrival)
+    minute_cold_within: np.ndarray | None = None  # (M, n_minutes) of minute_within, the cold-started requests
+    minute_cold_success: np.ndarray | None = None  # (M, n_minutes) of minute_success, the cold-started requests
+    cold_waits: ColdWaits | None = None  # the cold-started requests that arrived in the scored period, and their waits
+    model_warm_idle_gpu_seconds: np.ndarray | None = None  # (M,) GPU-equivalent seconds held while serving nothing
+    routing_actions: dict[str, int] = field(default_factory=dict)  # model -> SetRouting actions applied (whole run)
 
 
 def _warm_start(
@@ -313,6 +334,10 @@ def simulate(
     desired = np.zeros(shape)
     latency = np.full(shape, np.nan)
     success = np.zeros(shape)
+    cold = np.zeros(shape)
+    cold_within = np.zeros(shape)
+    cold_success = np.zeros(shape)
+    warm_idle_s = np.zeros(m)
     held_s = np.zeros(shape)  # summed per tick, x dt at the end
     busy_s = np.zeros(shape)
     short_s = np.zeros((m, len(SHORTFALL_CAUSES)))  # replica-seconds short per model and cause
@@ -354,7 +379,8 @@ def simulate(
             stats = engine.step(now, dt, routable)
         else:  # slot speeds (issue 15): only while some routable replica is not at speed 1
             stats = engine.step(now, dt, routable, cluster)
-        metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt)
+        metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt,
+                     held=stats.held)
         if k < first_scored:
             continue
         for why in plan.decisions.values():  # every decision, also those that leave the count as it is
@@ -364,6 +390,13 @@ def simulate(
         arrivals[:, j] += stats.arrivals
         within[:, j] += stats.within_slo
         success[:, j] += stats.within_timeout
+        if stats.cold_arrivals is not None:
+            cold[:, j] += stats.cold_arrivals
+            cold_within[:, j] += stats.cold_within if stats.cold_within is not None else 0.0
+            cold_success[:, j] += stats.cold_within_timeout if stats.cold_within_timeout is not None else 0.0
+        busy_now = stats.in_flight + (stats.held if stats.held is not None else 0.0)
+        idle = (stats.arrivals <= EPS_ARRIVALS) & (busy_now < IDLE_IN_FLIGHT)
+        warm_idle_s += np.where(idle, cluster.held_by_model, 0.0) * dt
         held_s[:, j] += cluster.held_by_model  # kept by the cluster as slots are taken and released
         busy_s[:, j] += cluster.busy_gpus(stats.busy)
         replicas[:, j] += routable
@@ -388,6 +421,13 @@ def simulate(
             progress(k / n_ticks)
     if queue is not None:
         cluster.finish(n_ticks * dt)
+    waits = getattr(engine, "cold_waits", None)
+    cold_waits = None
+    if waits is not None:
+        w = waits(n_ticks * dt)
+        keep = w.t >= burn_in - 1e-9
+        cold_waits = ColdWaits(model_index=w.model_index[keep], t=w.t[keep], wait_s=w.wait_s[keep],
+                               weight=w.weight[keep], dispatched=w.dispatched[keep])
     if progress is not None:
         progress(1.0)
     ticks_in_min[ticks_in_min == 0] = 1
@@ -439,4 +479,11 @@ def simulate(
         refusals_within_guarantee={x: float(refused_s[i]) / 60.0 for i, x in enumerate(models) if refused_s[i] > 0},
         preemptions=list(cluster.preemptions),
         unreasoned=cluster.unreasoned,
+        cold_start_slo=cfg.cold_start_slo,
+        minute_cold=cold,
+        minute_cold_within=cold_within,
+        minute_cold_success=cold_success,
+        cold_waits=cold_waits,
+        model_warm_idle_gpu_seconds=warm_idle_s,
+        routing_actions=dict(cluster.routing_actions),
     )

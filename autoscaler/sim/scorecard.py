@@ -26,6 +26,20 @@ model-minutes the bound could meet: ``unattainable_requests`` = requests in the 
 = requests in SLO-meeting attainable minutes / requests in attainable minutes (= slo_attainment when every minute
 is attainable; 1.0 when none is).
 
+**Scale to and from zero** (issue 18; :func:`cold_start_card`, overall and per model). A request is *cold-started*
+when it arrives while its model has no routable replica (the engines hold it until one is: the simulated activator).
+``cold_start_slo``: ``"count"`` (cold-started requests judged against the SLO like any other) or ``"exempt"`` (left
+out of slo_attainment, violating_requests, slo_minutes_met, requests_within_latency and late_requests, numerator and
+denominator; ``requests`` and ``success_rate`` still cover every request); ``slo_judged_requests``: the requests the
+SLO accounting judged (requests, less the cold-started under exempt); ``cold_started_requests`` (whole, rounded once
+per model); ``cold_start_wait_mean_s`` / ``cold_start_wait_p95_s``: their wait for a replica (arrival -> dispatch),
+mean and empirical p95 over those that met one (fluid: weighted by expected counts), None when none did;
+``cold_start_timeouts``: those whose wait went past ``request_timeout_s`` (still held at the end past it included);
+``warm_idle_gpu_hours``: GPU-equivalent hours of replicas held in ticks where their model had nothing arriving, in
+flight or held (Shahrad et al.'s wasted memory time; not ``idle_gpu_hours``, the free GPUs beside replicas);
+``lower_bound_comparable``: false without a bound and under exempt (the bound judges cold-started requests, so a
+policy exempting them can come out below it: ``gpu_hours_vs_lower_bound`` is None then).
+
 **Latency.** Per model, ``latency_at_slo_percentile_s``: the latency (queue wait + service) at the model's own
 declared percentile over the run, the serving engine's quantile (``SimResult.latency_at_slo_percentile_s``, from
 ``engine.latency_quantile`` at each model's percentile; the whole run, burn-in included). A SimResult built without
@@ -141,6 +155,16 @@ LENDING_COLUMNS = (
     "training_goodput_gpu_hours",
     "training_lost_gpu_hours",
 )
+# Scale to and from zero (issue 18): shown in the table only when some request was cold-started or cold-started
+# requests are exempt; always in the JSON.
+ZERO_COLUMNS = (
+    "cold_start_slo",
+    "cold_started_requests",
+    "cold_start_wait_mean_s",
+    "cold_start_wait_p95_s",
+    "cold_start_timeouts",
+    "warm_idle_gpu_hours",
+)
 # What each printed number is (the table's first column; the field name is printed next to it). Only the headline's
 # label says "SLO attainment".
 LABELS: dict[str, str] = {
@@ -173,6 +197,12 @@ LABELS: dict[str, str] = {
     "reclaims_late": "reclaims late",
     "training_goodput_gpu_hours": "training goodput GPU-hours",
     "training_lost_gpu_hours": "training GPU-hours lost to preemption",
+    "cold_start_slo": "cold-started requests in the SLO accounting (count / exempt)",
+    "cold_started_requests": "cold-started requests (arrived with no routable replica)",
+    "cold_start_wait_mean_s": "cold-started requests' wait for a replica, mean (s)",
+    "cold_start_wait_p95_s": "cold-started requests' wait for a replica, p95 (s)",
+    "cold_start_timeouts": "cold-started requests that waited past the request timeout",
+    "warm_idle_gpu_hours": "warm idle GPU-hours (replicas held, model serving nothing)",
 }
 
 
@@ -189,6 +219,12 @@ class Counts:
     successful: np.ndarray  # completed within the request timeout
     minutes: np.ndarray  # model-minutes with requests
     minutes_met: np.ndarray  # ... that met the SLO
+    cold_started: np.ndarray | None = None  # cold-started requests (issue 18), a part of requests + exempt
+    exempt: np.ndarray | None = None  # cold-started requests left out of the SLO accounting (cold_start_slo "exempt")
+
+    def all_requests(self, sel: np.ndarray | slice = slice(None)) -> int:
+        """Every request of the models ``sel``, those the SLO accounting left out (``exempt``) included."""
+        return int(self.requests[sel].sum()) + (0 if self.exempt is None else int(self.exempt[sel].sum()))
 
     def ratios(self, sel: np.ndarray | slice = slice(None)) -> dict[str, float]:
         """The ratios over the models ``sel`` (an index array or a slice) together."""
@@ -200,7 +236,7 @@ class Counts:
             "slo_attainment_attainable": _share(att - int(self.violating_attainable[sel].sum()), att),
             "slo_minutes_met": _share(int(self.minutes_met[sel].sum()), mins),
             "requests_within_latency": _share(n - int(self.late[sel].sum()), n),
-            "success_rate": _share(int(self.successful[sel].sum()), n),
+            "success_rate": _share(int(self.successful[sel].sum()), self.all_requests(sel)),
         }
 
 
@@ -219,6 +255,17 @@ def model_counts(result: SimResult, attainable: np.ndarray | None = None) -> Cou
     """The whole-number counts of every model (module docstring); ``attainable``: (M, n_minutes) bool, None = all."""
     arrivals = np.asarray(result.minute_arrivals, dtype=np.float64)
     within = np.asarray(result.minute_within, dtype=np.float64)
+    cold_m = getattr(result, "minute_cold", None)
+    cold_m = np.zeros_like(arrivals) if cold_m is None else np.asarray(cold_m, dtype=np.float64)
+    exempting = getattr(result, "cold_start_slo", "count") == "exempt"
+    total = _whole(arrivals.sum(axis=1)[:, None])[:, 0]
+    cold = np.minimum(_whole(cold_m.sum(axis=1)[:, None])[:, 0], total)
+    success_all = result.minute_success if result.minute_success is not None else np.zeros_like(arrivals)
+    if exempting:  # the cold-started requests leave the SLO accounting: its numerator and its denominator
+        arrivals = np.maximum(arrivals - cold_m, 0.0)
+        cold_within = getattr(result, "minute_cold_within", None)
+        if cold_within is not None:
+            within = np.maximum(within - np.asarray(cold_within, dtype=np.float64), 0.0)
     if attainable is None:
         att = np.ones(arrivals.shape, dtype=bool)
     else:
@@ -241,10 +288,12 @@ def model_counts(result: SimResult, attainable: np.ndarray | None = None) -> Cou
         p[:, k] = np.minimum(np.rint(two[:, k] * share).astype(np.int64), two[:, k])  # attainable
         p[:, k + 2] = two[:, k] - p[:, k]  # not attainable
     requests = p.sum(axis=1)
-    success = result.minute_success if result.minute_success is not None else np.zeros_like(arrivals)
+    exempt = np.maximum(total - requests, 0) if exempting else np.zeros_like(requests)
     # within and successful are parts of the requests: rounded, and never more than the rounded requests
+    # (successful: of every request, the exempt ones too -- the timeout is no SLO)
     ok = np.minimum(np.rint(within.sum(axis=1)).astype(np.int64), requests)
-    done = np.minimum(np.rint(np.asarray(success, dtype=np.float64).sum(axis=1)).astype(np.int64), requests)
+    done = np.minimum(np.rint(np.asarray(success_all, dtype=np.float64).sum(axis=1)).astype(np.int64),
+                      requests + exempt)
     return Counts(
         requests=requests,
         violating=p[:, 1] + p[:, 3],
@@ -254,7 +303,47 @@ def model_counts(result: SimResult, attainable: np.ndarray | None = None) -> Cou
         successful=done,
         minutes=has.sum(axis=1).astype(np.int64),
         minutes_met=met.sum(axis=1).astype(np.int64),
+        cold_started=np.minimum(cold, requests + exempt),
+        exempt=exempt,
     )
+
+
+def _weighted_quantile(x: np.ndarray, w: np.ndarray, q: float) -> float | None:
+    """The smallest ``x`` that at least ``q`` of the weight does not exceed (never interpolated); None: no weight."""
+    keep = w > 0
+    if not keep.any():
+        return None
+    order = np.argsort(x[keep], kind="stable")
+    xs, cum = x[keep][order], np.cumsum(w[keep][order])
+    return float(xs[min(int(np.searchsorted(cum, q * cum[-1] - EPS, side="left")), len(xs) - 1)])
+
+
+def cold_start_card(result: SimResult, counts: Counts) -> dict[str, Any]:
+    """Cold-started requests and warm idle GPU-hours (issue 18; module docstring), overall and ``per_model``."""
+    m = len(result.models)
+    waits = getattr(result, "cold_waits", None)
+    idle = getattr(result, "model_warm_idle_gpu_seconds", None)
+    idle_h = np.zeros(m) if idle is None else np.asarray(idle, dtype=np.float64) / 3600.0
+    timeout = float(result.request_timeout_s)
+
+    def block(sel: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {"cold_started_requests": int(counts.cold_started[sel].sum())
+                               if counts.cold_started is not None else 0,
+                               "cold_start_wait_mean_s": None, "cold_start_wait_p95_s": None,
+                               "cold_start_timeouts": 0, "warm_idle_gpu_hours": math.fsum(idle_h[sel])}
+        if waits is None or not len(waits.t):
+            return out
+        mine = np.isin(waits.model_index, sel)
+        met = mine & waits.dispatched
+        w, x = waits.weight[met], waits.wait_s[met]
+        if w.sum() > EPS:
+            out["cold_start_wait_mean_s"] = float(np.dot(w, x) / w.sum())
+            out["cold_start_wait_p95_s"] = _weighted_quantile(x, w, 0.95)
+        late = mine & (waits.wait_s > timeout + 1e-9)
+        out["cold_start_timeouts"] = min(int(np.rint(waits.weight[late].sum())), out["cold_started_requests"])
+        return out
+
+    return {**block(np.arange(m)), "per_model": {name: block(np.array([i])) for i, name in enumerate(result.models)}}
 
 
 def latency_at_slo_percentile(result: SimResult) -> list[float | None]:
@@ -282,10 +371,14 @@ def scorecard(
     overall = team_card(result, attainable=attainable)["all"]
     busy_h = _per_model(result.minute_busy_gpu_s, len(result.models)) / 3600.0
     latency = latency_at_slo_percentile(result)
+    cold = cold_start_card(result, counts)
+    exempting = getattr(result, "cold_start_slo", "count") == "exempt"
     per_model = {}
     for i, name in enumerate(result.models):
         per_model[name] = {
-            "requests": int(counts.requests[i]),
+            "requests": counts.all_requests(np.array([i])),
+            "slo_judged_requests": int(counts.requests[i]),
+            **cold["per_model"][name],
             "violating_requests": int(counts.violating[i]),
             "unattainable_requests": int(counts.unattainable[i]),
             "late_requests": int(counts.late[i]),
@@ -302,14 +395,20 @@ def scorecard(
         "policy": result.policy,
         "mode": result.mode,
         **counts.ratios(),
-        "requests": int(counts.requests.sum()),
+        "requests": counts.all_requests(),
+        "cold_start_slo": "exempt" if exempting else "count",
+        "slo_judged_requests": int(counts.requests.sum()),
+        **{k: v for k, v in cold.items() if k != "per_model"},
         "violating_requests": int(counts.violating.sum()),
         "unattainable_requests": int(counts.unattainable.sum()),
         "late_requests": int(counts.late.sum()),
         "request_timeout_s": result.request_timeout_s,
         "gpu_hours": result.gpu_hours,
         "lower_bound_gpu_hours": lower_bound_gpu_hours,
-        "gpu_hours_vs_lower_bound": _ratio(result.gpu_hours, lower_bound_gpu_hours or 0.0),
+        # Under "exempt" a policy may leave models at zero and exempt what arrives there: the bound, which meets
+        # every attainable minute with cold-started requests judged, is no bound for that (no ratio then).
+        "lower_bound_comparable": lower_bound_gpu_hours is not None and not exempting,
+        "gpu_hours_vs_lower_bound": None if exempting else _ratio(result.gpu_hours, lower_bound_gpu_hours or 0.0),
         "oracle_gpu_hours": oracle_gpu_hours,
         "gpu_hours_vs_oracle": _ratio(result.gpu_hours, oracle_gpu_hours or 0.0),
         "cost_usd": cost["cost_usd"],
@@ -602,7 +701,7 @@ def team_card(
     def finish(r: dict[str, Any], sel: list[int]) -> dict[str, Any]:
         idx = np.array(sel, dtype=np.int64)
         n = int(counts.requests[idx].sum())
-        r["requests"] = n
+        r["requests"] = counts.all_requests(idx)
         r["violating_requests"] = int(counts.violating[idx].sum())
         r["late_requests"] = int(counts.late[idx].sum())
         ratios = counts.ratios(idx)
