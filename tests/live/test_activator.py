@@ -254,3 +254,17 @@ async def test_refused_backend_retried_on_another_else_502(rig: Rig, servers: li
         rig.table.apply("DELETED", pod_slice("ns", "llm", [], [("http", servers[0])], name="llm-1"))
         async with c.post(rig.url + "/v1/completions", json={"max_tokens": 1}, headers=MODEL) as r:
             assert r.status == 502
+
+
+@pytest.mark.parametrize("rig", [{"interval": 5.0}], indirect=True)
+async def test_first_held_request_reported_at_once_not_at_the_next_period(rig: Rig, servers: list[int]) -> None:
+    """With a 5 s report period, the report of the first held request must still come within half a second."""
+    await asyncio.sleep(0.1)  # the notifier is now waiting out its period
+    rig.front([])
+    async with aiohttp.ClientSession() as c:
+        t0 = time.monotonic()
+        waiting = asyncio.create_task(c.post(rig.url + "/", headers=MODEL))
+        await eventually(lambda: rig.controller.reports, "no activation report", timeout=8)
+        assert rig.controller.reports[0][0] - t0 < 0.5
+        assert rig.controller.reports[0][1]["models"][0]["held"] == 1
+        waiting.cancel()
