@@ -17,6 +17,11 @@ and MIG layouts. :class:`ClusterPlay` does, through the same real API, one ``ste
   ``nvidia.com/mig-*``) still has room, whose labels match the pod's ``nodeSelector`` and whose taints it tolerates;
 - **kubelet**: marks a bound pod Ready ``ready_after_s`` after it was bound, and finishes graceful deletes
   (evictions) at the next step;
+- with ``endpoint_slices=True``: the **endpointslice controller** -- per Service of the namespace with a selector,
+  one EndpointSlice ``<service>-play`` (``kubernetes.io/service-name``, ``endpointslice.kubernetes.io/managed-by:
+  endpointslice-controller.k8s.io``) listing its pods' IPs with their Ready condition, one port per Service port
+  (its name, the numeric ``targetPort``); the kubelet then gives each pod ``pod_ip`` as its IP (127.0.0.1 by
+  default: the test's own process stands in for the pod); at ``slice_version`` (``v1beta1`` on the 1.20 server);
 - **NVIDIA MIG manager**: when a node's ``nvidia.com/mig.config`` label names an entry of the mig-parted
   ConfigMap that differs from what the node has, sets ``nvidia.com/mig.config.state=pending``, and on the next
   step applies it -- capacities ``nvidia.com/mig-<profile>`` become the entry's counts -- and sets ``success``
@@ -101,6 +106,9 @@ class ClusterPlay:
     fail_configs: set[str] = field(default_factory=set)
     node_prefix: str = ""  # only nodes whose name starts with this are scheduled onto / MIG-managed
     workloads: bool = False  # also play the StatefulSet, LeaderWorkerSet and Argo Rollouts controllers
+    endpoint_slices: bool = False  # also play the endpointslice controller (and give pods ``pod_ip``)
+    pod_ip: str = "127.0.0.1"
+    slice_version: str = "v1beta1"
     log: list[str] = field(default_factory=list)
     _seq: int = 0
 
@@ -133,7 +141,49 @@ class ClusterPlay:
             await self._rollouts()
         await self._schedule()
         await self._kubelet()
+        if self.endpoint_slices:
+            await self._endpointslices()
         await self._mig_manager()
+
+    # -- endpointslice controller -----------------------------------------------------------------------------
+    async def _endpointslices(self) -> None:
+        core, objects = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
+        pods = [p for p in await self.pods() if not p["metadata"].get("deletionTimestamp")]
+        for svc in (await core.list_namespaced_service(self.namespace)).items:
+            svc = self._sanitize(svc)
+            selector = (svc.get("spec") or {}).get("selector")
+            if not selector:
+                continue
+            name = svc["metadata"]["name"]
+            endpoints = []
+            for p in sorted(pods, key=lambda p: p["metadata"]["name"]):
+                ip = (p.get("status") or {}).get("podIP")
+                if not ip or not _selector_matches(selector, p["metadata"].get("labels") or {}):
+                    continue
+                conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions") or []}
+                endpoints.append({"addresses": [ip], "conditions": {"ready": conds.get("Ready") == "True"},
+                                  "targetRef": {"kind": "Pod", "namespace": self.namespace,
+                                                "name": p["metadata"]["name"]}})
+            ports = [{"name": port.get("name") or "", "protocol": port.get("protocol") or "TCP",
+                      "port": int(port.get("targetPort") or port["port"])} for port in svc["spec"].get("ports") or []]
+            body = {"apiVersion": f"discovery.k8s.io/{self.slice_version}", "kind": "EndpointSlice",
+                    "metadata": {"name": f"{name}-play", "labels": {
+                        "kubernetes.io/service-name": name,
+                        "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+                    "addressType": "IPv4", "endpoints": endpoints, "ports": ports}
+            args = ("discovery.k8s.io", self.slice_version, self.namespace, "endpointslices")
+            try:
+                have = await objects.get_namespaced_custom_object(*args, f"{name}-play")
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                await objects.create_namespaced_custom_object(*args, body)
+                self.log.append(f"endpointslice {name}: {len(endpoints)}")
+                continue
+            if (have.get("endpoints") or []) != endpoints or (have.get("ports") or []) != ports:
+                body["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"]
+                await objects.replace_namespaced_custom_object(*args, f"{name}-play", body)
+                self.log.append(f"endpointslice {name}: {len(endpoints)}")
 
     # -- ReplicaSet controller --------------------------------------------------------------------------------
     async def _replicasets(self) -> None:
@@ -325,8 +375,11 @@ class ClusterPlay:
             if now - _ts(p["metadata"]["creationTimestamp"]) < self.ready_after_s:
                 continue
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-            status = {"status": {"phase": "Running", "conditions": [
+            status: dict[str, Any] = {"status": {"phase": "Running", "conditions": [
                 {"type": "Ready", "status": "True", "lastTransitionTime": stamp}]}}
+            if self.endpoint_slices:
+                status["status"]["podIP"] = self.pod_ip
+                status["status"]["podIPs"] = [{"ip": self.pod_ip}]
             await core.patch_namespaced_pod_status(p["metadata"]["name"], self.namespace, status)
             self.log.append(f"ready {p['metadata']['name']}")
 
