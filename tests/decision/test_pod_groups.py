@@ -140,14 +140,16 @@ def test_two_groups_place_four_slots_and_serve_as_two_replicas() -> None:
 
 
 def test_removing_a_group_frees_all_its_slots_for_the_next_ask() -> None:
-    # A group of 2 x 8 GPUs holds both nodes and is scaled down; a one-pod model asks for two replicas of 8 GPUs:
-    # they fit only on the capacity of *both* pods being freed, so both are granted on the drain (none refused).
-    inv = Inventory.from_nodes(nodes_from_spec("16xH100-80GB"))
-    old = group_spec("old", pods=2, gpus=8, min_replicas=0)
+    # Two groups of 2 x 8 GPUs hold all four nodes and one is scaled down; a one-pod model asks for two replicas of
+    # 8 GPUs: they fit only on the capacity of *both* pods of the removed group being freed, so both are granted on
+    # the drain (none refused). (A scale-down to one group, not to zero: a serving model is never scaled to zero,
+    # autoscaler/decision/zero.py.)
+    inv = Inventory.from_nodes(nodes_from_spec("32xH100-80GB"))
+    old = group_spec("old", pods=2, gpus=8)
     new = group_spec("new", pods=1, gpus=8)
-    running = existing(inv, old, 1)
-    d = decide_on([(old, running), (new, ())], {"old": 0, "new": 2}, inv)
-    assert [a.replica_id for a in d.plan.of_type(RemoveReplica)] == ["old-old0"]
+    running = existing(inv, old, 2)
+    d = decide_on([(old, running), (new, ())], {"old": 1, "new": 2}, inv)
+    assert len(d.plan.of_type(RemoveReplica)) == 1  # one group (both its pods) leaves
     waits = [a for a in d.plan.of_type(Shortfall) if a.model == "new"]
     assert {a.cause for a in waits} == {ShortfallCause.PREEMPTING}  # waiting for the draining replica's two pods
     assert sum(a.missing for a in waits) == 2
