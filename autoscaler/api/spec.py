@@ -274,8 +274,9 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
     "cold-start-worth-seconds": ("cold_start_worth_s", _nonneg_float),
 }
 REQUIRED = ("slo-latency-ms",)
-# Keys slotwise itself writes (status) and must not complain about when it reads them back.
-OWN_KEYS = ("status",)
+# Keys that are not part of the model's spec and must not make it invalid: ``status`` (slotwise writes it and reads
+# it back) and ``service`` (the Service that fronts the model, read by the Kubernetes adapter: live/kube/translate.py).
+OWN_KEYS = ("status", "service")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ from autoscaler.policies.keepalive import keep_alive
 
 # The forecast expects "about a request or more" over the lead time at this many expected arrivals (median).
 FORECAST_REQUESTS = 1.0
+# The idle age of a model at zero that was never seen serving: longer than any keep-alive or histogram range.
+NEVER_ACTIVE_AGE_S = 1e9
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,10 @@ def apply(obs: ModelObservation, spec: ModelSpec, m: ModelMetrics, desired: int,
         return max(desired, 1), reason if desired >= 1 else Reason.FORECAST, detail or "forecast expects a request"
     cfg = config or ZeroConfig()
     age = idle.age(now) if idle is not None else 0.0
+    if current == 0 and (idle is None or (idle.idle_since is None and not idle.active)):
+        # At zero and never seen serving (live, a model at zero has nothing to scrape): no sign of a request
+        # soon, so no pre-warm -- the first held request brings it up (rule 1).
+        age = NEVER_ACTIVE_AGE_S
     ka = keep_alive(idle, age, lead_s, spec, prior if cfg.fleet_prior else None, cfg.prior_weight)
     if ka.warm:
         return 1, Reason.KEEP_WARM if current >= 1 else Reason.PRE_WARM, ka.detail

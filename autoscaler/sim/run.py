@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +38,7 @@ from autoscaler.decision.node_actions import NodeActionState
 from autoscaler.decision.state import fresh_state
 from autoscaler.decision.tick import plan_tick
 from autoscaler.estimation.forecast import FleetForecaster
+from autoscaler.estimation.idle_times import IdleTimes
 from autoscaler.policies.base import Policy
 from autoscaler.sim.cluster import SHORTFALL_CAUSES, SimCluster
 from autoscaler.sim.engines import make_engine
@@ -257,6 +258,21 @@ def _forecaster(
     return forecaster
 
 
+def _idle_history(workload: SimWorkload, specs: Mapping[str, ModelSpec], policy: Policy) -> dict[str, IdleTimes]:
+    """The idle times of every model that may go to zero, warm-started from the trace's past (as the forecaster
+    is): the simulated part starts at 0, where the history ends."""
+    history = workload.history
+    if history is None:
+        return {}
+    out = {}
+    for i, m in enumerate(history.models):
+        spec = specs.get(m)
+        if spec is not None and spec.min_replicas == 0:
+            out[m] = IdleTimes.from_rates(history.rates[i], history.step_s, 0.0, keep_alive_s=spec.keep_alive_s,
+                                          head_s=spec.cold_start_s + policy.tick_s)
+    return out
+
+
 def scored_period(workload: SimWorkload, config: SimConfig) -> tuple[float, int, int, int]:
     """``(burn_in_s, first_scored_tick, n_ticks, n_minutes)`` of a run: the burn-in (``SimConfig.burn_in_s``, by
     default the metrics warm-up plus the longest cold start) in whole minutes and never the whole run. The lower
@@ -323,7 +339,8 @@ def simulate(
     set_timeout = getattr(engine, "set_request_timeout", None)
     if set_timeout is not None:
         set_timeout(cfg.request_timeout_s)
-    state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy, core.forecaster_factory))
+    state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy, core.forecaster_factory),
+                        idle=_idle_history(workload, good, policy))
     node_state = NodeActionState()
     future = workload.arrivals_per_tick(dt) / dt if policy.instant_start else None
 

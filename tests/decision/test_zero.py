@@ -145,3 +145,18 @@ def test_decide_scales_to_zero_after_the_keep_alive_and_back_on_held_requests() 
         rate=np.zeros(0), in_flight=np.zeros(0), stale=True)})
     decide(ClusterSnapshot(t + 2.0, {"m": at_zero}, empty), quiet, state, config)
     assert len(policy.calls) == calls
+
+
+def test_a_model_first_seen_at_zero_is_not_pre_warmed() -> None:
+    # Live, a model at zero has nothing to scrape (stale), and one never seen serving gives no sign of a request
+    # soon: it stays at zero until a request is held (a fixed keep-alive used to read its idle age as 0 and start
+    # a replica at once).
+    for metrics in (_m([], stale=True), _m([0.0] * 6)):
+        idle = IdleTimes(range_s=SPEC.keep_alive_s)
+        if not metrics.stale:
+            zero.observe(idle, metrics, STEP, 100.0, 40.0)
+        n, reason, _ = zero.apply(_obs(0), SPEC, metrics, 0, Reason.METRICS_STALE, "", idle, 100.0, 40.0, None)
+        assert (n, reason) == (0, Reason.SCALED_TO_ZERO)
+    n, reason, _ = zero.apply(_obs(0), SPEC, _m([], stale=True, held=2.0), 0, Reason.METRICS_STALE, "", None,
+                              100.0, 40.0, None)
+    assert (n, reason) == (1, Reason.ACTIVATED)
