@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ import yaml
 
 from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
+from autoscaler.estimation.idle_times import IdleTimes
 from autoscaler.live.controller import Controller, ControllerSettings
 from autoscaler.live.kube.actuator import ActuatorConfig
 from autoscaler.live.prometheus.client import PrometheusAuth, PrometheusClient, PrometheusError
@@ -40,6 +42,7 @@ NO_CLUSTER = (
 # The warm start's history: one step per minute (the forecaster's step), one range query for all models
 # (chunked past 11,000 points), each request given this long (24 h of a big fleet is a heavy query).
 WARM_START_STEP_S = 60.0
+IDLE_HISTORY_RANGE_S = 4 * 3600.0  # the idle-time histograms' widest range (Shahrad et al.'s 4 h)
 WARM_START_TIMEOUT_S = 60.0
 
 
@@ -212,6 +215,12 @@ async def warm_start(controller: Controller) -> None:
         log.warning("forecaster starts cold: %s", e)
         return
     controller.state.forecaster = forecaster
+    # The same history warm-starts the idle times of the models that may go to zero (picked up at their first
+    # decision; a model without min-replicas 0 ignores its entry). A wide range: the first sight only narrows it.
+    end = math.floor(controller.clock() / WARM_START_STEP_S) * WARM_START_STEP_S
+    controller.state.idle_history.update(
+        {key: IdleTimes.from_rates(rate, WARM_START_STEP_S, end, keep_alive_s=IDLE_HISTORY_RANGE_S)
+         for key, rate in history.items()})
     log.info("forecaster warm-started with %.1f h of history for %d model(s)", s.history_hours, len(history))
 
 

@@ -286,7 +286,7 @@ async def test_slotwise_run_warm_starts_its_forecaster_or_starts_cold(prom, capl
         settings = SimpleNamespace(prometheus_url=url, history_hours=2.0, metric_names=NAMES,
                                    prometheus_auth=PrometheusAuth())
         return SimpleNamespace(settings=settings, core=SimpleNamespace(forecaster_factory=FleetForecaster),
-                               clock=lambda: END + 7.0, state=SimpleNamespace(forecaster=None))
+                               clock=lambda: END + 7.0, state=SimpleNamespace(forecaster=None, idle_history={}))
 
     warm = controller(prom.url)
     await warm_start(warm)  # type: ignore[arg-type]
@@ -295,8 +295,11 @@ async def test_slotwise_run_warm_starts_its_forecaster_or_starts_cold(prom, capl
     ff.sync(["a"], {})
     q = ff.quantiles("a", END, 60.0)
     assert q is not None and abs(float(np.interp(0.5, ff.levels, q)) - 4.0) <= 0.6
+    # the same history warm-starts the idle times (scale to zero): "a" served all along, so it is not idle
+    idle = warm.state.idle_history["a"]
+    assert idle.first_t is not None and idle.age(END) == 0.0
 
     cold = controller(f"http://127.0.0.1:{free_port()}")
     await warm_start(cold)  # type: ignore[arg-type]
-    assert cold.state.forecaster is None
+    assert cold.state.forecaster is None and cold.state.idle_history == {}
     assert "forecaster starts cold: cannot reach Prometheus" in caplog.text
