@@ -135,6 +135,11 @@ class Section:
     fragmentation: float | None  # mean stranded share of free GPU memory over the period
     policy: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Scale to zero (issue 18; simulation only, None in a scorecard written before it): requests that arrived with
+    # no routable replica, how the SLO judged them, and the GPU-hours of replicas held while serving nothing.
+    cold_started_requests: int | None = None
+    cold_start_slo: str | None = None
+    warm_idle_gpu_hours: float | None = None
 
     @property
     def teams(self) -> list[TeamRow]:
@@ -325,6 +330,9 @@ def sections_from_simulation(
             fragmentation=_opt(card["fragmentation"]),
             policy=policy,
             notes=notes,
+            cold_started_requests=_count(card.get("cold_started_requests")),
+            cold_start_slo=card.get("cold_start_slo") if isinstance(card.get("cold_start_slo"), str) else None,
+            warm_idle_gpu_hours=_opt(card.get("warm_idle_gpu_hours")),
             **money,
         ))
     return out

@@ -104,8 +104,17 @@ TEAM_HEADER = tuple(h for h, _, _ in TEAM_COLUMNS)
 MODEL_HEADER = tuple(h for h, _, _ in MODEL_COLUMNS)
 
 
+# Shown only where the section has them (a simulation scorecard written since scale to zero, issue 18).
+ZERO_ROWS: tuple[Row, ...] = (
+    (LABELS["cold_started_requests"], "cold_started_requests", count),
+    (LABELS["cold_start_slo"], "cold_start_slo", str),
+    (LABELS["warm_idle_gpu_hours"], "warm_idle_gpu_hours", hours),
+)
+
+
 def summary_rows(s: Section) -> list[tuple[str, str]]:
-    return [(label, f(getattr(s, key))) for label, key, f in SUMMARY_ROWS]
+    rows = [(label, f(getattr(s, key))) for label, key, f in SUMMARY_ROWS]
+    return rows + [(label, f(getattr(s, key))) for label, key, f in ZERO_ROWS if getattr(s, key) is not None]
 
 
 def team_rows(s: Section) -> list[tuple[str, ...]]:

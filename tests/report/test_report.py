@@ -440,3 +440,23 @@ def test_scenario_doc_tables_and_html_carry_the_same_numbers(tmp_path: Path) -> 
     for t in tables(saved):
         for r in t.rows:
             assert "".join(f"<td>{html.escape(v)}</td>" for v in r) in page.replace("<td class=n>", "<td>"), r
+
+
+def test_the_report_shows_the_cold_start_fields_a_scorecard_has(sim_json: Path) -> None:
+    """Scale to zero's fields (issue 18) reach the report's summary with the scorecard's labels and numbers; a
+    scorecard written before them still loads, without those rows."""
+    from autoscaler.report.data import sections_from_simulation
+    from autoscaler.report.render import summary_rows
+    from autoscaler.sim.scorecard import LABELS
+
+    doc = json.loads(sim_json.read_text())
+    card = doc["results"][0]
+    card.update(cold_started_requests=1234, cold_start_slo="exempt", warm_idle_gpu_hours=5.5)
+    rows = dict(summary_rows(sections_from_simulation(doc)[0]))
+    assert rows[LABELS["cold_started_requests"]] == "1,234"
+    assert rows[LABELS["cold_start_slo"]] == "exempt"
+    assert rows[LABELS["warm_idle_gpu_hours"]].startswith("5.5")
+    for key in ("cold_started_requests", "cold_start_slo", "warm_idle_gpu_hours"):
+        del card[key]
+    rows = dict(summary_rows(sections_from_simulation(doc)[0]))
+    assert LABELS["cold_started_requests"] not in rows
