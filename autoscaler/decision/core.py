@@ -55,6 +55,7 @@ from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.idle_times import IdleTimes, fleet_pool, merge_into
 from autoscaler.estimation.model_learning import ModelLearning
 from autoscaler.policies.base import Forecast, PolicyContext
+from autoscaler.policies.keepalive import histogram_range_s
 from sharing.slots import Inventory, Slot
 
 
@@ -274,12 +275,12 @@ def _idle_times(name: str, spec: ModelSpec, ms: ModelState, state: ControllerSta
     if idle is None:
         idle = state.idle_history.pop(name, None) if state is not None else None
         if idle is None:
-            idle = IdleTimes(range_s=spec.keep_alive_s, half_life_s=config.zero.half_life_s)
+            idle = IdleTimes(range_s=histogram_range_s(spec), half_life_s=config.zero.half_life_s)
         elif prior is not None:
             merge_into(prior, idle)
         idle.pool = prior
         ms.idle = idle
-    idle.rebin(spec.keep_alive_s)  # (a changed keep-alive-seconds; free otherwise)
+    idle.rebin(histogram_range_s(spec))  # (a changed keep-alive-seconds or policy; free otherwise)
     return idle, prior
 
 

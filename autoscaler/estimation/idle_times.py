@@ -179,7 +179,7 @@ class IdleTimes:
         self.version += 1
 
 
-def fleet_pool(range_s: float = 3600.0, half_life_s: float = DEFAULT_HALF_LIFE_S) -> IdleTimes:
+def fleet_pool(range_s: float = 4 * 3600.0, half_life_s: float = DEFAULT_HALF_LIFE_S) -> IdleTimes:
     """The fleet's pooled idle times (every model's idle times and heads, fed as they arrive): the prior a model
     with few idle times of its own borrows strength from (the learned keep-alive policy)."""
     return IdleTimes(range_s=range_s, half_life_s=half_life_s)

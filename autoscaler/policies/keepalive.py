@@ -30,12 +30,22 @@ OUT_OF_RANGE = 0.5  # more than this share of idle times beyond the range: "most
 
 PRIOR_REFRESH = 50
 LEARNED_MIN_WEIGHT = 3.0  # own + prior idle-time weight below which learned falls back to fixed
+# learned's histogram spans at least this (Shahrad et al.'s 4 h range): the hazard, not the range, decides how long
+# an idle model stays warm, and a model called every hour is pre-warmed for its next call. keep_alive_s is then
+# only its fallback while too few idle times are known.
+LEARNED_RANGE_S = 4 * 3600.0
 
 
 @dataclass(frozen=True)
 class KeepAlive:
     warm: bool
     detail: str
+
+
+def histogram_range_s(spec: ModelSpec) -> float:
+    """The range of the model's idle-time histogram: ``keep_alive_s`` (hybrid's range, as in the paper), at least
+    :data:`LEARNED_RANGE_S` for ``learned``."""
+    return max(spec.keep_alive_s, LEARNED_RANGE_S) if spec.keep_alive == "learned" else spec.keep_alive_s
 
 
 def fixed(idle: IdleTimes | None, age: float, lead_s: float, spec: ModelSpec) -> KeepAlive:

@@ -40,6 +40,7 @@ from autoscaler.decision.tick import plan_tick
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.idle_times import IdleTimes
 from autoscaler.policies.base import Policy
+from autoscaler.policies.keepalive import histogram_range_s
 from autoscaler.sim.cluster import SHORTFALL_CAUSES, SimCluster
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.lending import LendingStats
@@ -268,7 +269,7 @@ def _idle_history(workload: SimWorkload, specs: Mapping[str, ModelSpec], policy:
     for i, m in enumerate(history.models):
         spec = specs.get(m)
         if spec is not None and spec.min_replicas == 0:
-            out[m] = IdleTimes.from_rates(history.rates[i], history.step_s, 0.0, keep_alive_s=spec.keep_alive_s,
+            out[m] = IdleTimes.from_rates(history.rates[i], history.step_s, 0.0, keep_alive_s=histogram_range_s(spec),
                                           head_s=spec.cold_start_s + policy.tick_s)
     return out
 

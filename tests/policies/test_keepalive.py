@@ -96,3 +96,21 @@ def test_a_larger_cold_start_worth_is_never_colder(counts: list[float], overflow
         assert b is None
         return
     assert b is not None and not np.any(a & ~b)  # the warm set only grows
+
+
+def test_learned_pre_warms_an_hourly_model_beyond_its_fallback_keep_alive() -> None:
+    # A model called once an hour (idle times of 59 min, a single request each time): with keep-alive-seconds 600
+    # (the fallback) learned's histogram still spans 4 h, so it goes to zero after the call and is started again a
+    # lead time before the next one -- fixed at 600 s would pay a cold start every hour.
+    from autoscaler.policies.keepalive import LEARNED_RANGE_S, histogram_range_s
+
+    assert histogram_range_s(SPEC) == LEARNED_RANGE_S
+    assert histogram_range_s(ModelSpec(name="h", keep_alive="hybrid", keep_alive_s=600.0)) == 600.0
+    it = IdleTimes(range_s=histogram_range_s(SPEC))
+    for k in range(12):
+        it.add_idle(59 * 60.0 + 10.0, 3600.0 * (k + 1))
+    it.head_sum, it.head_weight = 1.0, 1.0
+    it.version += 1
+    assert not learned(it, 600.0, 60.0, SPEC).warm  # well inside the gap: at zero
+    assert learned(it, 59 * 60.0 - 60.0, 60.0, SPEC).warm  # a lead time before the call's minute: pre-warmed
+    assert not fixed(it, 59 * 60.0, 60.0, SPEC).warm
