@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from autoscaler.live.activator.holding import HoldQueue
 from autoscaler.live.activator.routes import RouteTable
@@ -128,3 +130,40 @@ def test_hold_queue_fifo_bound_discard_and_retry_after() -> None:
     q.admit("r4", 40.0)
     assert q.retry_after_s(45.0) == 15  # the last wake-up took 20 s, this one is 5 s in
     assert q.retry_after_s(100.0) == 1  # overdue: the floor
+
+
+def test_a_hold_stretch_that_ends_without_a_wake_up_does_not_leak_its_start_into_the_next() -> None:
+    """Held at t=0, abandoned; held again at t=3600: that is a fresh wait (Retry-After from its own age, and the
+    wake-up it ends with lasted 10 s, not 3610 s)."""
+    q = HoldQueue(limit=10)
+    assert q.admit("r1", 0.0)
+    q.discard("r1")  # the client went away (or timed out): the queue is empty
+    assert q.admit("r2", 3600.0)
+    assert q.retry_after_s(3601.0) == 1
+    q.drain(3610.0)
+    assert q.last_wake_s == 10.0
+
+
+@given(st.lists(st.tuples(st.sampled_from(["admit", "discard", "drain"]), st.integers(0, 5),
+                          st.floats(0, 100, allow_nan=False)), max_size=40))
+def test_wake_started_is_the_first_arrival_of_the_current_stretch(ops: list[tuple[str, int, float]]) -> None:
+    """Whatever the mix of admits, discards and drains: a stretch starts at the arrival that found the queue empty
+    and ends whenever it empties; a drain's wake-up is measured from that arrival."""
+    q = HoldQueue(limit=4)
+    now, start = 0.0, None
+    for op, entry, dt in ops:
+        now += dt
+        if op == "admit":
+            was_empty = not len(q)
+            if q.admit(entry, now) and was_empty:
+                start = now
+        elif op == "discard":
+            q.discard(entry)
+        else:
+            nonempty = bool(len(q))
+            q.drain(now)
+            if nonempty:
+                assert start is not None and q.last_wake_s == now - start
+        if not len(q):
+            start = None
+        assert q.wake_started == start

@@ -32,14 +32,19 @@ class HoldQueue:
         """Hold ``entry``; False when the queue is full (nothing held)."""
         if len(self._entries) >= self.limit:
             return False
-        if not self._entries and self.wake_started is None:
+        if not self._entries:  # a stretch starts (discard and drain end the last one)
             self.wake_started = now
         self._entries[entry] = now
         return True
 
     def discard(self, entry: Hashable) -> float | None:
-        """Drop ``entry`` if held; its arrival time, or None."""
-        return self._entries.pop(entry, None)
+        """Drop ``entry`` if held; its arrival time, or None. The last one gone (timed out, abandoned) ends the
+        stretch without a wake-up: the next hold starts a stretch of its own (else its Retry-After and the next
+        ``last_wake_s`` would count from a start long past)."""
+        at = self._entries.pop(entry, None)
+        if not self._entries:
+            self.wake_started = None
+        return at
 
     def drain(self, now: float) -> list[tuple[Hashable, float]]:
         """Every held entry with its arrival, oldest first; the queue is empty afterwards."""
