@@ -268,3 +268,52 @@ async def test_first_held_request_reported_at_once_not_at_the_next_period(rig: R
         assert rig.controller.reports[0][0] - t0 < 0.5
         assert rig.controller.reports[0][1]["models"][0]["held"] == 1
         waiting.cancel()
+
+
+@pytest.mark.parametrize("rig", [{"timeout": 1.0}], indirect=True)
+async def test_flapping_backends_do_not_restart_the_hold_timeout(rig: Rig, servers: list[int]) -> None:
+    """A backend that turns ready and unready again every 0.4 s releases the held request each time, finds no
+    backend and holds it again: the 504 must still come at the hold timeout counted from the first admit."""
+    rig.front([])
+
+    async def flap() -> None:
+        for _ in range(6):
+            await asyncio.sleep(0.4)
+            rig.set_backends([servers[0]], ready=True)  # released ...
+            rig.set_backends([servers[0]], ready=False)  # ... and gone before the handler runs again
+
+    flapping = asyncio.create_task(flap())
+    async with aiohttp.ClientSession() as c:
+        t0 = time.monotonic()
+        async with c.post(rig.url + "/v1/completions", headers=MODEL) as r:
+            status, waited = r.status, time.monotonic() - t0
+    flapping.cancel()
+    assert status == 504 and 0.9 < waited < 1.5, (status, waited)
+    assert held(rig) == 0
+
+
+async def test_held_requests_answered_503_when_their_route_disappears(rig: Rig, servers: list[int]) -> None:
+    """The Service is deleted (its slices go): requests held for it get 503 + Retry-After at once, not the 504
+    after the hold timeout (30 s here); the same after a re-list that no longer has it."""
+    async with aiohttp.ClientSession() as c:
+        for gone in ("deleted", "relisted"):
+            rig.front([])
+            waiting = [asyncio.create_task(c.post(rig.url + "/v1/completions", headers=MODEL)) for _ in range(2)]
+            await eventually(lambda: held(rig) == 2, "not held")
+            t0 = time.monotonic()
+            if gone == "deleted":
+                r = rig.table.apply("DELETED", activator_slice("ns", "llm", "llm-deploy"))
+                assert r is not None
+                rig.activator.on_change(r)
+            else:
+                for r in rig.table.replace([]):
+                    rig.activator.on_change(r)
+            for resp in await asyncio.gather(*waiting):
+                assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1, gone
+                resp.release()
+            assert time.monotonic() - t0 < 1.0, gone
+            assert held(rig) == 0 and "ns/llm" not in rig.activator.queues
+            assert rig.activator.metrics.held.labels("ns", "llm-deploy")._value.get() == 0
+    # the controller hears the model's held count drop to 0
+    await eventually(lambda: any(m["held"] == 0 and m["model"] == "llm-deploy"
+                                 for _, rep in rig.controller.reports for m in rep["models"]), "no held 0 report")

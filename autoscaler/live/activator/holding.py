@@ -55,6 +55,13 @@ class HoldQueue:
             self.wake_started = None
         return out
 
+    def abandon(self) -> list[Hashable]:
+        """Every held entry, oldest first, the queue emptied without a wake-up (its model is gone)."""
+        out = list(self._entries)
+        self._entries.clear()
+        self.wake_started = None
+        return out
+
     def oldest_wait_s(self, now: float) -> float:
         for at in self._entries.values():
             return max(0.0, now - at)

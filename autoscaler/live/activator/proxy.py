@@ -28,7 +28,7 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
-from autoscaler.live.activator.holding import HoldQueue
+from autoscaler.live.activator.holding import RETRY_AFTER_MIN_S, HoldQueue
 from autoscaler.live.activator.metrics import ActivatorMetrics
 from autoscaler.live.activator.routes import Route, RouteTable
 
@@ -87,7 +87,8 @@ class Activator:
         self.hold_timeout_s = hold_timeout_s
         self.clock = clock
         self.queues: dict[str, HoldQueue] = {}
-        self._emptied: set[str] = set()  # models whose last held request just left: reported once with 0
+        # models whose last held request just left (key -> workload name): reported once with held 0
+        self._emptied: dict[str, str] = {}
         self.kick: Callable[[], None] = lambda: None  # the notifier's, set by the caller
 
     # --- held requests --------------------------------------------------------------------------------------
@@ -99,18 +100,38 @@ class Activator:
         return route.extra
 
     def on_change(self, route: Route) -> None:
-        """A fronted Service changed: with a ready backend now, release its held requests (oldest first)."""
+        """A fronted Service changed: with a ready backend now, release its held requests (oldest first); gone
+        from the table (its slices deleted), answer them 503 at once rather than let them wait for the 504."""
         q = self.queues.get(route.key)
-        if q is None or not route.backends or not len(q):
+        if q is None:
             return
-        for fut, _at in q.drain(self.clock()):
-            if not fut.done():
-                fut.set_result(None)
+        if self.table.by_key.get(route.key) is not route:
+            del self.queues[route.key]
+            if not len(q):
+                return
+            for fut in q.abandon():
+                if not fut.done():
+                    fut.set_result(self._gone(route))
+        elif not len(q):
+            return
+        elif route.backends:
+            for fut, _at in q.drain(self.clock()):
+                if not fut.done():
+                    fut.set_result(None)
+        else:
+            return
         self._children(route)[0].set(0)
-        self._emptied.add(route.key)
+        self._emptied[route.key] = route.model
 
-    async def _hold(self, route: Route) -> web.Response | None:
-        """Wait for a ready backend; None when there is one, else the answer (503, 504)."""
+    @staticmethod
+    def _gone(route: Route) -> web.Response:
+        return web.Response(status=503, headers={"Retry-After": str(RETRY_AFTER_MIN_S)},
+                            text=f"{route.key}: no longer fronted by this activator (its Service's EndpointSlices "
+                                 "are gone)\n")
+
+    async def _hold(self, route: Route, deadline: float) -> web.Response | None:
+        """Wait for a ready backend until ``deadline`` (loop time: one for the whole request, however often its
+        backends come and go); None when there is one, else the answer (503 queue full or route gone, 504)."""
         q = self.queues.get(route.key)
         if q is None:
             q = self.queues[route.key] = HoldQueue(self.queue_limit)
@@ -124,10 +145,10 @@ class Activator:
         gauge.set(len(q))
         if len(q) == 1:
             self.kick()
-        self._emptied.discard(route.key)
+        self._emptied.pop(route.key, None)
         try:
-            async with asyncio.timeout(self.hold_timeout_s):
-                await fut
+            async with asyncio.timeout_at(deadline):
+                answer: web.Response | None = await fut
         except TimeoutError:
             q.discard(fut)
             self.metrics.timeouts.inc()
@@ -136,9 +157,9 @@ class Activator:
             q.discard(fut)
             gauge.set(len(q))
             if not len(q):
-                self._emptied.add(route.key)
+                self._emptied[route.key] = route.model
             self.metrics.hold_seconds.observe(self.clock() - now)
-        return None
+        return answer
 
     def report(self) -> list[dict[str, Any]]:
         """The notifier's models: every one holding requests, and those that just stopped (held 0, once)."""
@@ -150,6 +171,10 @@ class Activator:
                 ns, svc = key.split("/", 1)
                 out.append({"namespace": ns, "service": svc, "model": route.model if route else svc,
                             "held": len(q), "oldest_wait_s": round(q.oldest_wait_s(now), 3)})
+        for key, model in self._emptied.items():
+            if key not in self.queues:  # a route gone with its queue: its last word
+                ns, svc = key.split("/", 1)
+                out.append({"namespace": ns, "service": svc, "model": model, "held": 0, "oldest_wait_s": 0.0})
         self._emptied.clear()
         return out
 
@@ -161,11 +186,17 @@ class Activator:
         route = self.table.lookup(header, headers.get("Host"))
         if route is None:
             return web.Response(status=404, text=self.table.why_not(header, headers.get("Host")) + "\n")
-        while not route.backends:
-            answer = await self._hold(route)
-            if answer is not None:
-                return answer
-            route = self.table.by_key.get(route.key, route)
+        if not route.backends:
+            # one deadline from the first admit: backends that flap must not restart the hold timeout
+            deadline = asyncio.get_running_loop().time() + self.hold_timeout_s
+            while not route.backends:
+                answer = await self._hold(route, deadline)
+                if answer is not None:
+                    return answer
+                now_route = self.table.by_key.get(route.key)
+                if now_route is None:
+                    return self._gone(route)
+                route = now_route
         return await self._forward(request, route)
 
     async def _forward(self, request: web.BaseRequest, route: Route) -> web.StreamResponse:
