@@ -162,7 +162,7 @@ def _size_models(
                 continue  # (a model whose decision failed stays reported until one succeeds)
             s = _size(obs, obs.spec, ms, metrics, config, forecaster, snapshot.now, state)
             current = obs.active_replicas
-            route = zero.routing(obs, obs.spec, s.target)
+            route = zero.routing(obs, obs.spec, s.target, s.detail)
             if s.target < current:
                 if config.consolidate_removals and per_node is None:
                     per_node = scaledown.node_load(snapshot)  # once per tick: the snapshot's, not changed within it

@@ -3,9 +3,11 @@
 Applied once per decision after :func:`autoscaler.decision.scaledown.normalize` (``core._size``), to the count the
 policy and the rails chose; models with ``min_replicas >= 1`` are never touched. In order:
 
-1. requests held (``ModelMetrics.held_requests > 0``) and no active replica: at least one at once (``activated``),
-   even on stale or missing metrics -- a model at zero has no pods, hence nothing to scrape -- and even when the
-   model was not due (``core._size_models`` decides it now);
+1. requests held (``ModelMetrics.held_requests > 0``): at least one, for any current count -- from zero at once
+   (``activated``), even on stale or missing metrics (a model at zero has no pods, hence nothing to scrape) and
+   even when the model was not due (``core._size_models`` decides it now); with a replica still starting, held
+   requests are live traffic the pods' rate does not show yet, so they keep it (``keep_warm``) however long the
+   idle age;
 2. stale or partial metrics: never to zero (a model with replicas keeps at least one; the hold of ``normalize``
    stays); a model already at zero may still be pre-warmed (a scale-up; live, it has nothing to scrape);
 3. serving (arrivals or requests in flight at the newest step): at least one;
@@ -13,9 +15,16 @@ policy and the rails chose; models with ``min_replicas >= 1`` are never touched.
    (:mod:`autoscaler.policies.keepalive`: ``scaled_to_zero``, ``keep_warm``, from zero ``pre_warm``), unless the
    forecast's median over the lead time expects about a request or more (then one, the forecast's reason).
 
-Routing (:func:`routing`): a model the activator can front (``via_activator`` not None) is routed through it in the
-same plan as, and before, its scale to zero, and whenever it has no Ready replica; straight to its pods once one is
-Ready and it wants one or more. Pure.
+Never to zero before the routing (no traffic dropped between the switch and the scale): a model the activator
+fronts (``via_activator`` not None) is scaled to zero only once the view already shows it routed through the
+activator (``via_activator is True``: the activator's EndpointSlice exists and was seen, so the activator's informer
+had a tick to learn the route). While it is False the rail keeps one replica this decision (``keep_warm``, detail
+:data:`ROUTING_WAIT`) and :func:`routing` plans the switch; the scale to zero comes on a later decision. Models
+nobody fronts (None) go to zero at once.
+
+Routing (:func:`routing`): a model the activator can front is routed through it before its scale to zero (the
+decision before, see above) and whenever it has no Ready replica; straight to its pods once one is Ready and it
+wants one or more. Pure.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from autoscaler.policies.keepalive import keep_alive
 FORECAST_REQUESTS = 1.0
 # The idle age of a model at zero that was never seen serving: longer than any keep-alive or histogram range.
 NEVER_ACTIVE_AGE_S = 1e9
+# The detail of a one-replica hold that waits for the routing through the activator before the scale to zero.
+ROUTING_WAIT = "waits for the routing through the activator before scaling to zero"
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,8 @@ def needs_activation(obs: ModelObservation, m: ModelMetrics | None) -> bool:
 
 
 def _serving(m: ModelMetrics) -> bool:
+    if held(m):  # (live, held requests are not in the pods' rate yet)
+        return True
     r, f = m.rate, m.in_flight
     arrivals = r.size > 0 and math.isfinite(r[-1]) and r[-1] > 0
     flight = f.size > 0 and math.isfinite(f[-1]) and f[-1] > 0
@@ -80,12 +93,23 @@ def apply(obs: ModelObservation, spec: ModelSpec, m: ModelMetrics, desired: int,
     """The rail on one decision's (desired, reason, detail); see the module docstring."""
     if spec.min_replicas != 0:
         return desired, reason, detail
+    n, reason, detail = _apply(obs, spec, m, desired, reason, detail, idle, now, lead_s, forecast, prior, config)
+    if n == 0 and obs.active_replicas >= 1 and obs.via_activator is False:
+        return min(1, spec.max_replicas), Reason.KEEP_WARM, ROUTING_WAIT
+    return n, reason, detail
+
+
+def _apply(obs: ModelObservation, spec: ModelSpec, m: ModelMetrics, desired: int, reason: Reason, detail: str,
+           idle: IdleTimes | None, now: float, lead_s: float, forecast: Forecast | None,
+           prior: IdleTimes | None, config: ZeroConfig | None) -> tuple[int, Reason, str]:
     current = obs.active_replicas
     top = spec.max_replicas
-    if current == 0 and held(m):
+    if held(m):  # held requests are serving, whatever the count (a replica still starting included)
         if desired >= 1:
             return desired, reason, detail
-        return min(1, top), Reason.ACTIVATED, f"{m.held_requests:g} request(s) held at zero"
+        if current == 0:
+            return min(1, top), Reason.ACTIVATED, f"{m.held_requests:g} request(s) held at zero"
+        return min(1, top), Reason.KEEP_WARM, f"serving: {m.held_requests:g} request(s) held"
     unseen = m.stale or m.partial_reason() is not None
     if unseen and current > 0:
         if desired < 1:
@@ -112,13 +136,16 @@ def apply(obs: ModelObservation, spec: ModelSpec, m: ModelMetrics, desired: int,
     return 0, Reason.SCALED_TO_ZERO, ka.detail
 
 
-def routing(obs: ModelObservation, spec: ModelSpec, target: int) -> SetRouting | None:
-    """The routing change this decision needs (None: none), for a model the activator can front."""
+def routing(obs: ModelObservation, spec: ModelSpec, target: int, detail: str = "") -> SetRouting | None:
+    """The routing change this decision needs (None: none), for a model the activator can front; ``detail``: the
+    decision's (:data:`ROUTING_WAIT`: it waits for this switch to scale to zero)."""
     via = obs.via_activator
     if via is None or spec.min_replicas != 0:
         return None
-    if not via and (target == 0 or obs.ready_replicas == 0):
-        return SetRouting(obs.name, True, "to zero" if target == 0 else "no Ready replica")
+    if not via and (target == 0 or detail == ROUTING_WAIT):
+        return SetRouting(obs.name, True, "to zero")
+    if not via and obs.ready_replicas == 0:
+        return SetRouting(obs.name, True, "no Ready replica")
     if via and target >= 1 and obs.ready_replicas >= 1:
         return SetRouting(obs.name, False, "a replica is Ready")
     return None
@@ -130,3 +157,5 @@ def observe(idle: IdleTimes, m: ModelMetrics, step_s: float, now: float, lead_s:
     if not m.stale:
         idle.observe(m.rate, m.in_flight if m.in_flight.size else np.zeros(m.rate.size), m.held_requests, step_s,
                      now)
+    elif held(m):  # (a model at zero has nothing to scrape: its held requests alone open the activity)
+        idle.hold(m.held_requests, now)

@@ -10,8 +10,13 @@ current idle period began (its age).
 
 Samples come from the metrics window, one per step; windows overlap between ticks, so each step is consumed once
 (by its end time). A step counts as busy when requests arrived in it or were in flight at its end; a NaN rate is
-unknown and consumed as idle-neutral (it neither starts nor ends activity). Everything the policies need from the
-histogram changes only when a new idle time arrives: ``version`` counts them, and the policies cache by it.
+unknown and consumed as idle-neutral (it neither starts nor ends activity). Requests *held* at a step's end (the
+activator's report live, the simulator's held queue) are arrivals too: they open the activity at that step (live,
+the pods' rate shows them only once forwarded, a cold start later, which would make the idle time one cold start
+too long), and the head is at least the most requests held at once in it (forwarded after the head's window
+closes, the rate alone would miss them; the larger of the two, so forwarded ones are not counted twice).
+Everything the policies need from the histogram changes only when a new idle time arrives: ``version`` counts
+them, and the policies cache by it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class IdleTimes:
     _activity_start: float = 0.0
     _head_acc: float = 0.0
     _head_open: bool = False
+    _head_held: float = 0.0  # the most requests held at once in the open head
     pool: IdleTimes | None = None  # the fleet's pooled idle times, fed alongside (ControllerState.idle_prior)
 
     def __post_init__(self) -> None:
@@ -105,9 +111,9 @@ class IdleTimes:
         if self.pool is not None:
             self.pool._add_head(n, t)
 
-    def step(self, t_end: float, step_s: float, arrivals: float, busy_after: bool) -> None:
-        """Consume one step ending at ``t_end``: ``arrivals`` requests arrived in it (NaN: unknown), and requests were
-        in flight or held at its end (``busy_after``)."""
+    def step(self, t_end: float, step_s: float, arrivals: float, busy_after: bool, held: float = 0.0) -> None:
+        """Consume one step ending at ``t_end``: ``arrivals`` requests arrived in it (NaN: unknown), requests were
+        in flight or held at its end (``busy_after``), ``held`` of them held (module docstring: arrivals too)."""
         if t_end <= self.last_t + 1e-9:
             return
         self.last_t = t_end
@@ -115,15 +121,17 @@ class IdleTimes:
             self.first_t = t_end
         start = t_end - step_s
         if not math.isfinite(arrivals):
-            return
-        arrived = arrivals > 1e-9
+            if held > 0:
+                arrivals = 0.0  # (the held requests are known arrivals)
+            else:
+                return
+        arrived = arrivals > 1e-9 or held > 0
         if arrived and not self.active:
-            if self.idle_since is not None:
-                self.add_idle(max(0.0, start - self.idle_since), t_end)
-            self.active, self._activity_start, self._head_acc, self._head_open = True, start, 0.0, True
+            self._open(start, t_end)
         if self._head_open:
             if start < self._activity_start + self.head_s:
                 self._head_acc += arrivals
+                self._head_held = max(self._head_held, held)
             if t_end >= self._activity_start + self.head_s:
                 self._close_head(t_end)
         if self.active and not (arrived or busy_after):
@@ -131,27 +139,48 @@ class IdleTimes:
             if self._head_open:
                 self._close_head(t_end)
 
+    def _open(self, start: float, t: float) -> None:
+        """An activity starts at ``start`` (seen at ``t``): the idle time before it, and its head opens."""
+        if self.idle_since is not None:
+            self.add_idle(max(0.0, start - self.idle_since), t)
+        self.active, self._activity_start, self._head_acc, self._head_open = True, start, 0.0, True
+        self._head_held = 0.0
+
     def _close_head(self, t: float) -> None:
         self._head_open = False
-        self._add_head(self._head_acc, t)
+        self._add_head(max(self._head_acc, self._head_held), t)
+
+    def hold(self, held: float, now: float) -> None:
+        """Requests held at ``now`` with no fresh step to fold them into (a model at zero has nothing to scrape):
+        they open the activity (at ``now``) and count toward its head."""
+        if held <= 0:
+            return
+        if self.first_t is None:
+            self.first_t = now
+        if not self.active:
+            self._open(now, now)
+            self.last_t = max(self.last_t, now)  # (steps before the opening are not consumed after it)
+        if self._head_open:
+            self._head_held = max(self._head_held, held)
 
     def observe(self, rate: np.ndarray, in_flight: np.ndarray, held: float, step_s: float, now: float) -> None:
         """Fold in a metrics window's samples (oldest first, the last ending at ``now``); steps already consumed
         are skipped, so overlapping windows count each step once."""
         n = rate.size
         if n == 0 or step_s <= 0:
+            self.hold(held, now)
             return
         fresh = int(min(n, max(0, math.floor((now - self.last_t) / step_s + 1e-6)))) if self.last_t > -math.inf else n
         if fresh == 0:
+            self.hold(held, now)  # (the newest step already consumed: its held requests still open the activity)
             return
         rates = rate[n - fresh:].tolist()
         flights = in_flight[-fresh:].tolist() if in_flight.size >= fresh else [0.0] * fresh
         for i, (r, f) in enumerate(zip(rates, flights, strict=True)):
             t = now - (fresh - 1 - i) * step_s
             busy = (f > 1e-9) if math.isfinite(f) else False
-            if i == fresh - 1 and held > 0:
-                busy = True
-            self.step(t, step_s, r * step_s, busy)
+            h = held if i == fresh - 1 else 0.0  # (held: at the newest step)
+            self.step(t, step_s, r * step_s, busy or h > 0, h)
 
     @classmethod
     def from_rates(cls, rate: np.ndarray, step_s: float, end: float, *, keep_alive_s: float = 600.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,14 +123,20 @@ def test_decide_scales_to_zero_after_the_keep_alive_and_back_on_held_requests() 
         t += 10.0
         d = decide(ClusterSnapshot(t, {"m": one}, inv), _window(t, 0.0), state, config)
         reasons.append((t, d.plan.decisions.get("m")))
-        if d.plan.decisions.get("m") is Reason.SCALED_TO_ZERO:
+        if d.plan.of_type(SetRouting):
             break
     assert reasons[0][1] is Reason.KEEP_WARM
-    assert reasons[-1][1] is Reason.SCALED_TO_ZERO and 120.0 + 300.0 <= t <= 120.0 + 300.0 + 20.0
-    routes = [i for i, a in enumerate(d.plan.actions) if isinstance(a, SetRouting)]
-    scales = [i for i, a in enumerate(d.plan.actions) if isinstance(a, ScaleModel) and a.replicas == 0]
-    assert routes and scales and routes[0] < scales[0]
-    assert d.plan.actions[routes[0]] == SetRouting("m", True, "to zero")
+    # tick 1 past the keep-alive: routed through the activator first, still one replica (nothing is dropped
+    # between the routing switch and the scale)
+    assert 120.0 + 300.0 <= t <= 120.0 + 300.0 + 20.0
+    assert d.plan.of_type(SetRouting) == [SetRouting("m", True, "to zero")]
+    assert reasons[-1][1] is Reason.KEEP_WARM and not [a for a in d.plan.of_type(ScaleModel) if a.replicas == 0]
+    # tick 2, the view shows the routing through the activator: to zero, no routing change
+    routed = dataclasses.replace(one, via_activator=True)
+    t += 10.0
+    d = decide(ClusterSnapshot(t, {"m": routed}, inv), _window(t, 0.0), state, config)
+    assert d.plan.decisions["m"] is Reason.SCALED_TO_ZERO
+    assert [a.replicas for a in d.plan.of_type(ScaleModel)] == [0] and not d.plan.of_type(SetRouting)
     # at zero, routed through the activator: held requests bring one replica back at once, even not due and stale
     empty = Inventory.from_nodes(nodes_from_spec("1xH100-80GB"))
     at_zero = ModelObservation("m", SPEC, 0, (), via_activator=True)
@@ -160,3 +167,56 @@ def test_a_model_first_seen_at_zero_is_not_pre_warmed() -> None:
     n, reason, _ = zero.apply(_obs(0), SPEC, _m([], stale=True, held=2.0), 0, Reason.METRICS_STALE, "", None,
                               100.0, 40.0, None)
     assert (n, reason) == (1, Reason.ACTIVATED)
+
+
+def test_held_requests_keep_a_starting_replica_whatever_the_idle_age() -> None:
+    # After ACTIVATED: one active replica, not Ready, the requests still held by the activator (live, they are not
+    # in the pods' rate), a fresh zero-rate window and a long idle age: the replica must not be killed before it
+    # serves them.
+    idle = IdleTimes(range_s=300)
+    idle.idle_since, idle.first_t = 0.0, 0.0
+    starting = _obs(1, ready=False)
+    for desired in (0, 1, 3):
+        n, reason, _ = zero.apply(starting, SPEC, _m([0.0] * 6, held=3.0), desired, Reason.REACTIVE, "", idle,
+                                  5000.0, 60.0, None)
+        assert n == max(desired, 1)
+    n, reason, _ = zero.apply(starting, SPEC, _m([0.0] * 6, held=3.0), 0, Reason.REACTIVE, "", idle, 5000.0, 60.0,
+                              None)
+    assert reason is Reason.KEEP_WARM
+
+
+held_st = st.builds(
+    _m, st.lists(st.sampled_from([0.0, 0.0, 2.0]), min_size=1, max_size=6), st.none(), st.floats(0.5, 3),
+    st.booleans(), st.sampled_from([None, None, "a target down"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(held_st, st.integers(0, 4), st.integers(0, 5), st.floats(0, 1e5), st.sampled_from([None, False, True]),
+       st.booleans())
+def test_held_requests_always_keep_at_least_one(m: ModelMetrics, current: int, desired: int, age: float,
+                                                via: bool | None, ready: bool) -> None:
+    idle = IdleTimes(range_s=300)
+    idle.idle_since, idle.first_t = 0.0, 0.0
+    out, _, _ = zero.apply(_obs(current, via=via, ready=ready), SPEC, m, desired, Reason.REACTIVE, "", idle, age,
+                           60.0, None)
+    assert out == max(desired, 1)
+
+
+def test_never_to_zero_before_the_routing_through_the_activator() -> None:
+    idle = IdleTimes(range_s=300)
+    idle.idle_since, idle.first_t = 0.0, 0.0
+    quiet = _m([0.0, 0.0])
+    direct = _obs(1, via=False)
+    n, reason, detail = zero.apply(direct, SPEC, quiet, 1, Reason.REACTIVE, "", idle, 400.0, 60.0, None)
+    assert (n, reason, detail) == (1, Reason.KEEP_WARM, zero.ROUTING_WAIT)
+    assert zero.routing(direct, SPEC, n, detail) == SetRouting("m", True, "to zero")
+    routed = _obs(1, via=True)
+    n, reason, detail = zero.apply(routed, SPEC, quiet, 1, Reason.REACTIVE, "", idle, 400.0, 60.0, None)
+    assert (n, reason) == (0, Reason.SCALED_TO_ZERO)
+    assert zero.routing(routed, SPEC, n, detail) is None
+    # nobody fronts it: to zero at once, no routing
+    n, reason, detail = zero.apply(_obs(1), SPEC, quiet, 1, Reason.REACTIVE, "", idle, 400.0, 60.0, None)
+    assert (n, reason) == (0, Reason.SCALED_TO_ZERO) and zero.routing(_obs(1), SPEC, n, detail) is None
+    # kept warm for its own reasons: stays straight to the pods
+    n, reason, detail = zero.apply(direct, SPEC, quiet, 1, Reason.REACTIVE, "", idle, 100.0, 60.0, None)
+    assert (n, reason) == (1, Reason.KEEP_WARM) and zero.routing(direct, SPEC, n, detail) is None
