@@ -11,7 +11,10 @@ Replica count changes take effect at tick boundaries: a new replica starts empty
 replica (the most recently added one first, like a Deployment scale-down of its newest Pod) gets no new
 requests but keeps serving its queue. With no routable replica, arrivals wait in a model-level backlog
 and are dispatched in arrival order, at the start of the first tick that has a routable replica, as if
-they had arrived then (their latency still counts from their real arrival).
+they had arrived then (their latency still counts from their real arrival). A held request gives up like a client
+at ``request_timeout_s``: at the first tick start past its timeout it leaves the backlog (no longer held, in flight
+or served later; failed, never settled; ``cold_waits`` lists it undispatched with its wait until then, hence a
+cold-start timeout), as in the fluid engine.
 
 Speed (issue 15; :mod:`autoscaler.sim.queueing`): each replica has the speed of its slot, and a request dispatched to
 a replica of speed ``s`` occupies its server ``occupancy / s`` and has latency part ``latency part / s``. When a
@@ -55,6 +58,7 @@ class DesEngine:
         self._waiting: list[list[int]] = [[] for _ in range(self._m)]  # request ids with no replica yet
         self._cold: list[int] = []  # cold-started request ids (issue 18), in arrival order
         self._cold_at: dict[int, float] = {}  # cold-started request id -> when it was dispatched
+        self._gone_at: dict[int, float] = {}  # cold-started request id -> when it gave up (the request timeout)
         self._slo = workload.slo_s
         self._pct = workload.percentile
         # Per-request records grow as requests are generated (rate series) or are preallocated (logs).
@@ -181,6 +185,8 @@ class DesEngine:
                 self._speed[m] = [1.0] * want
                 self._capacity[m] = float(want)
             reps = self._servers[m]
+            if self._waiting[m]:
+                self._give_up(m, t0)
             if want and self._waiting[m]:
                 for i in self._waiting[m]:
                     self._dispatch(i, m, t0)
@@ -217,17 +223,36 @@ class DesEngine:
             cold_arrivals=np.bincount(self._mi[new_cold], minlength=self._m).astype(np.float64),
             cold_within=np.bincount(mi_c[ok], minlength=self._m).astype(np.float64),
             cold_within_timeout=np.bincount(mi_c[ok_to], minlength=self._m).astype(np.float64),
-            held=np.array([float(len(w)) for w in self._waiting]),
+            held=np.array([float(self._still_held(w, t1)) for w in self._waiting]),
         )
+
+    def _give_up(self, m: int, t0: float) -> None:
+        """Model ``m``'s held requests that waited past the request timeout by ``t0`` leave, like a client (module
+        docstring): failed, never served, no longer held or in flight."""
+        limit = t0 - self.request_timeout_s - 1e-9
+        gone = [i for i in self._waiting[m] if float(self._t[i]) < limit]
+        if not gone:
+            return
+        self._waiting[m] = [i for i in self._waiting[m] if float(self._t[i]) >= limit]
+        for i in gone:
+            self._gone_at[i] = t0
+        self._active = self._active[~np.isin(self._active, np.asarray(gone, dtype=np.int64))]
+
+    def _still_held(self, waiting: list[int], t1: float) -> int:
+        """Of a model's held requests, those that at ``t1`` have not yet waited past the request timeout."""
+        limit = t1 - self.request_timeout_s - 1e-9
+        return sum(1 for i in waiting if float(self._t[i]) >= limit)
 
     def cold_waits(self, now: float) -> ColdWaits:
         """The cold-started requests so far (:class:`autoscaler.sim.queueing.ColdWaits`), one entry per request."""
         ids = np.asarray(self._cold, dtype=np.int64)
         at = np.array([self._cold_at.get(int(i), np.nan) for i in ids], dtype=np.float64)
+        gone = np.array([self._gone_at.get(int(i), np.nan) for i in ids], dtype=np.float64)
         done = np.isfinite(at)
         t = self._t[ids]
-        # the wait for a replica: until dispatch (the tick boundary it met one at), or until now while held
-        dispatch = np.where(done, at, now)
+        # the wait for a replica: until dispatch (the tick boundary it met one at), until it gave up (the first tick
+        # boundary past its timeout), or until now while held
+        dispatch = np.where(done, at, np.where(np.isfinite(gone), gone, now))
         return ColdWaits(model_index=self._mi[ids], t=t, wait_s=dispatch - t, weight=np.ones(len(ids)),
                          dispatched=done)
 

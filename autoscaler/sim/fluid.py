@@ -5,7 +5,12 @@ wait sketch are one state that every tick moves together (splitting them would p
 
 Cold-started requests (issue 18): arrivals while a model has no routable replica join its held queue as one cohort
 per tick (expected count, mean arrival time: the tick's middle on rate series); when a replica becomes routable they
-are dispatched at that tick's start, each cohort's wait being that start less its mean arrival time."""
+are dispatched at that tick's start, each cohort's wait being that start less its mean arrival time. A cohort gives
+up like its clients at ``request_timeout_s``: at the first tick start past its timeout (from its mean arrival time) it
+leaves the held mass (not dispatched on the wake, so no load later; failed, as every cold-started request settled
+late in its arrival tick is) and ``cold_waits`` lists it undispatched with its wait until then, a cold-start timeout;
+the DES gives up each request the same way (:mod:`autoscaler.sim.des`).
+"""
 
 from __future__ import annotations
 
@@ -224,6 +229,7 @@ class FluidEngine:
         # those dispatched: (model, mean arrival time, wait for a replica, count).
         self._held_log: list[list[tuple[float, float]]] = [[] for _ in range(self._m)]
         self._cold_done: list[tuple[int, float, float, float]] = []
+        self._cold_gone: list[tuple[int, float, float, float]] = []  # held cohorts that gave up (the timeout)
         self._draining = np.zeros(self._m)  # requests on removed replicas, not finished yet
         self._lat_q = np.array([np.percentile(w.latency_pts[m], w.percentile[m]) for m in range(self._m)])
         self._decode_bound = bool(w.decode_bound.any())
@@ -406,6 +412,7 @@ class FluidEngine:
             if not np.array_equal(cap, n):
                 inv_s = np.where(has & (cap > 0), n_safe / np.where(cap > 0, cap, 1.0), 1.0)
                 self._speeds_seen = True
+        self._give_up(t0)
         if not np.array_equal(n, self._n_a + self._n_b):
             for i in np.flatnonzero((self._n_a + self._n_b == 0) & (n > 0)):  # held requests dispatched at t0
                 self._cold_done.extend((int(i), t, t0 - t, c) for t, c in self._held_log[i])
@@ -587,13 +594,32 @@ class FluidEngine:
             cold_arrivals=cold,
             cold_within=np.zeros(m),  # settled late in their arrival tick (module docstring)
             cold_within_timeout=np.zeros(m),
-            held=self._held.copy(),
+            held=self._still_held(t1),
         )
+
+    def _give_up(self, t0: float) -> None:
+        """Held cohorts that waited past the request timeout by ``t0`` leave, like clients (module docstring): out of
+        the held mass (not dispatched on the wake, not served later), listed undispatched with their wait."""
+        limit = t0 - self.request_timeout_s - 1e-9
+        for i, log in enumerate(self._held_log):
+            gone = [(t, c) for t, c in log if t < limit]
+            if not gone:
+                continue
+            self._held_log[i] = [(t, c) for t, c in log if t >= limit]
+            self._cold_gone.extend((i, t, t0 - t, c) for t, c in gone)
+            self._held[i] = max(0.0, self._held[i] - sum(c for _, c in gone)) if self._held_log[i] else 0.0
+
+    def _still_held(self, t1: float) -> np.ndarray:
+        """The held mass at ``t1`` less the cohorts that by then waited past the request timeout."""
+        limit = t1 - self.request_timeout_s - 1e-9
+        late = np.array([sum(c for t, c in log if t < limit) for log in self._held_log])
+        return np.maximum(self._held - late, 0.0) if late.size else self._held.copy()
 
     def cold_waits(self, now: float) -> ColdWaits:
         """The cold-started requests so far (:class:`autoscaler.sim.queueing.ColdWaits`), one entry per model and
         arrival tick, weighted by its expected count."""
         rows = [(i, t, w, c, True) for i, t, w, c in self._cold_done]
+        rows += [(i, t, w, c, False) for i, t, w, c in self._cold_gone]
         rows += [(i, t, now - t, c, False) for i, log in enumerate(self._held_log) for t, c in log]
         cols = list(zip(*rows, strict=True)) if rows else [(), (), (), (), ()]
         return ColdWaits(model_index=np.asarray(cols[0], dtype=np.int64), t=np.asarray(cols[1], dtype=np.float64),

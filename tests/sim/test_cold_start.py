@@ -61,11 +61,50 @@ def test_a_request_with_a_replica_is_not_cold_started(engine: type) -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_request_still_held_at_the_end_has_waited_until_then(engine: type) -> None:
-    e = engine(one_request())
+    e = engine(one_request(), request_timeout_s=1000.0)
     for k in range(9):
         e.step(k * 10.0, 10.0, np.array([0]))
     w = e.cold_waits(90.0)
     assert w.dispatched.tolist() == [False] and w.wait_s == pytest.approx([85.0])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_held_request_gives_up_at_the_request_timeout(engine: type) -> None:
+    # held from t=5 s with a 60 s timeout: gone at the first tick start past 65 s (70 s), no longer held, a
+    # cold-start timeout; the replica that comes at 90 s serves nothing (no load, nothing completed or successful)
+    e = engine(one_request(), request_timeout_s=60.0)
+    held, done, ok, busy = [], 0.0, 0.0, 0.0
+    for k in range(12):
+        st_ = e.step(k * 10.0, 10.0, np.array([0 if k < 9 else 1]))
+        held.append(float(st_.held[0]))
+        done += float(st_.completed[0])
+        ok += float(st_.within_timeout[0]) + float(st_.within_slo[0])
+        busy += float(st_.busy[0])
+    assert held == pytest.approx([1.0] * 6 + [0.0] * 6)
+    assert done == pytest.approx(0.0, abs=1e-4) and ok == 0.0 and busy == pytest.approx(0.0, abs=1e-4)
+    w = e.cold_waits(120.0)
+    assert w.dispatched.tolist() == [False] and w.wait_s == pytest.approx([65.0]) and w.wait_s[0] > 60.0
+    assert w.weight == pytest.approx([1.0])
+
+
+def test_both_engines_give_up_the_same_held_requests() -> None:
+    # many requests held over a long zero stretch, then a replica: the same held series and the same timeouts
+    t = np.arange(0.5, 200.0, 2.0)
+    wl = Workload.from_requests(["a"], t=t, model_index=np.zeros(t.size, dtype=np.int64),
+                                occupancy_s=np.full(t.size, 0.2), latency_part_s=np.full(t.size, 0.2),
+                                concurrency=4, slo_s=2.0)
+    out = []
+    for engine in ENGINES:
+        e = engine(wl, request_timeout_s=30.0)
+        held = [float(e.step(k * 10.0, 10.0, np.array([0 if k < 15 else 1])).held[0]) for k in range(25)]
+        w = e.cold_waits(250.0)
+        out.append((held, float(w.weight[(~w.dispatched) & (w.wait_s > 30.0)].sum()),
+                    float(w.weight[w.dispatched].sum())))
+    (h_f, gone_f, met_f), (h_d, gone_d, met_d) = out
+    assert max(h_d) <= 16 and h_d[14] == pytest.approx(15.0)  # at most ~30 s of arrivals held, never the pile
+    assert gone_d == 60.0 and met_d == 15.0  # requests from 120 s on met the replica at 150 s; the rest gave up
+    assert gone_f == pytest.approx(gone_d, abs=5.0) and met_f == pytest.approx(met_d, abs=5.0)
+    np.testing.assert_allclose(h_f, h_d, atol=5.0)
 
 
 def test_the_des_counts_the_cold_started_requests_within_the_slo_where_it_settles_them() -> None:
