@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import socket
 
 log = logging.getLogger("slotwise.activator")
@@ -23,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a name resolving to every controller replica (a headless Service): each address is told")
     p.add_argument("--queue-limit", type=int, default=1000, help="held requests per model before 503")
     p.add_argument("--hold-timeout-s", type=float, default=300.0, help="a held request is answered 504 after this")
+    p.add_argument("--drain-timeout-s", type=float, default=None,
+                   help="on SIGTERM, how long held requests and open streams may take to finish before the process "
+                        "exits anyway (default: the hold timeout + 30 s, so every held request gets its full hold)")
     p.add_argument("--port", type=int, default=8012, help="the proxy port")
     p.add_argument("--admin-port", type=int, default=9090, help="/metrics, /healthz, /readyz")
     p.add_argument("--host", default="0.0.0.0", help="the address both ports listen on")
@@ -64,10 +68,16 @@ async def serve(args: argparse.Namespace) -> int:
         watch = SliceWatch(api, table, activator.on_change, version=slice_version(await discover(api)),
                            namespaces=namespaces)
 
+        stopping = asyncio.Event()
+
         def ready() -> tuple[bool, str]:
+            if stopping.is_set():
+                return False, "draining: SIGTERM received"
             return (True, "ok") if watch.synced else (False, "EndpointSlice informers not synced yet")
 
-        proxy = web.ServerRunner(activator.proxy_server())
+        drain_s = args.drain_timeout_s if args.drain_timeout_s is not None else args.hold_timeout_s + 30.0
+        # cleanup() closes the listener, then waits up to shutdown_timeout for the handlers in flight
+        proxy = web.ServerRunner(activator.proxy_server(), shutdown_timeout=drain_s)
         admin = web.AppRunner(admin_app(metrics, ready), access_log=None)
         await proxy.setup()
         await admin.setup()
@@ -76,12 +86,29 @@ async def serve(args: argparse.Namespace) -> int:
         log.info("activator %s: proxy on %s:%d, admin on %s:%d", args.pod_name, args.host, args.port, args.host,
                  args.admin_port)
         print(f"listening on {args.port}", flush=True)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
         tasks = [asyncio.create_task(i.run()) for i in watch.informers] + [asyncio.create_task(notifier.run())]
+        stop = asyncio.create_task(stopping.wait())
         try:
-            await asyncio.gather(*tasks)
+            await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t.done():
+                    t.result()  # an informer or the notifier died: raise it
+            # SIGTERM (the pod is deleted; the chart's preStop sleep let kube-proxy stop sending here first):
+            # /readyz fails at once, the listener closes, held requests (forwarded or timed out) and open streams
+            # finish up to drain_s. The informers and the notifier keep running meanwhile: a held request is
+            # released by the watch and its model woken by the reports.
+            held = sum(len(q) for q in activator.queues.values())
+            log.info("SIGTERM: draining (%d held requests), up to %g s", held, drain_s)
+            await proxy.cleanup()
+            log.info("drained; exiting")
         finally:
+            stop.cancel()
             for t in tasks:
                 t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await proxy.cleanup()
             await admin.cleanup()
     return 0

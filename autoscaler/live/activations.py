@@ -7,8 +7,13 @@ docs/scale-to-zero.md) on its first held request for a model and every second wh
                                            "held": n, "oldest_wait_s": s}]}
 
 :meth:`ActivationBook.report` records the counts per (activator, model) and, when a report holds requests for a
-model the book is told has no active replica, sets :attr:`ActivationBook.wake` -- the event the leader's tick loop
-waits on with its tick timeout, so a scale from zero is planned at once, not at the next tick. A count expires
+model the book is told has no active replica (none placed and not draining), or for a model new to the book, sets
+:attr:`ActivationBook.wake` -- the event the leader's tick loop waits on with its tick timeout, so a scale from
+zero is planned at once, not at the next tick. A model whose replica is starting (a cold start of minutes) has
+nothing a tick could do sooner, so the reports that come every second from every activator meanwhile wake
+nothing; and wakes are at most one per ``min_wake_interval_s`` whatever comes (a burst of reports is one tick).
+A wake refused by that limit is not lost for a model still without an active replica: its activators report
+again within a second. A count expires
 ``ttl_s`` after its activator's last report (an activator that died, or stopped holding, stops counting).
 :meth:`held` sums them per model key (``"<namespace>/<workload name>"``): the controller merges that into the
 metrics window as ``ModelMetrics.held_requests``.
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_TTL_S = 5.0  # a held count lives this long after its activator's last report (reports come every second)
+MIN_WAKE_INTERVAL_S = 1.0  # at most one wake of the tick loop per this long (activators report every second)
 
 
 class ActivationError(ValueError):
@@ -71,34 +77,44 @@ def parse_report(body: Any) -> tuple[str, list[tuple[str, int, float]]]:
 class ActivationBook:
     """Held counts per (activator, model), expiring; ``wake`` set by a report that needs a scale from zero.
 
-    ``active(model)`` says whether a model has an active replica now (the controller answers from its last view:
-    a model it does not know counts as without one, so a report never waits on a tick that could not know it)."""
+    ``active(model)`` says whether a model has an active replica now (placed and not draining: Ready or still
+    starting; the controller answers from its last view: a model it does not know counts as without one, so a
+    report never waits on a tick that could not know it)."""
 
-    def __init__(self, ttl_s: float = DEFAULT_TTL_S, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float = DEFAULT_TTL_S, *, clock: Callable[[], float] = time.monotonic,
+                 min_wake_interval_s: float = MIN_WAKE_INTERVAL_S) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
+        self.min_wake_interval_s = min_wake_interval_s
         self.wake = asyncio.Event()
         self.active: Callable[[str], bool] = lambda _model: False
         self._held: dict[tuple[str, str], Held] = {}
+        self._woke_at: float | None = None
         self.reports = 0
+        self.wakes = 0
 
     def report(self, body: Any) -> bool:
         """Book one report (the parsed JSON); True when it woke the loop. Raises :class:`ActivationError`."""
         activator, models = parse_report(body)
         now = self.clock()
         self.reports += 1
+        # models any activator holds requests for now, before this report (the expired ones do not count)
+        known = {m for (_, m), h in self._held.items() if now - h.at <= self.ttl_s}
         # the activator's report replaces its earlier one: a model it no longer lists holds nothing there
         for k in [k for k in self._held if k[0] == activator]:
             del self._held[k]
-        woke = False
+        wants = False
         for model, held, wait in models:
             if held > 0:
                 self._held[(activator, model)] = Held(held, wait, now)
-                if not self.active(model):
-                    woke = True
-        if woke:
-            self.wake.set()
-        return woke
+                if model not in known or not self.active(model):
+                    wants = True
+        if not wants or (self._woke_at is not None and now - self._woke_at < self.min_wake_interval_s):
+            return False
+        self._woke_at = now
+        self.wakes += 1
+        self.wake.set()
+        return True
 
     def held(self) -> dict[str, float]:
         """Model key -> requests held for it now, summed over the activators whose report has not expired."""

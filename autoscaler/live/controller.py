@@ -20,7 +20,7 @@ The same decision core as the simulator, configured by the same function
 - **report**: ``/metrics``, ``/healthz``, ``/readyz`` (:mod:`autoscaler.live.exporter`, served by
   :mod:`autoscaler.live.health`), a log line per action.
 - **activations** (issue 18, ``activator_enabled``): every replica books the activators' ``POST /v1/activations``
-  (:mod:`autoscaler.live.activations`); a report holding requests for a model without a Ready replica wakes the
+  (:mod:`autoscaler.live.activations`); a report holding requests for a model without an active replica wakes the
   leader's loop at once (it waits on that event with its tick timeout), and the held counts reach the decision as
   ``ModelMetrics.held_requests``. The controller's activator EndpointSlices and the activator's pods are watched
   for the routing (:mod:`autoscaler.live.kube.routing`).
@@ -226,8 +226,10 @@ class Controller:
             self.activator_pods = Informer(api_client, f"/api/v1/namespaces/{ans}/pods",
                                            label_selector=settings.activator_selector, name="activator-pods")
         self.activations = ActivationBook(settings.activation_ttl_s)
-        self._ready_models: set[str] = set()  # models with a Ready replica in the last view
-        self.activations.active = lambda model: model in self._ready_models
+        # models with an active replica (placed, not draining: Ready or starting) in the last view; a report for one
+        # does not wake the tick (a cold start in progress has nothing a tick could do sooner)
+        self._active_models: set[str] = set()
+        self.activations.active = lambda model: model in self._active_models
         self.informers = [self.deployments, self.pods, self.nodes, *self.training, *self.watched.values(),
                           *([self.activator_pods] if self.activator_pods is not None else [])]
         self.cluster: ViewPort[ClusterView] = InformerCluster(self.deployments, self.pods, self.nodes, self.training,
@@ -240,6 +242,9 @@ class Controller:
         self.actuator = KubeActuator(api_client, settings.actuator)  # an AsyncActuator, with the write gate
         if self.activator_pods is not None:
             self.actuator.activator_pods = self.activator_pods.items
+            # the reconcile of the activator slices compares what the informers hold (no reads while in step);
+            # looked up each time: discover() may replace the slice informer (v1beta1 on an old apiserver)
+            self.actuator.routing.slices = lambda: self.watched[ENDPOINT_SLICE_WATCH].items()
         # Lending: lend/reclaim writes (node label+taint and evictions, or Kueue quota and Workload deactivation).
         # Always built: a reclaim in flight is carried to its end even if lending is switched off meanwhile.
         # (report mode writes status and Events only: no lending, no evictions)
@@ -312,7 +317,7 @@ class Controller:
     # -- one pass ---------------------------------------------------------------------------------------------
     def view(self) -> ClusterView:
         view = self.cluster.view(self.clock())
-        self._ready_models = {k for k, o in view.snapshot.models.items() if any(r.ready for r in o.replicas)}
+        self._active_models = {k for k, o in view.snapshot.models.items() if o.active_replicas > 0}
         return view
 
     async def metrics_window(self, view: ClusterView) -> MetricsWindow:
@@ -447,7 +452,7 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """Observe always (a follower keeps warm caches), decide and act only as the leader; until ``stop``."""
         runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port,
-                                  self.activations, leading=self.gate.open)
+                                  self.activations, leading=self.gate.open, allowed=self._activator_ips())
         try:
             await self.discover()
         except BaseException:
@@ -494,6 +499,17 @@ class Controller:
             for w in waits:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+
+    def _activator_ips(self) -> Callable[[], set[str]] | None:
+        """Where activation reports are taken from: the IPs of the activator pods the informer knows (any phase: a
+        pod reports as soon as it holds a request). POST /v1/activations has no other authentication and shares
+        the metrics port. None (the activator not enabled): the book only counts, nothing fronts a model."""
+        pods = self.activator_pods
+        if pods is None:
+            return None
+        return lambda: {str(ip) for p in pods.items()
+                        for ip in [(p.get("status") or {}).get("podIP"),
+                                   *[i.get("ip") for i in (p.get("status") or {}).get("podIPs") or ()]] if ip}
 
     def _watch_kueue(self, path: str) -> None:
         """Watch Kueue Workloads at ``path`` (the version the apiserver serves: v1beta2 on a current Kueue)."""

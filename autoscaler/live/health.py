@@ -4,15 +4,18 @@
 text exposition format of :class:`~autoscaler.live.exporter.ControllerMetrics`), ``/healthz`` and ``/readyz``
 (200, or 503 with the reason as the body) from an aiohttp app; with an
 :class:`~autoscaler.live.activations.ActivationBook` also ``POST /v1/activations`` (the activators' reports, issue
-18: 202 ``{"leader": bool}``, 400 with the reason for a body that is not the contract's JSON).
+18: 202 ``{"leader": bool}``, 400 with the reason for a body that is not the contract's JSON, 403 from an address
+that is not an activator pod's when the controller is told which ones are: the route has no other authentication,
+and it shares the metrics port).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -76,8 +79,25 @@ def _answer(result: tuple[bool, str]) -> web.Response:
     return web.Response(status=200 if ok else 503, text=why + "\n")
 
 
-def _activations_route(book: ActivationBook, leading: Callable[[], bool]) -> Callable:
+def _address(ip: str | None) -> str:
+    """``ip`` as one spelling (an IPv4 peer seen on a dual-stack socket as ``::ffff:a.b.c.d`` is ``a.b.c.d``)."""
+    try:
+        addr = ipaddress.ip_address(ip or "")
+    except ValueError:
+        return ip or ""
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return str(mapped or addr)
+
+
+Allowed = Callable[[], Collection[str]]
+
+
+def _activations_route(book: ActivationBook, leading: Callable[[], bool], allowed: Allowed | None) -> Callable:
     async def activations(request: web.Request) -> web.Response:
+        if allowed is not None:
+            peer = _address(request.remote)
+            if peer not in {_address(ip) for ip in allowed()}:
+                return web.Response(status=403, text=f"activation report refused: {peer} is not an activator pod\n")
         try:
             body = json.loads(await request.read())
         except (ValueError, UnicodeDecodeError) as e:
@@ -92,7 +112,8 @@ def _activations_route(book: ActivationBook, leading: Callable[[], bool]) -> Cal
 
 
 def build_app(metrics: ControllerMetrics, health: Health, activations: ActivationBook | None = None,
-              leading: Callable[[], bool] = lambda: False) -> web.Application:
+              leading: Callable[[], bool] = lambda: False, allowed: Allowed | None = None) -> web.Application:
+    """``allowed``: the addresses ``POST /v1/activations`` is taken from (the activator pods' IPs; None: any)."""
     async def serve_metrics(_request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -107,16 +128,16 @@ def build_app(metrics: ControllerMetrics, health: Health, activations: Activatio
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if activations is not None:
-        app.router.add_post("/v1/activations", _activations_route(activations, leading))
+        app.router.add_post("/v1/activations", _activations_route(activations, leading, allowed))
     return app
 
 
 async def start_http(metrics: ControllerMetrics, health: Health, host: str, port: int,
                      activations: ActivationBook | None = None,
-                     leading: Callable[[], bool] = lambda: False) -> web.AppRunner:
+                     leading: Callable[[], bool] = lambda: False, allowed: Allowed | None = None) -> web.AppRunner:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; read it
     from the runner's ``addresses``). Stop with ``await runner.cleanup()``."""
-    runner = web.AppRunner(build_app(metrics, health, activations, leading), access_log=None)
+    runner = web.AppRunner(build_app(metrics, health, activations, leading, allowed), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

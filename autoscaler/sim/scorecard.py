@@ -280,6 +280,10 @@ def model_counts(result: SimResult, attainable: np.ndarray | None = None) -> Cou
     # Met and missed are rounded first, and then split by attainability, so that the violating count does not
     # depend on the mask (the team view, without one, says the same number).
     two = _whole(np.stack([(arrivals * ~missed).sum(axis=1), (arrivals * missed).sum(axis=1)], axis=1))
+    if exempting:  # judged = the rounded requests less the rounded cold-started ones, so the two always add up
+        judged = np.maximum(total - cold, 0)
+        two[:, 0] = np.maximum(two[:, 0] + judged - two.sum(axis=1), 0)
+        two[:, 1] = np.minimum(two[:, 1], judged - two[:, 0])
     p = np.zeros((arrivals.shape[0], 4), dtype=np.int64)
     for k, part in enumerate((~missed, missed)):
         whole = (arrivals * part).sum(axis=1)

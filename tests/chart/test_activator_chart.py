@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from test_chart import cluster_rules, load_settings, one, render, settings_text
+from test_chart import cluster_rules, load_settings, one, render, role_rules, settings_text
 
 if TYPE_CHECKING:
     from realparts.helm import Helm
@@ -60,9 +60,9 @@ def test_enabled_renders_an_ha_activator_with_read_only_rbac(helm: Helm, tmp_pat
                                     "namespace": "slotwise-system"}]
 
     controller = {r for r in cluster_rules([d for d in docs if d["metadata"]["name"] == "rel-slotwise"])}
-    for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
-        assert ("discovery.k8s.io", "endpointslices", verb) in controller, verb
-    assert ("", "services", "get") in controller
+    assert {v for g, r, v in controller if r == "endpointslices"} == {"get", "list", "watch", "create", "update",
+                                                                       "delete"}  # no patch: never used
+    assert {v for g, r, v in controller if r == "services"} == {"get"}
 
     path = tmp_path / "config.yaml"
     path.write_text(settings_text(docs))
@@ -76,3 +76,16 @@ def test_dry_run_grants_the_controller_no_slice_writes(helm: Helm) -> None:
     docs = render(helm, *ON, "--set", "config.actuator.dry_run=true")
     controller = cluster_rules([d for d in docs if d["metadata"]["name"] == "rel-slotwise"])
     assert {v for g, r, v in controller if r == "endpointslices"} == {"get", "list", "watch"}
+
+
+def test_namespaced_mode_grants_the_routing_in_the_model_namespace_only(helm: Helm) -> None:
+    docs = render(helm, *ON, "--set", "config.namespace=ml")
+    controller = cluster_rules([d for d in docs if d["metadata"]["name"] == "rel-slotwise"])
+    assert not {r for r in controller if r[1] in ("endpointslices", "services")}, controller
+    models = role_rules(docs, "ml", "rel-slotwise-models")
+    assert {v for g, r, v in models if (g, r) == ("discovery.k8s.io", "endpointslices")} == \
+        {"get", "list", "watch", "create", "update", "delete"}
+    assert {v for g, r, v in models if (g, r) == ("", "services")} == {"get"}
+    # without the activator, no routing rules anywhere
+    off = render(helm, "--set", "config.namespace=ml")
+    assert not {r for r in role_rules(off, "ml", "rel-slotwise-models") if r[1] in ("endpointslices", "services")}

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from autoscaler.live.activator.routes import RouteTable
 MODELSERVER = Path(__file__).resolve().parents[1] / "realparts" / "modelserver.py"
 MODEL = {"X-Slotwise-Model": "ns/llm"}
 pytestmark = pytest.mark.asyncio
+pytest_plugins = ("realparts.kube",)  # the SIGTERM test runs `slotwise activator` against the real apiserver
 
 
 def free_port() -> int:
@@ -317,3 +320,82 @@ async def test_held_requests_answered_503_when_their_route_disappears(rig: Rig, 
     # the controller hears the model's held count drop to 0
     await eventually(lambda: any(m["held"] == 0 and m["model"] == "llm-deploy"
                                  for _, rep in rig.controller.reports for m in rep["models"]), "no held 0 report")
+
+
+async def _post_slice(api: Any, ns: str, body: dict[str, Any]) -> None:
+    from autoscaler.live.activator.watch import slice_version
+    from autoscaler.live.kube.discovery import discover
+
+    version = slice_version(await discover(api))
+    body = {**body, "apiVersion": f"discovery.k8s.io/{version}"}
+    body["metadata"] = {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}
+    resp = await api.call_api(f"/apis/discovery.k8s.io/{version}/namespaces/{ns}/endpointslices", "POST",
+                              body=body, header_params={"Content-Type": "application/json"},
+                              auth_settings=["BearerToken"], _preload_content=False)
+    assert resp.status < 300, await resp.text()
+
+
+async def test_sigterm_drains_a_held_request_then_exits_0(api: Any, kube_apiserver: Any, servers: list[int],
+                                                          tmp_path: Path) -> None:
+    """The process gets SIGTERM while it holds a request: /readyz fails at once, new connections are refused, and
+    when a backend then appears the held request is still answered 200; then the process exits 0."""
+    from kubernetes_asyncio import client
+
+    ns = "drain-" + uuid.uuid4().hex[:6]
+    await client.CoreV1Api(api).create_namespace({"metadata": {"name": ns}})
+    await _post_slice(api, ns, activator_slice(ns, "llm", "llm-deploy"))
+    port, admin = free_port(), free_port()
+    log = tmp_path / "activator.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoscaler.cli.main", "activator", "--kubeconfig", str(kube_apiserver.kubeconfig),
+         "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin), "--namespace", ns,
+         "--pod-name", "activator-drain", "--hold-timeout-s", "60", "--drain-timeout-s", "30"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        async with aiohttp.ClientSession() as c:
+            async def status(url: str) -> int:
+                try:
+                    async with c.get(url) as r:
+                        return r.status
+                except aiohttp.ClientError:
+                    return 0
+
+            deadline = time.monotonic() + 30
+            while await status(f"http://127.0.0.1:{admin}/readyz") != 200:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # the watch has the route (the informers synced with it listed)
+            request = asyncio.create_task(c.post(f"http://127.0.0.1:{port}/v1/completions",
+                                                 json={"max_tokens": 2}, headers={"X-Slotwise-Model": f"{ns}/llm"}))
+
+            async def held() -> bool:
+                async with c.get(f"http://127.0.0.1:{admin}/metrics") as r:
+                    text = await r.text()
+                return f'slotwise_activator_held_requests{{model="llm-deploy",namespace="{ns}"}} 1.0' in text
+
+            deadline = time.monotonic() + 10
+            while not await held():
+                assert not request.done() and time.monotonic() < deadline, log.read_text()[-2000:]
+                await asyncio.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while await status(f"http://127.0.0.1:{admin}/readyz") != 503:
+                assert time.monotonic() < deadline, "/readyz still ready after SIGTERM"
+                await asyncio.sleep(0.05)
+            def refused() -> bool:  # the listener is closed: no new connections
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except OSError:
+                    return True
+                return False
+
+            await eventually(refused, "the proxy port still accepts connections after SIGTERM", timeout=3)
+            assert not request.done() and proc.poll() is None  # still holding
+            await _post_slice(api, ns, pod_slice(ns, "llm", [("127.0.0.1", True)], [("http", servers[0])]))
+            resp = await asyncio.wait_for(request, 15)
+            assert resp.status == 200 and (await resp.json())["choices"][0]["text"] == "tok0 tok1"
+        assert proc.wait(15) == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -3,9 +3,11 @@ EndpointSlices at discovery.k8s.io/v1beta1).
 
 - ``SetRouting`` writes the activator EndpointSlice of the model's Service with the contract's labels, ports and
   endpoints (the Ready activator pods), keeps its endpoints in step with those pods, and deletes it;
-- a routing write that fails blocks the scale to zero of the same model in the same tick (never drop traffic);
+- a routing write that fails, or finds no Ready activator pod, blocks the scale to zero of the same model in the
+  same tick (never drop traffic); the reconciles of slices in step read nothing and come after the scale writes;
 - ``POST /v1/activations`` on the controller's HTTP port wakes the tick loop at once (well before the tick
-  interval) and the held count reaches the metrics window as ``held_requests``; bad JSON is a 400.
+  interval) and the held count reaches the metrics window as ``held_requests``; bad JSON is a 400, a report from
+  an address that is not an activator pod's a 403; reports during a cold start do not storm the tick.
 
 The activation book and the slice texts are also checked pure, without the apiserver.
 """
@@ -13,6 +15,7 @@ The activation book and the slice texts are also checked pure, without the apise
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -68,14 +71,44 @@ def test_the_book_sums_activators_and_forgets_a_silent_one() -> None:
     assert book.held() == {}
 
 
-def test_the_book_wakes_only_for_a_model_without_a_ready_replica() -> None:
-    book = ActivationBook(clock=Clock())
+def test_the_book_wakes_for_a_model_without_an_active_replica_or_new_to_it() -> None:
+    clock = Clock()
+    book = ActivationBook(clock=clock)
     book.active = lambda model: model == "ml/warm"
-    assert not book.report(_report("a", 4, "warm"))
+    assert book.report(_report("a", 4, "warm"))  # new to the book: wakes (the view may not know it yet)
+    book.wake.clear()
+    clock.t += 2.0
+    assert not book.report(_report("a", 5, "warm"))  # known, with an active replica: nothing a tick could do
+    assert not book.report(_report("b", 1, "warm"))  # another activator, same model: still known
     assert not book.wake.is_set()
     assert not book.report(_report("a", 0, "cold"))  # nothing held: nothing to wake for
     assert book.report(_report("a", 1, "cold"))
     assert book.wake.is_set()
+
+
+def test_reports_during_a_cold_start_do_not_storm_the_tick() -> None:
+    """A model whose replica is starting (placed, not Ready) for minutes: every activator reports every second;
+    only the first report wakes. A model at zero (no active replica) wakes at most once per second however many
+    reports come."""
+    clock = Clock()
+    book = ActivationBook(clock=clock)
+    starting = {"ml/chat"}
+    book.active = lambda model: model in starting
+    wakes = 0
+    for _ in range(120):  # two minutes of a cold start, three activators
+        for a in ("a-1", "a-2", "a-3"):
+            wakes += book.report(_report(a, 7, "chat"))
+        clock.t += 1.0
+    assert wakes == 1  # the first report (a model new to the book); none while its replica starts
+    starting.clear()  # at zero: every report asks for a scale from zero, the limit keeps it to one wake a second
+    woke_at = []
+    for _ in range(40):
+        for a in ("a-1", "a-2", "a-3"):
+            if book.report(_report(a, 7, "chat")):
+                woke_at.append(clock.t)
+        clock.t += 0.25
+    assert 10 <= len(woke_at) <= 10 + 1, woke_at
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(woke_at)), woke_at
 
 
 @pytest.mark.parametrize("body", [[], {"models": []}, {"activator": "a", "models": {}},
@@ -219,19 +252,34 @@ async def test_set_routing_writes_the_contract_slice_follows_the_activator_and_d
         assert got["metadata"]["labels"] == {"kubernetes.io/service-name": "chat",
                                              "endpointslice.kubernetes.io/managed-by": "slotwise.io",
                                              "slotwise.io/model": "chat"}
-        assert sorted((p["name"], p["port"]) for p in got["ports"]) == [("http", 8012), ("metrics", 8012)]
+        # only the Service's first port goes to the activator (one listener cannot tell which port a request came
+        # through); "metrics" is left to the pods' own slice
+        assert [(p["name"], p["port"]) for p in got["ports"]] == [("http", 8012)]
         assert [e["addresses"] for e in got["endpoints"]] == [["10.1.0.1"]]
         await _eventually(lambda: ctl.view().snapshot.models[f"{ns}/chat"].via_activator is True)
 
         # a second activator pod becomes Ready: the next tick's reconcile adds it, without a SetRouting planned
         await _activator_pod(api, ns, "activator-b", "10.1.0.2")
         await _eventually(lambda: len(activator_endpoints(ctl.activator_pods.items())) == 2)
-        report = await ctl.actuator.apply(Plan(now=time.time()), ctl.view())
+        order: list[str] = []
+
+        async def seen(what: str, _key: str) -> None:
+            order.append(what)
+
+        ctl.actuator.before_write = seen
+        # the tick's scale writes come first, the reconciles after them
+        plan = Plan(now=time.time(), actions=[ScaleModel(f"{ns}/chat", 2, previous=1, reason=Reason.ACTIVATED)])
+        report = await ctl.actuator.apply(plan, ctl.view())
+        ctl.actuator.before_write = None
         assert any("EndpointSlice updated" in line for line in report.applied), report
+        assert order == ["scale", "routing"], order
         got = await _slice(api, ns, version)
         assert sorted(e["addresses"][0] for e in got["endpoints"]) == ["10.1.0.1", "10.1.0.2"]
+        await _eventually(lambda: len(ctl.watched[ENDPOINT_SLICE_WATCH].items()[0]["endpoints"]) == 2)
+        reads = ctl.actuator.routing.reads
         again = await ctl.actuator.apply(Plan(now=time.time()), ctl.view())
-        assert not again.applied  # in step: nothing written
+        assert not again.applied and not again.errors  # in step: nothing written ...
+        assert ctl.actuator.routing.reads == reads  # ... and nothing read: the informers' copies said so
 
         plan = Plan(now=time.time(), actions=[SetRouting(f"{ns}/chat", False, "test")])
         report = await ctl.actuator.apply(plan, ctl.view())
@@ -284,6 +332,26 @@ async def test_a_failed_routing_write_blocks_the_scale_to_zero(api: ApiClient, n
 
 
 @pytest.mark.asyncio
+async def test_no_ready_activator_pod_is_a_failed_routing_write_and_blocks_the_scale_to_zero(api: ApiClient,
+                                                                                             ns: str) -> None:
+    await _model(api, ns, replicas=1)
+    ctl = await _controller(api, ns)  # the activator is enabled, but none of its pods is there
+    tasks = await _sync(ctl)
+    try:
+        view = ctl.view()
+        plan = Plan(now=view.snapshot.now, actions=[
+            SetRouting(f"{ns}/chat", True, "to zero"),
+            ScaleModel(f"{ns}/chat", 0, previous=1, reason=Reason.SCALED_TO_ZERO)])
+        report = await ctl.actuator.apply(plan, view)
+        assert len(report.errors) == 1 and "no Ready activator pod" in report.errors[0], report
+        assert [why for _, why in report.skipped] == ["routing-failed"], report
+        assert await _scale_of(api, ns) == 1  # its traffic keeps its pod
+        assert await _slice(api, ns, ENDPOINT_SLICE_WATCH.version(ctl.apis)) is None  # no empty slice written
+    finally:
+        await _stop(tasks)
+
+
+@pytest.mark.asyncio
 async def test_an_activation_report_wakes_the_tick_at_once(api: ApiClient, ns: str) -> None:
     from realparts.prometheus import free_port
 
@@ -301,6 +369,13 @@ async def test_an_activation_report_wakes_the_tick_at_once(api: ApiClient, ns: s
         ticks = ctl.ticks
         url = f"http://127.0.0.1:{port}/v1/activations"
         async with aiohttp.ClientSession() as http:
+            # only the activator pods' IPs may report (the route has no other authentication): none is known yet
+            async with http.post(url, json=_report("activator-a", 2, "chat", ns)) as refused:
+                assert refused.status == 403 and "not an activator pod" in await refused.text()
+            assert ctl.activations.held() == {}
+            await _activator_pod(api, ns, "activator-a", "127.0.0.1")
+            await _eventually(lambda: any((p.get("status") or {}).get("podIP") == "127.0.0.1"
+                                          for p in ctl.activator_pods.items()))
             async with http.post(url, data=b"{not json") as bad:
                 assert bad.status == 400 and "not JSON" in await bad.text()
             async with http.post(url, json={"activator": "x", "models": [{"namespace": ns}]}) as bad:

@@ -336,6 +336,9 @@ class KubeActuator:
                 r.skipped.extend((describe(x), "routing-failed") for x in removals.get(a.model, []))
                 continue
             await self._guard(tick, a, lambda t, a=a: self._scale(t, a, removals.get(a.model, [])))
+        # after the scale writes: a scale from zero (ACTIVATED) never waits behind the reconciles of the other
+        # models at zero
+        await self._reconcile_routes(tick, plan)
         for model, rems in removals.items():
             if model not in scaled:
                 r.skipped.extend((describe(x), "no-scale") for x in rems)
@@ -376,19 +379,35 @@ class KubeActuator:
         self.routing.api_version = api_version
 
     async def _routes(self, tick: _Tick, plan: Plan) -> set[str]:
-        """Apply the plan's ``SetRouting`` and keep the slices of the models already going through the activator
-        in step with its pods. Answers the models whose routing could not be written (no scale to zero for
-        them this tick)."""
+        """Apply the plan's ``SetRouting``. Answers the models whose routing could not be written (no scale to
+        zero for them this tick)."""
         failed: set[str] = set()
-        planned = {a.model for a in plan.of_type(SetRouting)}
-        keep = [SetRouting(k, True, "reconcile") for k, o in sorted(tick.view.snapshot.models.items())
-                if o.via_activator and k not in planned]
-        for a in [*plan.of_type(SetRouting), *keep]:
+        for a in plan.of_type(SetRouting):
             errors = len(tick.report.errors)
             await self._guard(tick, a, self._route)
             if len(tick.report.errors) > errors:
                 failed.add(a.model)
         return failed
+
+    async def _reconcile_routes(self, tick: _Tick, plan: Plan) -> None:
+        """Keep the slices of the models already going through the activator (and not routed by the plan) in
+        step with the activator's pods: from the informers' copies, so a model in step costs no API call; a
+        read and a write only for one that differs."""
+        planned = {a.model for a in plan.of_type(SetRouting)}
+        for k, o in sorted(tick.view.snapshot.models.items()):
+            mm = tick.view.models.get(k)
+            if not o.via_activator or k in planned or mm is None or mm.service is None:
+                continue
+            try:
+                in_step = self.routing.in_step(mm)
+                if in_step is None and self.routing.slices is not None:
+                    await self.routing.ports(mm)  # not cached yet (a fresh start): one Service read, then memory
+                    in_step = self.routing.in_step(mm)
+            except Exception as e:  # a failed Service read: the reconcile below says it as the action's error
+                log.debug("routing reconcile of %s: %s", k, api_error(e))
+                in_step = None
+            if not in_step:
+                await self._guard(tick, SetRouting(k, True, "reconcile"), self._route)
 
     async def _route(self, tick: _Tick, a: SetRouting) -> None:
         r, line = tick.report, describe(a)
@@ -401,7 +420,8 @@ class KubeActuator:
             return
         await self._hook("routing", mm.key)
         if a.via_activator:
-            done = await self.routing.route(mm, tick.gate, lambda attempt: self._retrying(tick, attempt))
+            done = await self.routing.route(mm, tick.gate, lambda attempt: self._retrying(tick, attempt),
+                                            reconcile=a.reason == "reconcile")
         else:
             done = await self.routing.unroute(mm, tick.gate)
         if done == "unchanged":

@@ -5,7 +5,7 @@ EndpointSlice of that Service, written by the controller beside the endpointslic
 ``<service>-slotwise-activator``, labelled ``kubernetes.io/service-name: <service>`` (so kube-proxy routes the
 Service's ClusterIP to its endpoints too), ``endpointslice.kubernetes.io/managed-by: slotwise.io`` (so the
 endpointslice controller leaves it alone) and ``slotwise.io/model: <workload name>``; its endpoints are the Ready
-activator pods, its ports one per Service port (same name) at the activator's port 8012. Deleting it sends the
+activator pods, its one port the Service's first port (same name) at the activator's port 8012. Deleting it sends the
 traffic straight to the pods again. Why a slice beside the Service's own and not a selector switch:
 docs/scale-to-zero.md.
 
@@ -69,11 +69,16 @@ def activator_endpoints(pods: Iterable[Mapping[str, Any]]) -> tuple[ActivatorEnd
 
 
 def slice_ports(service: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """One slice port per Service port, same name and protocol, at the activator's port. A Service not read (None)
-    or without ports: one unnamed TCP port (what a one-port Service matches)."""
-    ports = ((service or {}).get("spec") or {}).get("ports") or []
+    """The slice's one port: the Service's **first** port (its name and protocol) at the activator's port. A
+    Service not read (None) or without ports: one unnamed TCP port (what a one-port Service matches).
+
+    Only the first port is fronted: the activator has one listener and cannot tell which Service port a request
+    came through, so it forwards everything it gets to the backends' first port. A multi-port Service's other
+    ports are left to the pods' own slices (at zero they have no endpoints, exactly as without the activator;
+    with pods they go straight there) instead of being sent to the activator and forwarded to the wrong port."""
+    ports = [p for p in ((service or {}).get("spec") or {}).get("ports") or [] if isinstance(p, Mapping)]
     out = [{"name": str(p.get("name") or ""), "protocol": str(p.get("protocol") or "TCP"), "port": ACTIVATOR_PORT}
-           for p in ports if isinstance(p, Mapping)]
+           for p in ports[:1]]
     return out or [{"name": "", "protocol": "TCP", "port": ACTIVATOR_PORT}]
 
 
