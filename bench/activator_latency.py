@@ -1,6 +1,7 @@
 """The activator's pass-through cost: added latency per request, direct and via the activator side by side.
 
     python bench/activator_latency.py [--rate 1000] [--seconds 25] [--chunks 8] [--activator-core 0]
+                                      [--loops asyncio,uvloop]
 
 Three processes: a stand-in model server (answers at once; ``/stream`` writes N server-sent-event chunks, one
 write each), the activator (the product's :class:`~autoscaler.live.activator.proxy.Activator` with one route to
@@ -8,7 +9,8 @@ that server, pinned to one core with ``os.sched_setaffinity``), and this load ge
 Open loop: requests are sent at fixed times, ``--rate`` per second to EACH path, the two paths alternating
 request by request, and latency is measured from the scheduled send time to the last byte, so a stall anywhere
 counts. Printed per mode (plain, streamed): p50/p99 direct, p50/p99 via the activator, and the added latency
-(the via quantile minus the direct one).
+(the via quantile minus the direct one). ``--loops``: the activator's event loops to measure, one after the
+other in the same run (a fresh activator process each; ``auto`` is what ``slotwise activator`` runs by default).
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=25.0, help="per mode")
     p.add_argument("--chunks", type=int, default=8, help="server-sent events per streamed response")
     p.add_argument("--activator-core", type=int, default=0)
+    p.add_argument("--loops", default="asyncio,uvloop", help="the activator's event loops, comma-separated")
+    p.add_argument("--loop", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--role", choices=("backend", "activator"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--backend-port", type=int, help=argparse.SUPPRESS)
@@ -182,37 +186,46 @@ def main() -> int:
         asyncio.run(serve_backend(args.port))
         return 0
     if args.role == "activator":
+        from autoscaler.live.activator.loop import run
+
         os.sched_setaffinity(0, {args.activator_core})
-        asyncio.run(serve_activator(args.port, args.backend_port))
+        run(serve_activator(args.port, args.backend_port), args.loop)
         return 0
     others = (os.sched_getaffinity(0) - {args.activator_core}) or {args.activator_core}
     os.sched_setaffinity(0, others)  # the load generator and the backend stay off the activator's core
-    bport, aport = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     me = [sys.executable, os.path.abspath(__file__), "--activator-core", str(args.activator_core)]
-    procs = [subprocess.Popen([*me, "--role", "backend", "--port", str(bport)], stdout=subprocess.PIPE, env=env),
-             subprocess.Popen([*me, "--role", "activator", "--port", str(aport), "--backend-port", str(bport)],
-                              stdout=subprocess.PIPE, env=env)]
+    loops = [x for x in args.loops.split(",") if x]
+    print(f"nproc {os.cpu_count()}, python {sys.version.split()[0]}, rate {args.rate:g}/s per path, "
+          f"{args.seconds:g} s per mode, activator on core {args.activator_core}, load generator and "
+          f"backend on {sorted(others)}")
+    print(f"{'loop':<8} {'mode':<10} {'direct p50':>10} {'p99':>8} {'via p50':>8} {'p99':>8} {'added p50':>10} "
+          f"{'added p99':>10} {'errors':>6} {'cpu/req':>8}  (ms; cpu/req: activator CPU us per request)")
+    bport = free_port()
+    backend = subprocess.Popen([*me, "--role", "backend", "--port", str(bport)], stdout=subprocess.PIPE, env=env)
     try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        print(f"nproc {os.cpu_count()}, python {sys.version.split()[0]}, rate {args.rate:g}/s per path, "
-              f"{args.seconds:g} s per mode, activator on core {args.activator_core}, load generator and "
-              f"backend on {sorted(others)}")
-        print(f"{'mode':<10} {'direct p50':>10} {'p99':>8} {'via p50':>8} {'p99':>8} {'added p50':>10} "
-              f"{'added p99':>10} {'errors':>6} {'cpu/req':>8}  (ms; cpu/req: activator CPU us per request)")
-        for mode, path in (("plain", "/v1/completions"), ("streamed", f"/stream?n={args.chunks}")):
-            cpu0 = cpu_s(procs[1].pid)
-            lat = asyncio.run(measure(bport, aport, path, args.rate, args.seconds))
-            per_req = (cpu_s(procs[1].pid) - cpu0) / max(1, len(lat["via"])) * 1e6
-            d50, d99 = quantile(lat["direct"], 0.5) * 1e3, quantile(lat["direct"], 0.99) * 1e3
-            v50, v99 = quantile(lat["via"], 0.5) * 1e3, quantile(lat["via"], 0.99) * 1e3
-            print(f"{mode:<10} {d50:>10.2f} {d99:>8.2f} {v50:>8.2f} {v99:>8.2f} {v50 - d50:>10.2f} "
-                  f"{v99 - d99:>10.2f} {int(lat['errors'][0]):>6} {per_req:>8.0f}", flush=True)
+        assert backend.stdout is not None and backend.stdout.readline().strip() == b"ready"
+        for loop in loops:
+            aport = free_port()
+            proc = subprocess.Popen([*me, "--role", "activator", "--port", str(aport), "--backend-port",
+                                     str(bport), "--loop", loop], stdout=subprocess.PIPE, env=env)
+            try:
+                assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready", loop
+                for mode, path in (("plain", "/v1/completions"), ("streamed", f"/stream?n={args.chunks}")):
+                    cpu0 = cpu_s(proc.pid)
+                    lat = asyncio.run(measure(bport, aport, path, args.rate, args.seconds))
+                    per_req = (cpu_s(proc.pid) - cpu0) / max(1, len(lat["via"])) * 1e6
+                    d50, d99 = quantile(lat["direct"], 0.5) * 1e3, quantile(lat["direct"], 0.99) * 1e3
+                    v50, v99 = quantile(lat["via"], 0.5) * 1e3, quantile(lat["via"], 0.99) * 1e3
+                    print(f"{loop:<8} {mode:<10} {d50:>10.2f} {d99:>8.2f} {v50:>8.2f} {v99:>8.2f} "
+                          f"{v50 - d50:>10.2f} {v99 - d99:>10.2f} {int(lat['errors'][0]):>6} {per_req:>8.0f}",
+                          flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(10)
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+        backend.terminate()
+        backend.wait(10)
     return 0
 
 

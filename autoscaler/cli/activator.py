@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 
 log = logging.getLogger("slotwise.activator")
 
@@ -27,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-timeout-s", type=float, default=None,
                    help="on SIGTERM, how long held requests and open streams may take to finish before the process "
                         "exits anyway (default: the hold timeout + 30 s, so every held request gets its full hold)")
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="the event loop: uvloop when installed (auto, the default), else asyncio's")
     p.add_argument("--port", type=int, default=8012, help="the proxy port")
     p.add_argument("--admin-port", type=int, default=9090, help="/metrics, /healthz, /readyz")
     p.add_argument("--host", default="0.0.0.0", help="the address both ports listen on")
@@ -83,8 +86,8 @@ async def serve(args: argparse.Namespace) -> int:
         await admin.setup()
         await web.TCPSite(proxy, args.host, args.port, backlog=1024).start()
         await web.TCPSite(admin, args.host, args.admin_port).start()
-        log.info("activator %s: proxy on %s:%d, admin on %s:%d", args.pod_name, args.host, args.port, args.host,
-                 args.admin_port)
+        log.info("activator %s: proxy on %s:%d, admin on %s:%d, %s event loop", args.pod_name, args.host, args.port,
+                 args.host, args.admin_port, type(asyncio.get_running_loop()).__module__.split(".")[0])
         print(f"listening on {args.port}", flush=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,8 +118,15 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    from autoscaler.live.activator.loop import loop_factory, run
+
+    try:
+        loop_factory(args.loop)
+    except ValueError as e:
+        print(f"slotwise activator: --loop: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return asyncio.run(serve(args))
+        return run(serve(args), args.loop)
     except KeyboardInterrupt:
         return 0

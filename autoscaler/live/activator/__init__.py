@@ -6,7 +6,8 @@
 - :mod:`~autoscaler.live.activator.watch`: the EndpointSlice informers feeding the routes;
 - :mod:`~autoscaler.live.activator.notify`: the activation reports POSTed to the controllers;
 - :mod:`~autoscaler.live.activator.proxy`: the aiohttp app (hold, forward, stream);
-- :mod:`~autoscaler.live.activator.metrics`: its prometheus_client metrics.
+- :mod:`~autoscaler.live.activator.metrics`: its prometheus_client metrics;
+- :mod:`~autoscaler.live.activator.loop`: its event loop (uvloop when installed).
 
 The contract with the controller is docs/scale-to-zero.md. May import what ``autoscaler.live`` may.
 """
