@@ -195,7 +195,16 @@ def main() -> int:
     os.sched_setaffinity(0, others)  # the load generator and the backend stay off the activator's core
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     me = [sys.executable, os.path.abspath(__file__), "--activator-core", str(args.activator_core)]
-    loops = [x for x in args.loops.split(",") if x]
+    from autoscaler.live.activator.loop import loop_factory
+
+    loops = []
+    for name in (x for x in args.loops.split(",") if x):
+        try:
+            loop_factory(name)
+        except ValueError as e:
+            print(f"skipping loop {name}: {e}")
+            continue
+        loops.append(name)
     print(f"nproc {os.cpu_count()}, python {sys.version.split()[0]}, rate {args.rate:g}/s per path, "
           f"{args.seconds:g} s per mode, activator on core {args.activator_core}, load generator and "
           f"backend on {sorted(others)}")

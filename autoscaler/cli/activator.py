@@ -66,7 +66,7 @@ async def serve(args: argparse.Namespace) -> int:
         activator = Activator(table, metrics, session, queue_limit=args.queue_limit,
                               hold_timeout_s=args.hold_timeout_s)
         notifier = Notifier(session, args.pod_name, activator.report, controllers=args.controller,
-                            controller_service=args.controller_service)
+                            controller_service=args.controller_service, refused=metrics.reports_refused.inc)
         activator.kick = notifier.kick
         watch = SliceWatch(api, table, activator.on_change, version=slice_version(await discover(api)),
                            namespaces=namespaces)

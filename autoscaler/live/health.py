@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Collection
@@ -74,6 +75,8 @@ class Health:
         return True, "ok"
 
 
+log = logging.getLogger("slotwise.health")
+
 def _answer(result: tuple[bool, str]) -> web.Response:
     ok, why = result
     return web.Response(status=200 if ok else 503, text=why + "\n")
@@ -92,11 +95,22 @@ def _address(ip: str | None) -> str:
 Allowed = Callable[[], Collection[str]]
 
 
+REFUSED_LOG_INTERVAL_S = 60.0  # a peer refused every second is logged once a minute
+
+
 def _activations_route(book: ActivationBook, leading: Callable[[], bool], allowed: Allowed | None) -> Callable:
+    warned: dict[str, float] = {}
+
     async def activations(request: web.Request) -> web.Response:
         if allowed is not None:
             peer = _address(request.remote)
             if peer not in {_address(ip) for ip in allowed()}:
+                now = time.monotonic()
+                if now - warned.get(peer, -math.inf) >= REFUSED_LOG_INTERVAL_S:
+                    warned[peer] = now
+                    log.warning("activation report from %s refused: not an activator pod's IP (a mesh sidecar or "
+                                "SNAT in front of the controller hides the activator's address; see "
+                                "docs/scale-to-zero.md, Security)", peer)
                 return web.Response(status=403, text=f"activation report refused: {peer} is not an activator pod\n")
         try:
             body = json.loads(await request.read())

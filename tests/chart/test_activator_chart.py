@@ -42,6 +42,16 @@ def test_enabled_renders_an_ha_activator_with_read_only_rbac(helm: Helm, tmp_pat
     assert {p["containerPort"] for p in c["ports"]} == {8012, 9090}
     assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9090"
     assert pod["affinity"]["podAntiAffinity"]
+    # a deleted pod keeps its listener open until the controller's slices (next tick) and kube-proxy dropped it,
+    # then drains every held request's full hold: the grace period covers both
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert sleep >= 2 * 5 + 5  # config.tick_s 5
+    drain = float(c["args"][c["args"].index("--drain-timeout-s") + 1])
+    assert drain >= float(c["args"][c["args"].index("--hold-timeout-s") + 1])
+    assert pod["terminationGracePeriodSeconds"] >= sleep + drain
+    slow = one(render(helm, *ON, "--set", "config.tick_s=30"), "Deployment", "rel-slotwise-activator")
+    assert int(slow["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1]) \
+        >= 60
     assert pod["serviceAccountName"] == "rel-slotwise-activator"
     # the controller Deployment's selector must not take the activator's pods
     ctl = one(docs, "Deployment", "rel-slotwise")["spec"]["selector"]["matchLabels"]

@@ -66,12 +66,15 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
 class Controller:
     """A stand-in controller endpoint: records every POST /v1/activations with its arrival time."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 202) -> None:
         self.reports: list[tuple[float, dict[str, Any]]] = []
+        self.status = status
 
     async def post(self, request: web.Request) -> web.Response:
         self.reports.append((time.monotonic(), await request.json()))
-        return web.json_response({"leader": True}, status=202)
+        if self.status >= 400:
+            return web.Response(status=self.status, text="activation report refused: 10.0.0.9 is not an activator pod")
+        return web.json_response({"leader": True}, status=self.status)
 
 
 class Rig:
@@ -94,7 +97,7 @@ class Rig:
 @pytest_asyncio.fixture
 async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
     opts = getattr(request, "param", {})
-    controller = Controller()
+    controller = Controller(opts.get("controller_status", 202))
     capp = web.Application()
     capp.router.add_post("/v1/activations", controller.post)
     crunner = web.AppRunner(capp, access_log=None)
@@ -105,7 +108,7 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
         activator = Activator(RouteTable(), ActivatorMetrics(), session, queue_limit=opts.get("limit", 100),
                               hold_timeout_s=opts.get("timeout", 30.0))
         notifier = Notifier(session, "activator-0", activator.report, controllers=[f"http://127.0.0.1:{cport}"],
-                            interval_s=opts.get("interval", 1.0))
+                            interval_s=opts.get("interval", 1.0), refused=activator.metrics.reports_refused.inc)
         activator.kick = notifier.kick
         runner = web.ServerRunner(activator.proxy_server())
         await runner.setup()
@@ -399,3 +402,18 @@ async def test_sigterm_drains_a_held_request_then_exits_0(api: Any, kube_apiserv
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("rig", [{"controller_status": 403, "interval": 0.1}], indirect=True)
+async def test_a_refused_report_is_counted_and_warned_once(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """A controller that refuses the reports (403: the activator's address is not one it knows) must not be silent:
+    a model at zero is woken by nothing else. Counted in the metric every time, warned once a minute."""
+    rig.front([])
+    async with aiohttp.ClientSession() as c:
+        request = asyncio.create_task(c.post(rig.url + "/v1/completions", json={}, headers=MODEL))
+        with caplog.at_level("WARNING", logger="slotwise.activator.notify"):
+            await eventually(lambda: rig.notifier.refused >= 3, "the refusals are not counted")
+        assert rig.activator.metrics.reports_refused._value.get() == rig.notifier.refused
+        warnings = [r for r in caplog.records if "activation report refused" in r.getMessage()]
+        assert len(warnings) == 1 and "403" in warnings[0].getMessage()
+        request.cancel()

@@ -15,7 +15,7 @@ async def _loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
 
-def test_asyncio_is_the_default_loop_and_auto_prefers_uvloop() -> None:
+def test_auto_prefers_uvloop_and_asyncio_is_asyncios() -> None:
     assert loop_factory("asyncio") is None
     assert run(_loop_module(), "asyncio") == "asyncio"
     try:

@@ -15,6 +15,7 @@ The activation book and the slice texts are also checked pure, without the apise
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 import uuid
@@ -347,6 +348,41 @@ async def test_no_ready_activator_pod_is_a_failed_routing_write_and_blocks_the_s
         assert [why for _, why in report.skipped] == ["routing-failed"], report
         assert await _scale_of(api, ns) == 1  # its traffic keeps its pod
         assert await _slice(api, ns, ENDPOINT_SLICE_WATCH.version(ctl.apis)) is None  # no empty slice written
+    finally:
+        await _stop(tasks)
+
+
+@pytest.mark.asyncio
+async def test_a_scale_to_zero_ticks_after_the_routing_waits_when_its_activators_are_gone(api: ApiClient,
+                                                                                         ns: str) -> None:
+    """The rail's real sequence: one tick routes (SetRouting, one replica kept), a later one scales to 0 alone.
+    The activator pods of the first tick die in between: the scale to 0 must not be written (the slice still
+    names their IPs; at zero the model's requests would go nowhere). Once an activator is Ready again it is."""
+    await _model(api, ns, replicas=1)
+    await _activator_pod(api, ns, "activator-a", "10.1.0.1")
+    ctl = await _controller(api, ns)
+    version = ENDPOINT_SLICE_WATCH.version(ctl.apis)
+    tasks = await _sync(ctl)
+    try:
+        report = await ctl.actuator.apply(Plan(now=time.time(), actions=[SetRouting(f"{ns}/chat", True, "t")]),
+                                          ctl.view())
+        assert not report.errors, report
+        await _eventually(lambda: ctl.view().snapshot.models[f"{ns}/chat"].via_activator is True)
+        await client.CoreV1Api(api).delete_namespaced_pod("activator-a", ns, grace_period_seconds=0)
+        await _eventually(lambda: not activator_endpoints(ctl.activator_pods.items()))
+        zero = Plan(now=time.time(), actions=[ScaleModel(f"{ns}/chat", 0, previous=1,
+                                                         reason=Reason.SCALED_TO_ZERO)])
+        report = await ctl.actuator.apply(zero, ctl.view())
+        assert len(report.errors) == 1 and "no Ready activator pod" in report.errors[0], report
+        assert [why for _, why in report.skipped] == ["routing-failed"], report
+        assert await _scale_of(api, ns) == 1  # its traffic keeps its pod
+
+        await _activator_pod(api, ns, "activator-b", "10.1.0.2")
+        await _eventually(lambda: len(activator_endpoints(ctl.activator_pods.items())) == 1)
+        report = await ctl.actuator.apply(dataclasses.replace(zero, now=time.time()), ctl.view())
+        assert not report.errors, report
+        assert [e["addresses"] for e in (await _slice(api, ns, version))["endpoints"]] == [["10.1.0.2"]]
+        assert await _scale_of(api, ns) == 0
     finally:
         await _stop(tasks)
 

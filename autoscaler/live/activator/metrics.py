@@ -18,5 +18,8 @@ class ActivatorMetrics:
                                   "queue was full.", registry=r)
         self.timeouts = Counter("slotwise_activator_timeouts", "Held requests answered 504 at the hold timeout.",
                                 registry=r)
+        self.reports_refused = Counter("slotwise_activator_reports_refused", "Activation reports a controller "
+                                       "answered with an error (403: this pod's IP is not an activator pod's "
+                                       "to it).", registry=r)
         self.forwarded = Counter("slotwise_activator_forwarded", "Requests forwarded to a backend.",
                                  ["namespace", "model"], registry=r)

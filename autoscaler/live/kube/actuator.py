@@ -153,6 +153,8 @@ MIG_PARTED_KEY = "config.yaml"  # the key NVIDIA's MIG manager reads from its co
 DELETION_COST_FIRST = "-1000"  # lower cost = removed first by the ReplicaSet controller
 EVENT_CACHE_MAX = 4096  # de-duplication cache entries (client-go's recorder keeps an LRU of this size)
 EVENT_MESSAGE_MAX = 4096  # core/v1 has no limit of its own; keep one runaway message from bloating etcd
+# the reason of the routing check the actuator makes itself before a scale to 0 (not a planned SetRouting)
+BEFORE_ZERO = "before-zero"
 
 
 @dataclass
@@ -382,7 +384,15 @@ class KubeActuator:
         """Apply the plan's ``SetRouting``. Answers the models whose routing could not be written (no scale to
         zero for them this tick)."""
         failed: set[str] = set()
-        for a in plan.of_type(SetRouting):
+        planned = {a.model for a in plan.of_type(SetRouting)}
+        # A scale to 0 of a fronted model whose routing an earlier tick wrote (the rail routes first, keeps one
+        # replica, and scales to 0 on a later tick): the slice is made current now, with at least one Ready
+        # activator pod, or the scale waits. The activators of that earlier tick may be gone since; a slice still
+        # naming them would leave the model's requests nowhere.
+        before_zero = [SetRouting(a.model, True, BEFORE_ZERO) for a in plan.of_type(ScaleModel)
+                       if a.replicas == 0 and a.model not in planned
+                       and getattr(tick.view.models.get(a.model), "service", None) is not None]
+        for a in [*plan.of_type(SetRouting), *before_zero]:
             errors = len(tick.report.errors)
             await self._guard(tick, a, self._route)
             if len(tick.report.errors) > errors:
@@ -425,7 +435,7 @@ class KubeActuator:
         else:
             done = await self.routing.unroute(mm, tick.gate)
         if done == "unchanged":
-            if a.reason != "reconcile":
+            if a.reason not in ("reconcile", BEFORE_ZERO):
                 r.skipped.append((line, "unchanged"))
             return
         r.applied.append(f"{line}: EndpointSlice {done}")
