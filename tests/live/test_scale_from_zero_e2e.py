@@ -59,9 +59,6 @@ async def _until(check: Any, timeout_s: float, what: str) -> None:
 
 async def test_a_held_request_is_answered_after_the_scale_from_zero(api: client.ApiClient, kube_apiserver: Any,
                                                                     tmp_path: Path) -> None:
-    pytest.importorskip("autoscaler.live.activator.proxy")
-    if not _service_annotation_accepted():
-        pytest.skip("autoscaler/api/spec.py does not accept slotwise.io/service yet (a model with it is invalid)")
     from realparts.prometheus import free_port
 
     suffix = uuid.uuid4().hex[:6]
@@ -216,13 +213,3 @@ async def _scale_now(apps: client.AppsV1Api, ns: str) -> int:
 
 async def _pods(core: client.CoreV1Api, ns: str, selector: str) -> list[Any]:
     return (await core.list_namespaced_pod(ns, label_selector=selector)).items
-
-
-def _service_annotation_accepted() -> bool:
-    from autoscaler.api.spec import SpecError, parse_annotations
-
-    try:
-        parse_annotations("m", {"slotwise.io/slo-latency-ms": "1000", "slotwise.io/service": "chat"})
-    except SpecError:
-        return False
-    return True
