@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 from kubernetes_asyncio import client
-from realparts.clusterplay import ClusterPlay
+from realparts.clusterplay import ClusterPlay, create_gpu_node
 
 from autoscaler.live.controller import Controller, ControllerSettings
 
@@ -65,14 +65,9 @@ async def test_a_held_request_is_answered_after_the_scale_from_zero(api: client.
     ns = f"s0-{suffix}"
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    node = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": f"{suffix}-l4", "labels": {"nvidia.com/gpu.product": "NVIDIA-L4",
-                                                           "nvidia.com/gpu.count": "8"}}}
-    capacity = {"nvidia.com/gpu": "8", "cpu": "64", "memory": "256Gi", "pods": "110"}
-    created = await core.create_node(node)
-    created.status.capacity = capacity
-    created.status.allocatable = capacity
-    await core.replace_node_status(node["metadata"]["name"], created)
+    node = f"{suffix}-l4"
+    await create_gpu_node(api, node, "NVIDIA-L4", 8, {"nvidia.com/gpu": "8", "cpu": "64", "memory": "256Gi",
+                                                      "pods": "110"})
 
     model_port, proxy_port, admin_port, ctl_port = free_port(), free_port(), free_port(), free_port()
     labels = {"app": "chat"}
@@ -191,7 +186,7 @@ async def test_a_held_request_is_answered_after_the_scale_from_zero(api: client.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
         with contextlib.suppress(Exception):
-            await core.delete_node(node["metadata"]["name"])
+            await core.delete_node(node)
 
 
 async def _ok(http: aiohttp.ClientSession, url: str) -> bool:
