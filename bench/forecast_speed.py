@@ -5,13 +5,17 @@ copy shifted by half the trace so the two are not in phase. Each series is warm-
 240 minutes; then every tick folds in one new point per series and asks for the quantiles
 (0.5, 0.9, 0.99) of the next 10 minutes. Reports the amortised milliseconds per series per tick for
 
-* batch      -- one SlotwiseBatch over all 1,000 series (the fleet-wide path), and
-* per-model  -- 1,000 SlotwiseForecaster objects, one per model (the decision core's current path).
+* fleet      -- the controller's configuration, as ``slotwise backtest`` scores it: the batches
+                ``FleetForecaster.new_batch`` builds (shards of ``shard_size`` = 64 series, daily season,
+                every setting the controller's), req/s in and out;
+* batch      -- one SlotwiseBatch over all 1,000 series (no season), and
+* per-model  -- 1,000 SlotwiseForecaster objects, one per model: the online API a library user holds
+                (``fit`` once, ``update`` + ``predict_quantiles`` per step).
 
-    .venv/bin/python bench/forecast_speed.py [--series 1000] [--ticks 120] [--skip-per-model] [--global-model]
+Every path is one-step-per-tick online updating (no refits exist: the forecaster has nothing to refit;
+warm starts are reported apart). Thread pools are pinned to one thread.
 
-``--global-model`` runs the batch path as the backtest configures it (global GBM candidate trained on
-the warm-start history, pooled coverage correction).
+    .venv/bin/python bench/forecast_speed.py [--series 1000] [--ticks 120] [--skip-per-model]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 import numpy as np
 
 from autoscaler.benchmarks.backtest.protocol import load_counts
+from autoscaler.estimation.forecast import FleetForecaster
 from forecasting.slotwise import SlotwiseBatch, SlotwiseForecaster
 
 QS = (0.5, 0.9, 0.99)
@@ -41,12 +46,13 @@ def main() -> None:
     ap.add_argument("--series", type=int, default=1000)
     ap.add_argument("--ticks", type=int, default=120)
     ap.add_argument("--skip-per-model", action="store_true")
-    ap.add_argument(
-        "--global-model",
-        action="store_true",
-        help="batch path with the global GBM candidate (as the backtest runs it); training reported apart",
-    )
     args = ap.parse_args()
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1)
+    except ImportError:  # pragma: no cover - ships with scikit-learn
+        pass
     y = _series(args.series)
     ticks = min(args.ticks, y.shape[1] - WARM)
     print(
@@ -54,16 +60,30 @@ def main() -> None:
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     )
 
+    # the controller's path: shards of FleetForecaster.new_batch, fed req/s
+    fleet = FleetForecaster(step_s=60.0, horizon_s=H * 60.0)
+    rate = y / 60.0
     t0 = time.perf_counter()
-    extra = {"pooled_coverage": True, "global_model": True, "gbm_rows": 20_000} if args.global_model else {}
-    batch = SlotwiseBatch(
-        y.shape[0], horizon=H, step_s=60.0, unit=1.0, **extra
-    ).warm_start(  # type: ignore[arg-type]
-        y[:, :WARM]
-    )
+    size = fleet.shard_size
+    shards = [
+        (fleet.new_batch(len(rows)).warm_start(rate[rows, :WARM]), rows)
+        for rows in (np.arange(i, min(i + size, y.shape[0])) for i in range(0, y.shape[0], size))
+    ]
     warm = time.perf_counter() - t0
-    if args.global_model:
-        print(f"global model trained in {batch.gbm_train_s_:.1f} s (in the warm start below)")
+    t0 = time.perf_counter()
+    for t in range(WARM, WARM + ticks):
+        for b, rows in shards:
+            b.update(rate[rows, t])
+            b.predict_quantiles(H, QS)
+    tick = (time.perf_counter() - t0) / ticks
+    print(
+        f"fleet:     {1000 * tick / y.shape[0]:.4f} ms per series per tick  "
+        f"({1000 * tick:.1f} ms per tick, {len(shards)} shards of <= {size}; warm start {warm:.1f} s)"
+    )
+
+    t0 = time.perf_counter()
+    batch = SlotwiseBatch(y.shape[0], horizon=H, step_s=60.0, unit=1.0).warm_start(y[:, :WARM])
+    warm = time.perf_counter() - t0
     t0 = time.perf_counter()
     for t in range(WARM, WARM + ticks):
         batch.update(y[:, t])

@@ -22,11 +22,9 @@ shifts), (b) the empirical quantiles of the series' own last 16 / 64 values (a m
 series is better described by its recent spread than by a point plus an error) and (c) with a season,
 the level-corrected spread of the same time of day over the last days. Choosing by loss is itself a
 data-dependent step, so a conformal quantile tracker (:mod:`forecasting.calibration`) calibrates the
-final quantile and guarantees long-run coverage at the nominal level. Optional, batch-level: (d) the
-quantiles of a global GBM (:mod:`forecasting.gbm`) trained across the batch's series, and their mean
-with (a), as further candidates (``global_model``); a pooled correction of the tracked level so the
-coverage pooled over the batch -- where zero targets are covered whatever the forecast -- lands at the
-nominal level (``pooled_coverage``).
+final quantile and guarantees long-run coverage at the nominal level, per series. Every series is
+forecast on its own: a batch is only a way to step many series with the same array operations, so a
+series' forecast does not depend on which others share its batch (what the controller's shards rely on).
 
 :class:`SlotwiseBatch` runs M series in lock step (the backtest, the 1,000-series benchmark);
 :class:`SlotwiseForecaster` is the per-model object the controller holds (one series, same code).
@@ -40,7 +38,6 @@ quantiles of a prior rate (an annotation hint, or the median of similar models -
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +45,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from forecasting.calibration import QuantileTracker, pinball
-from forecasting.gbm import GlobalQuantileGBM
 
 DEFAULT_LEVELS = (0.5, 0.75, 0.9, 0.95, 0.99)
 # Periods (seconds) of the timers that dominate serverless / batch traffic; used as "repeat the last
@@ -57,6 +53,10 @@ TIMER_PERIODS_S = (300.0, 600.0, 900.0, 1800.0, 3600.0)
 # Windows (steps) of the "recent-window quantile" candidates: for a mean-reverting or bursty series
 # the spread of its own recent values is a better upper quantile than any point plus an error.
 CLIMATE_WINDOWS = (16, 64)
+# Steps of a warm-start history replayed through the full online updates (members scored, windows and
+# trackers filled exactly as live); older steps only fill lags and levels. The controller's setting, and
+# the default everywhere, so that a warm start costs the same and gives the same state in every path.
+REPLAY = 256
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,6 @@ class SlotwiseBatch:
         of the window are over half of the per-step cost.
     prior: per-series prior rate used while a series has no observation (None = 0).
     zero_aware: count a zero target as covered (as the metric does) and floor the offset there.
-    pooled_coverage / pool_lr: aim the trackers of the levels above 0.5 lower by the excess of the
-        coverage pooled over the batch (couples the series; off by default).
-    global_model: add the global GBM candidates, trained on the warm-start history (start_tod_s: time
-        of day of the first step; gbm_lags: lags, None = the protocol's; gbm_rows: training rows;
-        gbm_retrain: retrain every this many steps on a rolling week, None = never).
     """
 
     def __init__(
@@ -124,22 +119,13 @@ class SlotwiseBatch:
         min_scored: int = 10,
         window: int = 256,
         season_days: int = 7,
-        replay: int = 1024,
+        replay: int = REPLAY,
         spread_every: int | None = None,
         prior: np.ndarray | float | None = None,
         zero_aware: bool = True,
-        pooled_coverage: bool = False,
-        pool_lr: float = 0.005,
-        global_model: bool = False,
-        start_tod_s: float = 0.0,
-        gbm_lags: int | None = None,
-        gbm_rows: int = 20_000,
-        gbm_retrain: int | None = None,
     ) -> None:
         self.n_series = int(n_series)
         self.zero_aware = bool(zero_aware)
-        self.pooled_coverage = bool(pooled_coverage)
-        self.pool_lr = float(pool_lr)
 
         self.horizon = max(1, int(horizon))
         self.levels = np.sort(np.asarray(levels, dtype=float))
@@ -156,11 +142,6 @@ class SlotwiseBatch:
         self.replay = max(1, int(replay))
         self.spread_every = max(1, int(spread_every if spread_every is not None else self.window // 64))
         self.prior = prior
-        self.global_model = bool(global_model)
-        self.start_tod_s = float(start_tod_s)
-        self.gbm_lags = gbm_lags
-        self.gbm_rows = int(gbm_rows)
-        self.gbm_retrain = gbm_retrain
         self._build()
 
     # ------------------------------------------------------------------ set-up
@@ -189,18 +170,7 @@ class SlotwiseBatch:
 
     def _n_cand(self) -> int:
         seasonal = 1 if self.season and self.horizon <= self.season else 0
-        return 1 + len(CLIMATE_WINDOWS) + seasonal + (2 if self.global_model else 0)
-
-    def _gbm_day(self) -> int:
-        if self.season:
-            return self.season
-        return max(2, round(86400.0 / self.step_s)) if self.step_s else 1440
-
-    def _gbm_lag_count(self) -> int:
-        if self.gbm_lags:
-            return int(self.gbm_lags)
-        # the protocol's hgb: an hour of lags for minute-or-finer series, 36 steps otherwise
-        return max(1, round(3600.0 / self.step_s)) if self.step_s and self.step_s <= 60.0 else 36
+        return 1 + len(CLIMATE_WINDOWS) + seasonal
 
     def _build(self) -> None:
         m, h, q = self.n_series, self.horizon, len(self.levels)
@@ -210,15 +180,7 @@ class SlotwiseBatch:
         need = max([64, *periods]) + 1
         if self.season:
             need = max(need, self.season_days * self.season + self.season // 24 + 2)
-        if self.global_model:
-            # the global model's features reach a day plus its lags back
-            need = max(need, self._gbm_day() + self._gbm_lag_count() + 10)
         self._keep = need
-        self.gbm_ = None
-        self.gbm_train_s_ = 0.0
-        self._since_train = 0
-        # Steps kept for (re)training the global model: the warm-start history, then a rolling week.
-        self._hist: np.ndarray | None = None
         self._buf = np.zeros((m, 2 * need))
         self._pos = need  # columns [pos-keep, pos) hold the newest values; zeros before any data
         self.t_ = 0
@@ -256,8 +218,6 @@ class SlotwiseBatch:
         self._cur_s = np.ones(m)
         self._ks = np.arange(h)
         self._sel = np.zeros((m, h), dtype=np.int64)
-        # Pooled correction of the tracked level (one per level), see _score.
-        self.pool_delta_ = np.zeros(q)
 
     # ------------------------------------------------------------------ online
 
@@ -293,34 +253,12 @@ class SlotwiseBatch:
         y = np.asarray(y, dtype=float)
         if y.ndim == 1:
             y = y[:, None]
-        if self.global_model and y.shape[1] > self._gbm_lag_count() + 2 * self.horizon:
-            self._train_gbm(y, self.t_)
         old = max(0, y.shape[1] - self.replay)
         for c in range(old):
             self._step(y[:, c], score=False)
         if old:
             self._origin()
         return self.update(y[:, old:])
-
-    def _train_gbm(self, y: np.ndarray, t0: int) -> None:
-        """Fit the global quantile model on history ``y`` (M, T) whose first column is step ``t0``."""
-        start = time.perf_counter()
-        model = GlobalQuantileGBM(
-            self.horizon,
-            tuple(self.levels),
-            lags=self._gbm_lag_count(),
-            season=self._gbm_day(),
-            step_s=self.step_s or 60.0,
-            start_tod_s=self.start_tod_s + t0 * (self.step_s or 60.0),
-            max_rows=self.gbm_rows,
-        )
-        try:
-            model.fit(y)
-        except ValueError:
-            return
-        self.gbm_ = model
-        self.gbm_train_s_ += time.perf_counter() - start
-        self._since_train = 0
 
     def _step(self, y: np.ndarray, score: bool = True) -> None:
         slot = self.t_ % self.horizon
@@ -340,13 +278,6 @@ class SlotwiseBatch:
         self._fast = np.where(first, ay, self._fast + 0.1 * (ay - self._fast))
         self._slow = np.where(first, ay, self._slow + 0.01 * (ay - self._slow))
         self.t_ += 1
-        if self.global_model and self.gbm_retrain:
-            self._since_train += 1
-            keep = 7 * self._gbm_day()
-            col = y[:, None]
-            self._hist = col if self._hist is None else np.concatenate([self._hist[:, -keep + 1 :], col], axis=1)
-            if self._since_train >= self.gbm_retrain and self._hist.shape[1] > self._gbm_lag_count() + 2 * self.horizon:
-                self._train_gbm(self._hist, self.t_ - self._hist.shape[1])
         if score:
             self._origin()
 
@@ -391,20 +322,7 @@ class SlotwiseBatch:
             # whatever the offset. Counting it as a miss (the raw score exceeds a negative offset)
             # would push the offset up and over-cover the non-zero targets.
             final = np.where(yy[..., None] <= 0.0, np.minimum(final, self.calib_.r_), final)
-        target = None
-        if self.pooled_coverage:
-            # Coverage pooled over the batch, as scored (clipped quantile): series that are covered
-            # anyway (mostly zeros) cannot go below their zero share, so the others aim lower by
-            # the pooled excess. A slow integral controller on the tracked level.
-            fq = np.maximum(self._pend_f[slot] + self.calib_.r_ * s[..., None], 0.0)
-            # (pooling per horizon step instead changed nothing measurable on either dev set)
-            rate = (yy[..., None] <= fq)[ok].mean(axis=0)  # (Q,)
-            # The median is left alone: it is no coverage target, and its loss is its own.
-            upper = self.levels > 0.5
-            self.pool_delta_ += self.pool_lr * upper * (rate - self.levels)
-            np.clip(self.pool_delta_, 0.0, np.maximum(self.levels - 0.5, 0.0), out=self.pool_delta_)
-            target = self.levels - self.pool_delta_
-        self.calib_.update(final, mask=ok, clip=50.0, target=target)
+        self.calib_.update(final, mask=ok, clip=50.0)
         if self.zero_aware:
             # Below -f/s the clipped quantile is 0 for that forecast: going further only stores up
             # offset that a series waking from zero would have to unlearn step by step.
@@ -509,18 +427,6 @@ class SlotwiseBatch:
             cand[1 + len(CLIMATE_WINDOWS)] = np.maximum(
                 np.quantile(same, self.levels, axis=2).transpose(1, 2, 0) + shift[:, None, None], 0
             )
-        if self.global_model:
-            # The global model's quantiles, and their mean with the conformal candidate (two
-            # differently wrong forecasts average to a better one more often than either wins).
-            if self.gbm_ is not None:
-                t0 = self.t_ - v.shape[1]
-                g = self.gbm_.predict(
-                    v, np.array([v.shape[1]]), start_tod_s=self.start_tod_s + t0 * (self.step_s or 60.0)
-                )[0].transpose(0, 2, 1)  # (M, h, Q)
-            else:
-                g = cand[0]
-            cand[-2] = g
-            cand[-1] = 0.5 * (g + cand[0])
         ok = self.qn_ >= self.min_scored
         ok[0] = True
         qsel = np.argmin(np.where(ok[..., None], self.qloss_, np.inf), axis=0)  # (M, h, Q)
@@ -595,11 +501,20 @@ def prior_from_similar(histories: Sequence[np.ndarray], window: int = 60) -> flo
 
 
 class SlotwiseForecaster:
-    """Per-model slotwise forecaster (scikit-learn style; see :class:`SlotwiseBatch` for parameters).
+    """Per-model slotwise forecaster, the online API (scikit-learn style; parameters as for
+    :class:`SlotwiseBatch`).
 
-    ``fit(y)`` replays the history through the online updates (a warm start: members are scored and
-    the trackers calibrated on the past exactly as they would have been live); ``update`` folds in
-    new points; ``predict_quantiles(h, quantiles)`` -> (len(quantiles), h).
+    The documented way to forecast per tick: ``fit(history)`` once, then ``update(y)`` with each new
+    point and ``predict_quantiles(h, quantiles)`` -> (len(quantiles), h). ``update`` is incremental: one
+    step costs a fixed number of array operations over fixed-size state (the kept buffer, the error
+    window, the trackers), whatever the length of the history -- O(1) in the history, not a replay.
+
+    ``fit(y)`` is a warm start: the last ``replay`` points go through exactly the updates ``update``
+    applies (members scored, trackers calibrated on the past as they would have been live), older
+    points only fill the lags and levels. So ``fit(y[:t]).update(y[t:])`` is the same forecaster as
+    ``fit(y)`` when ``replay`` covers the whole series, and converges to it after ``replay`` steps
+    otherwise (the state it forgets -- running losses, trackers, the error window -- has memory of a
+    few hundred steps).
     """
 
     def __init__(
@@ -612,6 +527,7 @@ class SlotwiseForecaster:
         loss_decay: float = 0.02,
         calib_lr: float = 0.02,
         prior_rate: float | None = None,
+        replay: int = REPLAY,
     ) -> None:
         self.horizon = horizon
         self.levels = levels
@@ -621,6 +537,7 @@ class SlotwiseForecaster:
         self.loss_decay = loss_decay
         self.calib_lr = calib_lr
         self.prior_rate = prior_rate
+        self.replay = replay
         self.batch_: SlotwiseBatch | None = None
 
     def _new(self) -> SlotwiseBatch:
@@ -633,17 +550,20 @@ class SlotwiseForecaster:
             unit=self.unit,
             loss_decay=self.loss_decay,
             calib_lr=self.calib_lr,
+            replay=self.replay,
             prior=self.prior_rate,
         )
 
     def fit(self, y: np.ndarray) -> SlotwiseForecaster:
+        """Start from history ``y`` (oldest first, NaN = missing): a warm start, see the class docstring."""
         self.batch_ = self._new()
         y = np.asarray(y, dtype=float).ravel()
         if y.size:
             self.batch_.warm_start(y[None, :])
         return self
 
-    def update(self, y_new: np.ndarray) -> SlotwiseForecaster:
+    def update(self, y_new: np.ndarray | float) -> SlotwiseForecaster:
+        """Fold in the newest point(s), oldest first: O(1) per point."""
         if self.batch_ is None:
             self.batch_ = self._new()
         y = np.asarray(y_new, dtype=float).ravel()
@@ -652,6 +572,7 @@ class SlotwiseForecaster:
         return self
 
     def predict_quantiles(self, h: int, quantiles: Sequence[float]) -> np.ndarray:
+        """Quantiles of the next ``h`` steps, (len(quantiles), h): clipped at 0, sorted across quantiles."""
         if self.batch_ is None:
             self.batch_ = self._new()
         return self.batch_.predict_quantiles(max(1, int(h)), quantiles)[0]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoscaler.api.snapshot import MetricsWindow
-from forecasting.slotwise import DEFAULT_LEVELS, SlotwiseBatch, season_steps
+from forecasting.slotwise import DEFAULT_LEVELS, REPLAY, SlotwiseBatch, season_steps
 
 
 @dataclass
@@ -66,7 +66,7 @@ class FleetForecaster:
         levels: Sequence[float] = DEFAULT_LEVELS,
         season_s: float | None = 86400.0,
         shard_size: int = 64,
-        replay: int = 256,
+        replay: int = REPLAY,
         peak: bool = False,
     ) -> None:
         if not step_s > 0:
@@ -85,7 +85,13 @@ class FleetForecaster:
 
     # ----------------------------------------------------------------- set-up
 
-    def _batch(self, n: int, prior: np.ndarray) -> SlotwiseBatch:
+    def new_batch(self, n: int, prior: np.ndarray | float | None = None) -> SlotwiseBatch:
+        """The forecaster of one shard of ``n`` models (req/s in and out), exactly as the controller runs it.
+
+        ``slotwise backtest`` scores this batch (built by a ``FleetForecaster`` with the set's step and
+        horizon and every other setting at its default), so the benchmarked forecaster is the shipped one.
+        The series of a batch do not interact: one batch of many models forecasts each as its own shard would.
+        """
         return SlotwiseBatch(
             n,
             horizon=self.horizon,
@@ -165,7 +171,7 @@ class FleetForecaster:
             if len(r):
                 hist[i, length - len(r) :] = r
         prior = np.array([p if (p := priors.get(n)) is not None else fallback for n in shard.names], dtype=float)
-        batch = self._batch(len(rows), prior)
+        batch = self.new_batch(len(rows), prior)
         if length and np.isfinite(hist).any():
             batch.warm_start(hist)
         shard.batch, shard.built = batch, list(shard.names)

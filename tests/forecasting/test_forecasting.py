@@ -160,49 +160,9 @@ def test_pinball() -> None:
     assert pinball(np.array(8.0), np.array(10.0), 0.9) == pytest.approx(0.2)
 
 
-def _mixed_batch(n: int = 900, seed: int = 3) -> np.ndarray:
-    """Half busy Poisson series, half mostly-zero ones: zero targets are covered whatever the
-    forecast, so per-series calibration alone over-covers the pool."""
-    rng = np.random.default_rng(seed)
-    busy = rng.poisson(40, (6, n)).astype(float)
-    idle = ((rng.random((6, n)) < 0.03) * rng.integers(1, 5, (6, n))).astype(float)
-    return np.concatenate([busy, idle])
-
-
-def _pooled_coverage(y: np.ndarray, **kw: object) -> float:
-    b = SlotwiseBatch(y.shape[0], horizon=1, levels=(0.5, 0.9), unit=1.0, **kw)  # type: ignore[arg-type]
-    b.warm_start(y[:, :500])
-    hits = []
-    for t in range(500, y.shape[1]):
-        hits.append(y[:, t] <= b.predict_quantiles(1, (0.9,))[:, 0, 0])
-        b.update(y[:, t])
-    return float(np.mean(hits))
-
-
-def test_pooled_coverage_moves_toward_nominal() -> None:
-    y = _mixed_batch()
-    per_series, pooled = _pooled_coverage(y), _pooled_coverage(y, pooled_coverage=True, pool_lr=0.02)
-    assert per_series > 0.92  # the zero mass of the idle half
-    assert abs(pooled - 0.9) < abs(per_series - 0.9)
-
-
 def test_zero_aware_offset_is_floored() -> None:
     # A series that is all zeros, then wakes up: the offset must not have run off towards -bound.
     y = np.zeros((1, 600))
     b = SlotwiseBatch(1, horizon=2, levels=(0.5, 0.9), unit=1.0)
     b.update(y)
     assert b.calib_.r_.min() > -5.0
-
-
-def test_global_model_candidate() -> None:
-    rng = np.random.default_rng(4)
-    y = rng.poisson(20 + 10 * rng.random((5, 1)), (5, 124)).astype(float)
-    # (a short replay: every replayed step asks the trees for a forecast)
-    b = SlotwiseBatch(
-        5, horizon=3, levels=(0.5, 0.9), step_s=600.0, unit=1.0, global_model=True, gbm_rows=600, replay=40
-    )
-    b.warm_start(y[:, :120])
-    assert b.gbm_ is not None and b.gbm_train_s_ > 0
-    b.update(y[:, 120:])
-    q = b.predict_quantiles(3, QS)
-    assert q.shape == (5, 3, 3) and np.all(q >= 0) and np.all(np.diff(q, axis=1) >= 0)

@@ -11,8 +11,11 @@
 Baselines naive and snaive follow the protocol's empirical-residual definitions (vectorised over
 series: all series of a set share the clock); ets / mstl need statsforecast (benchmark-only extra,
 :mod:`autoscaler.benchmarks.backtest.sfbaselines`); hgb is :func:`_run_hgb` (the global GBM of
-:mod:`forecasting.gbm`); slotwise is :class:`forecasting.slotwise.SlotwiseBatch`, warm-started on y[0:ceil(n/2)]
-and updated online.
+:mod:`forecasting.gbm`); slotwise is the controller's forecaster exactly as it ships: the batch
+:meth:`autoscaler.estimation.forecast.FleetForecaster.new_batch` builds (a ``FleetForecaster`` with the
+set's step and horizon, every other setting at the controller's default; req/s in and out, as the
+controller feeds it), warm-started on y[0:ceil(n/2)] and updated online with every new point. There is
+no backtest-only configuration.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ import numpy as np
 from autoscaler.benchmarks.backtest.empirical import naive_quantiles, snaive_quantiles
 from autoscaler.benchmarks.backtest.setup import Setup, protocol_setup
 from autoscaler.benchmarks.backtest.sfbaselines import run_ets, run_mstl
+from autoscaler.estimation.forecast import FleetForecaster
 from forecasting.calibration import pinball
 from forecasting.gbm import GlobalQuantileGBM
 from forecasting.slotwise import SlotwiseBatch
 
 QUANTILES = (0.5, 0.9, 0.99)
 BASELINES = ("naive", "snaive", "ets")
-GLOBAL_MEMBER = True  # slotwise with the global GBM as a quantile candidate (trained at warm start)
 
 
 # ---------------------------------------------------------------- scoring
@@ -86,39 +89,34 @@ def run_snaive(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray,
     return np.stack(out), {}
 
 
-def slotwise_batch(n_series: int, setup: Setup, qs: np.ndarray) -> SlotwiseBatch:
-    """The slotwise forecaster as the backtest (and the controller, per model) configures it."""
-    return SlotwiseBatch(
-        n_series,
-        horizon=setup.h,
-        levels=qs,
-        season=setup.season,
-        step_s=setup.step_s,
-        unit=1.0,
-        pooled_coverage=True,
-        global_model=GLOBAL_MEMBER,
-        gbm_rows=20_000,
-        start_tod_s=setup.start_tod_s,
-        gbm_lags=setup.lags,
-    )
+def shipped_fleet(setup: Setup) -> FleetForecaster:
+    """The controller's forecast stage for a set's step and horizon (every other setting its default)."""
+    return FleetForecaster(step_s=setup.step_s, horizon_s=setup.h * setup.step_s)
+
+
+def slotwise_batch(n_series: int, setup: Setup) -> SlotwiseBatch:
+    """The slotwise forecaster exactly as the controller builds it (req/s in and out)."""
+    return shipped_fleet(setup).new_batch(n_series)
 
 
 def run_slotwise(y: np.ndarray, setup: Setup, qs: np.ndarray) -> tuple[np.ndarray, dict[str, object]]:
-    model = slotwise_batch(y.shape[0], setup, qs)
-    model.warm_start(y[:, : setup.first])  # the history seen at the first origin
+    model = slotwise_batch(y.shape[0], setup)
+    missing = [q for q in qs if not np.isclose(model.levels, q).any()]
+    if missing:  # (the protocol's levels are tracked ones: no interpolation between levels is scored)
+        raise ValueError(f"quantiles {missing} are not among the controller's tracked levels {model.levels}")
+    rate = y / setup.step_s  # the controller forecasts req/s
+    model.warm_start(rate[:, : setup.first])  # the history seen at the first origin
     out = []
     origins = setup.origins
     for i, t in enumerate(origins):
-        out.append(model.predict_quantiles(setup.h, qs))
+        out.append(model.predict_quantiles(setup.h, qs) * setup.step_s)
         nxt = int(origins[i + 1]) if i + 1 < len(origins) else int(t)
         if nxt > t:
-            model.update(y[:, int(t) : nxt])
+            model.update(rate[:, int(t) : nxt])
     names = model.member_names
     sel = model.selected()
     usage = {names[j]: float((sel == j).mean()) for j in range(len(names))}
     info: dict[str, object] = {"members_in_use_at_end": {k: round(v, 3) for k, v in usage.items() if v > 0}}
-    if model.gbm_train_s_:
-        info["train_s"] = model.gbm_train_s_
     return np.stack(out), info
 
 
@@ -228,8 +226,8 @@ def _single_core(run: Runner, y: np.ndarray, setup: Setup, qs: np.ndarray) -> tu
 
 
 def _best_baselines(table: dict[str, object]) -> dict[str, object]:
-    """Best of {snaive, ets, mstl, hgb} per metric (the issue's comparison set), and slotwise's ratio."""
-    ref = [k for k in ("snaive", "ets", "mstl", "hgb") if isinstance(table.get(k), dict) and "wql" in table[k]]
+    """Best of {naive, snaive, ets, mstl, hgb} per metric (the issue's comparison set), and slotwise's ratio."""
+    ref = [k for k in ("naive", "snaive", "ets", "mstl", "hgb") if isinstance(table.get(k), dict) and "wql" in table[k]]
     out: dict[str, object] = {}
     for q in ("0.5", "0.9", "0.99"):
         vals = {k: table[k]["wql"][q] for k in ref}  # type: ignore[index]
