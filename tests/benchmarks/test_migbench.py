@@ -24,6 +24,17 @@ def test_small_instance_against_milp() -> None:
     # Consolidation only empties devices; a GPU more only if a replica that found none now has one.
     assert c["gpus"] <= g["gpus"] or c["unplaced"] < g["unplaced"]
     assert row["relayout"]["moves"] <= row["relayout"]["max_moves"]
+    # The exact placement is never worse than the shipped packer's, and is held to LB+AA like it.
+    e, ca = row["exact"], row["cost-aware"]
+    assert e["unplaced"] <= ca["unplaced"] and e["gpus"] <= ca["gpus"] and e["used"] in ("exact", "heuristic")
+    assert "exact" in SPREADING and e["within_budget"]
+
+
+def test_exact_falls_back_on_large() -> None:
+    row = run_instance("h100-128", 1)
+    e, ca = row["exact"], row["cost-aware"]
+    assert e["used"] == "heuristic" and e["milp_seconds"] is None  # beyond 16 GPUs: the shipped heuristic
+    assert e["gpus"] == ca["gpus"] and e["unplaced"] == ca["unplaced"]
 
 
 def test_decreasing_order_places_the_big_replicas_on_mixed() -> None:
@@ -48,8 +59,12 @@ def test_cli_json(tmp_path, capsys) -> None:
     data = json.loads(out.read_text())
     assert len(data["rows"]) == 2 and {s["packer"] for s in data["summary"]} >= {"first-fit", "cost-aware"}
     assert {s["held_to"] for s in data["summary"]} == {"LB", "LB+AA"}
-    assert "re-layout" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "re-layout" in text and "exact placement" in text
+    assert {s["packer"] for s in data["summary"]} >= {"exact"}
     with pytest.raises(ValueError):
         cmd.main(["--scenarios", "nope"])
     with pytest.raises(SystemExit):
         cmd.main(["--order", "nope"])
+    with pytest.raises(ValueError):
+        cmd.main(["--exact-budget", "0"])

@@ -8,7 +8,10 @@ order of preference, cheapest first:
    the MIG instance under it, are never touched;
 2. **remove** surplus replicas, choosing those whose departure empties a device or a range
    (fewest other occupants), keeping the model spread over two devices, newest first;
-3. **place** new replicas with the packer (cost-aware by default). MIG instances are created on
+3. **place** new replicas with the packer (cost-aware by default), as one batch: on a small cluster
+   the batch is placed exactly (:func:`sharing.mig_exact.place_batch_exact`, the per-device MILP
+   within ``exact_budget_s``, with every kept replica fixed where it is) when that is no worse than
+   the packer's one-by-one placement, which stands otherwise. MIG instances are created on
    free memory-slice ranges only (the Inventory refuses overlaps), so neighbours keep running —
    the partial re-configuration NVIDIA's maintainers confirm works (k8s-device-plugin #992);
    an empty pinned instance in the way is destroyed (nothing runs in it);
@@ -32,6 +35,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sharing.mig_exact import DEFAULT_BUDGET_S, BatchOutcome, place_batch_exact
 from sharing.packer import CostAwarePacker, Packer
 from sharing.slots import AllocationError, Inventory, Slot, SlotKind, SlotRequest
 
@@ -272,13 +276,42 @@ def _place_by_moving(
     return None
 
 
+def _place_exact(
+    st: _State, to_place: list[tuple[str, SlotRequest]], budget_s: float
+) -> list[tuple[str, Slot] | None] | None:
+    """Step 3 as one exact batch on the working copy: the (owner, slot) placed per entry of ``to_place``, or None
+    when the packer's own placement stands (then nothing is changed and step 3 runs one by one, as before)."""
+    trial = st.inv.copy()
+    outcome: list[BatchOutcome] = []
+    owners = [f"{m}/{k}" for k, (m, _) in enumerate(to_place)]  # on the trial copy only; real names below
+    slots = place_batch_exact(
+        st.packer, trial, [r for _, r in to_place], budget_s, owners, decreasing=False, outcome=outcome
+    )
+    if outcome[0].used != "exact":
+        return None
+    out: list[tuple[str, Slot] | None] = []
+    for (model, _), slot in zip(to_place, slots, strict=True):
+        if slot is None:
+            out.append(None)
+            continue
+        owner = st.new_owner(model)
+        st.inv.allocate(slot, owner, model=model)
+        st.placed.append((owner, slot))
+        out.append((owner, slot))
+    return out
+
+
 def relayout(
     current: Inventory,
     demand: Mapping[str, ModelDemand | tuple[int, SlotRequest]],
     packer: Packer | None = None,
     max_moves: int = 4,
+    exact_budget_s: float | None = DEFAULT_BUDGET_S,
 ) -> RelayoutResult:
-    """The next placement for ``demand`` (replicas and request per model), fewest moves first."""
+    """The next placement for ``demand`` (replicas and request per model), fewest moves first.
+
+    ``exact_budget_s``: the time budget of the exact batch placement of step 3 (None: the packer only).
+    """
     if max_moves < 0:
         raise ValueError(f"max_moves must be >= 0, got {max_moves}")
     dem = {m: d if isinstance(d, ModelDemand) else ModelDemand(int(d[0]), d[1]) for m, d in demand.items()}
@@ -310,7 +343,10 @@ def relayout(
     to_place.sort(key=lambda e: -(e[1].memory_gib or 1e9 * e[1].gpus))
     unplaced: dict[str, int] = {}
     waiting: list[tuple[str, SlotRequest]] = []
-    for model, req in to_place:
+    batch = _place_exact(st, to_place, exact_budget_s) if exact_budget_s is not None and to_place else None
+    for k, (model, req) in enumerate(to_place):
+        if batch is not None and batch[k] is not None:
+            continue  # placed by the exact batch (recorded there)
         owner = st.new_owner(model)
         slot = _place(st, req, owner, model)
         if slot is None:

@@ -1,0 +1,149 @@
+"""The exact (MILP) MIG batch placement: legal, complete where possible, never worse than the heuristic."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sharing.catalog import load_catalog
+from sharing.mig_exact import place_batch_exact, solve_exact, spread_violations
+from sharing.packer import CostAwarePacker, place_batch
+from sharing.slots import Inventory, NodeSpec, Slot, SlotKind, SlotRequest
+
+CAT = load_catalog()
+H100 = CAT.get("H100-80GB")
+KINDS = ("H100-80GB", "A100-40GB", "H200-141GB")
+MEMS = (4.0, 9.0, 15.0, 19.0, 30.0, 39.0, 70.0)
+
+
+def _req(model: str, mem: float) -> SlotRequest:
+    return SlotRequest(model, mem, 0.1, kinds=("mig",))
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> tuple[Inventory, list[SlotRequest]]:
+    """A MIG cluster of 1-3 nodes (<= 8 GPUs), some replicas already placed, and a batch of new ones."""
+    nodes = [
+        NodeSpec(f"n{i}", draw(st.sampled_from(KINDS)), draw(st.integers(1, 3)), True)
+        for i in range(draw(st.integers(1, 3)))
+    ]
+    inv = Inventory.from_nodes(nodes, CAT)
+    models = [(f"m{i}", draw(st.sampled_from(MEMS))) for i in range(draw(st.integers(1, 4)))]
+    old = [_req(m, mem) for m, mem in models for _ in range(draw(st.integers(0, 2)))]
+    place_batch(CostAwarePacker(), inv, old)
+    new = [_req(m, mem) for m, mem in models for _ in range(draw(st.integers(0, 3)))]
+    return inv, draw(st.permutations(new))
+
+
+def _assert_legal(inv: Inventory) -> None:
+    """Checked here from the geometry, independently of the Inventory's own checks."""
+    for d in inv.devices.values():
+        gpu = d.gpu
+        seen = 0
+        counts: dict[str, int] = {}
+        compute = 0
+        for key, start in d.instances():
+            p = gpu.profiles[key]
+            assert start in p.placements and start + p.mem_slices <= gpu.mem_slices_total
+            m = ((1 << p.mem_slices) - 1) << start
+            assert not seen & m, f"overlapping instances on {d.node}/{d.index}"
+            seen |= m
+            counts[key] = counts.get(key, 0) + 1
+            assert counts[key] <= p.max_count
+            compute += p.compute_slices
+        assert compute <= gpu.compute_slices_total
+        for inst in d.instances():
+            assert sum(1 for _, s in d.entries if s.instance == inst and s.kind is SlotKind.MIG) <= 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_exact_placement_is_legal_complete_and_no_worse(case: tuple[Inventory, list[SlotRequest]]) -> None:
+    inv, reqs = case
+    before = inv.copy()
+    res = solve_exact(inv, reqs, budget_s=5.0)
+    assert inv == before  # pure
+    heur = inv.copy()
+    hs = place_batch(CostAwarePacker(), heur, reqs, decreasing=True)
+    if res is not None:
+        for r, s in zip(reqs, res.slots, strict=True):
+            if s is not None:
+                gpu = CAT.get(s.gpu_model)
+                assert s.kind is SlotKind.MIG and s.memory_gib >= r.memory_gib  # type: ignore[operator]
+                assert s.compute_fraction >= r.compute_fraction and s.start in gpu.profiles[s.profile].placements
+        # A full placement exists (the heuristic found one): an optimal MILP places every replica.
+        if res.optimal and all(s is not None for s in hs):
+            assert all(s is not None for s in res.slots)
+    got = inv.copy()
+    slots = place_batch_exact(CostAwarePacker(), got, reqs, budget_s=5.0)
+    _assert_legal(got)
+    # Existing allocations are untouched: every one is still there, on the same slot.
+    for owner, slot in before.allocations():
+        assert slot in got.slots_of(owner)
+    assert len(list(got.allocations())) == len(list(before.allocations())) + sum(s is not None for s in slots)
+    # Never worse than the heuristic: no more unplaced, spreads broken or devices.
+    models = {r.model: r for r in reqs}
+    assert sum(s is None for s in slots) <= sum(s is None for s in hs)
+    assert spread_violations(got, models) <= spread_violations(heur, models)
+    assert got.gpus_in_use() <= heur.gpus_in_use()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_tiny_budget_falls_back_to_the_heuristic(case: tuple[Inventory, list[SlotRequest]]) -> None:
+    inv, reqs = case
+    if reqs:
+        assert solve_exact(inv, reqs, budget_s=1e-9) is None  # no time left to solve: no answer
+    heur = inv.copy()
+    hs = place_batch(CostAwarePacker(), heur, reqs, decreasing=True)
+    got = inv.copy()
+    out: list = []
+    assert place_batch_exact(CostAwarePacker(), got, reqs, budget_s=1e-9, outcome=out) == hs
+    assert got == heur and out[0].used == "heuristic"
+
+
+def test_heuristic_suboptimal_exact_optimal() -> None:
+    """3 H100s; a 15 GiB replica, a 39 GiB one, and a model of two 39 GiB replicas, in that order.
+
+    Memory slices needed: 2 + 4 + 4 + 4 = 14 of 8 per GPU, so at least 2 GPUs. The greedy packer puts the 1g.20gb
+    and one 3g on GPU 0 (3g@4 is then blocked by the 1g.20gb at slice 6), the spread model's first 3g on GPU 1 and,
+    kept off that device by anti-affinity, its second on GPU 2: 3 GPUs. Two suffice: 3g@0 + 3g@4 on one GPU,
+    3g + 1g.20gb on the other, the spread model on both.
+    """
+    inv = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 3, True)], CAT)
+    reqs = [_req("a", 15.0), _req("b", 39.0), _req("c", 39.0), _req("c", 39.0)]
+    slices = sum(min(p.mem_slices for p in H100.profiles_by_size() if p.memory_gib >= r.memory_gib) for r in reqs)
+    optimum = math.ceil(slices / H100.mem_slices_total)
+    heur = inv.copy()
+    place_batch(CostAwarePacker(), heur, reqs)
+    assert heur.gpus_in_use() == 3 > optimum == 2
+    res = solve_exact(inv, reqs)
+    assert res is not None and res.optimal and res.devices_used == optimum
+    got = inv.copy()
+    out: list = []
+    slots = place_batch_exact(CostAwarePacker(), got, reqs, decreasing=False, outcome=out)
+    assert out[0].used == "exact" and all(s is not None for s in slots) and got.gpus_in_use() == optimum
+    assert len({s.devices for s, r in zip(slots, reqs, strict=True) if r.model == "c"}) == 2  # still spread
+
+
+def test_existing_allocations_and_pinned_instances_are_kept() -> None:
+    inv = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 2, True)], CAT)
+    inv.allocate(Slot.mig("h", 0, H100, "3g", 4), "x-1", model="x")
+    inv.create_mig_instance("h", 1, "3g", 0)  # an empty instance someone made: usable, never moved
+    res = solve_exact(inv, [_req("y", 39.0), _req("y", 39.0)])
+    assert res is not None and all(s is not None for s in res.slots)
+    got = inv.copy()
+    place_batch_exact(CostAwarePacker(), got, [_req("y", 39.0), _req("y", 39.0)])
+    assert Slot.mig("h", 0, H100, "3g", 4) in got.slots_of("x-1")
+    assert ("3g", 0) in got.device("h", 1).instances()
+    _assert_legal(got)
+
+
+def test_beyond_the_exact_path() -> None:
+    big = Inventory.from_nodes([NodeSpec(f"n{i}", "H100-80GB", 8, True) for i in range(3)], CAT)
+    assert solve_exact(big, [_req("a", 9.0)]) is None  # 24 GPUs > 16: the heuristic's job
+    small = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 2, True)], CAT)
+    assert solve_exact(small, [SlotRequest("w", None, kinds=("whole",))]) is None  # not a MIG slot
+    assert solve_exact(small, []) is not None
