@@ -69,6 +69,7 @@ class State:
         # node_access[spec, node]: the node's GPU model is acceptable to pods of that spec.
         acc = pods.spec_access(cluster.models)
         self.node_access = acc[:, cluster.model]
+        self.specs = pods.specs  # PodView.spec indexes these
 
     def feasible(self, pod: PodView) -> np.ndarray:
         """Indices of nodes where the pod fits (all hard filters), ascending = tie-break order."""
@@ -124,6 +125,12 @@ class Policy(Protocol):
     def placed(self, state: State, node: int) -> None: ...
 
 
+class LearningPolicy(Policy, Protocol):
+    """A policy that also sees every arrival, placed or not, before its filter (to learn the mix)."""
+
+    def arrived(self, state: State, pod: PodView) -> None: ...
+
+
 @dataclass
 class RunResult:
     policy: str
@@ -155,9 +162,12 @@ def simulate(cluster: Cluster, pods: Pods, arrival: Arrival, policy: Policy, rng
     placed = np.zeros(n, dtype=bool)
     a = u = 0
     cpu, mem, num, milli, spec = (x.tolist() for x in (seq.cpu, seq.mem, seq.num_gpu, seq.gpu_milli, seq.spec))
+    learn = getattr(policy, "arrived", None)  # optional: policies that learn the arriving mix
     for i in range(n):
         pod = PodView(i, cpu[i], mem[i], num[i], milli[i], spec[i])
         a += pod.gpu_total
+        if learn is not None:
+            learn(state, pod)
         feas = state.feasible(pod)
         if len(feas):
             node, gpus = policy.choose(state, pod, feas)

@@ -39,10 +39,12 @@ original pod list), so it carries over to unseen variants.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import gcd
 
 import numpy as np
 
+from autoscaler.benchmarks.fgd.learned import LearnedWorkload, ResourceFrag
 from autoscaler.benchmarks.fgd.policies import FragModel, _Base, shared_candidates
 from autoscaler.benchmarks.fgd.sim import PodView, State
 from autoscaler.benchmarks.fgd.workload import MILLI, TargetShapes
@@ -125,8 +127,15 @@ class SlotwisePolicy(_Base):
 
     name = "slotwise"
 
-    def __init__(self, shapes: TargetShapes, ss_weight: float = 1.0, cpu_weight: float = 1.0) -> None:
+    def __init__(self, shapes: TargetShapes, ss_weight: float = 1.0, cpu_weight: float = 1.0,
+                 frag: str = "learned", strand: str = "cpumem", half_life: float = 8000.0,
+                 refresh_every: int = 200, rest: str = "bestfit") -> None:
+        self.rest = rest
         self.shapes = shapes
+        self.frag_kind = frag
+        self.strand_kind = strand
+        self.half_life = half_life
+        self.refresh_every = refresh_every
         self.ss_weight = ss_weight
         self.cpu_weight = cpu_weight
         # The plan: prices of the target workload's shared sizes (counts aggregated per milli).
@@ -144,7 +153,13 @@ class SlotwisePolicy(_Base):
 
     def bind(self, state: State, rng: np.random.Generator) -> None:
         super().bind(state, rng)
-        self.frag = FragModel(self.shapes, state.cluster.models)
+        self.state = state
+        self.work = LearnedWorkload(self.shapes, half_life=self.half_life)
+        self.since = 0
+        if self.frag_kind in ("learned", "learned_nomem"):
+            self.frag = ResourceFrag(self.work.shapes(), state.cluster.models)
+        else:
+            self.frag = FragModel(self.shapes, state.cluster.models)
         self.frag.bind(state)
         # Model scarcity: the share of each GPU model's capacity that model-constrained target shapes
         # (e.g. T4-only pods) will claim while the cluster fills. Each constrained shape's GPU demand
@@ -167,6 +182,7 @@ class SlotwisePolicy(_Base):
         gpu = sh.num_gpu > 0
         demand = float((sh.counts[gpu] * sh.gpu_milli[gpu] * sh.num_gpu[gpu]).sum())
         self.cpu_per_milli = float((sh.counts[gpu] * sh.cpu[gpu]).sum()) / demand if demand else 0.0
+        self.mem_per_milli = 0.0  # learned from arrivals (the target shapes carry no memory)
         # N(h) per GPU model: gaps on a T4 cannot serve a pod pinned to G2, so counts are per model.
         self.levels = MILLI // GAP_STEP + 1
         k = state.gpu_left.shape[1]
@@ -176,9 +192,39 @@ class SlotwisePolicy(_Base):
         gpu_model = np.broadcast_to(state.model[:, None], real.shape)[real]
         np.add.at(self.gap_count, (gpu_model, self.node_levels[real]), 1)
 
+    def arrived(self, state: State, pod: PodView) -> None:
+        """Learn the mix: every arrival enters the decayed histogram; the measure is rebuilt from it
+        every ``refresh_every`` arrivals (a rebuild is one pass over the nodes)."""
+        self.work.observe(pod.cpu, pod.mem, pod.num_gpu, pod.gpu_milli, state.specs[pod.spec])
+        self.since += 1
+        if self.since >= self.refresh_every:
+            self.since = 0
+            self._relearn(state)
+
+    def _relearn(self, state: State) -> None:
+        ls = self.work.shapes()
+        gpu = ls.num_gpu > 0
+        demand = float((ls.weight[gpu] * ls.gpu_milli[gpu] * ls.num_gpu[gpu]).sum())
+        if demand > 0:
+            self.cpu_per_milli = float((ls.weight[gpu] * ls.cpu[gpu]).sum()) / demand
+            self.mem_per_milli = float((ls.weight[gpu] * ls.mem[gpu]).sum()) / demand
+        if self.frag_kind in ("learned", "learned_nomem"):
+            if self.frag_kind == "learned_nomem":
+                ls = replace(ls, mem=np.zeros_like(ls.mem))
+            self.frag = ResourceFrag(ls, state.cluster.models)
+            self.frag.bind(state)
+
     def _fgd_score(self, nodes: np.ndarray, after: np.ndarray) -> np.ndarray:
         x = (self.frag.F[nodes] - after) / self.frag.total / 1000.0
         return (100.0 / (1.0 + np.exp(-x))).astype(np.int64)
+
+    def _surplus(self, state: State, nodes: np.ndarray, pod: PodView) -> np.ndarray:
+        """GPU milli the node's CPU and memory left after the pod could still serve, minus its idle GPUs."""
+        idle = state.gpu_sum[nodes] - pod.gpu_total
+        room = (state.cpu_left[nodes] - pod.cpu) / max(self.cpu_per_milli, _EPS)
+        if self.mem_per_milli > 0:
+            room = np.minimum(room, (state.mem_left[nodes] - pod.mem) / self.mem_per_milli)
+        return np.minimum(room - idle, 1e6)
 
     def _cpu_deficit(self, state: State, nodes: np.ndarray, pod: PodView) -> np.ndarray:
         """CPU (milli) the node's idle GPUs would need beyond what is left, after the pod."""
@@ -186,30 +232,41 @@ class SlotwisePolicy(_Base):
         return np.maximum(idle * self.cpu_per_milli - (state.cpu_left[nodes] - pod.cpu), 0.0)
 
     def choose(self, state: State, pod: PodView, feas: np.ndarray) -> tuple[int, np.ndarray]:
-        fm = self.frag
         if pod.shared:
             ri, ci, v = shared_candidates(state, pod, feas)
             nodes = feas[ri]
-            score = self._fgd_score(nodes, fm.after(nodes, v, pod.gpu_milli, 1, pod.cpu))
+            score = self._fgd_score(nodes, self._after(nodes, v, pod.gpu_milli, 1, pod))
             second = 1000.0 * self.ss_weight * self._d_ss(state.model[nodes], v, pod.gpu_milli)
             deficit = self._cpu_deficit(state, nodes, pod)
             second += self.cpu_weight * deficit
-            cost = self.planned_loss(v, pod.gpu_milli) * MILLI + self._stranded(state, nodes, deficit)
+            cost = self.planned_loss(v, pod.gpu_milli) * MILLI + self._stranded(state, nodes, deficit, pod, v)
             cost += self._displaced(state, nodes, pod)
             # Lexicographic: least cost (integer milli) first, then FGD's score (0..100).
             score = score - 1000 * np.round(cost).astype(np.int64)
             k = _lex_first(score, second)  # candidates are in (node order, GPU index): first = tie rule
             return int(nodes[k]), np.array([int(ci[k])])
         if pod.gpu_milli > 0:
-            after = fm.after(feas, MILLI, pod.gpu_milli, pod.num_gpu, pod.cpu)
+            after = self._after(feas, MILLI, pod.gpu_milli, pod.num_gpu, pod)
         else:
-            after = fm.after(feas, 0, 0, 0, pod.cpu)
+            after = self._after(feas, 0, 0, 0, pod)
         score = self._fgd_score(feas, after)
         if pod.gpu_milli > 0:  # off the models constrained pods need first, then FGD's score
             score = score - 1000 * np.round(self._displaced(state, feas, pod)).astype(np.int64)
-        k = _lex_first(score, self.cpu_weight * self._cpu_deficit(state, feas, pod))
+        second = self.cpu_weight * self._cpu_deficit(state, feas, pod)
+        if self.rest != "deficit":
+            full = np.full(len(feas), MILLI, dtype=np.int64)
+            stranded = np.round(self._stranded(state, feas, self._cpu_deficit(state, feas, pod), pod, full))
+            surplus = self._surplus(state, feas, pod)
+            sign = 1.0 if self.rest == "bestfit" else -1.0
+            second = stranded * 1e9 + sign * surplus
+        k = _lex_first(score, second)
         node = int(feas[k])
         return node, state.default_gpus(node, pod)
+
+    def _after(self, rows: np.ndarray, v: np.ndarray | int, g: int, r: np.ndarray | int, pod: PodView) -> np.ndarray:
+        if isinstance(self.frag, ResourceFrag):
+            return self.frag.after(rows, v, g, r, pod)
+        return self.frag.after(rows, v, g, r, pod.cpu)
 
     def planned_loss(self, v: np.ndarray, g: int) -> np.ndarray:
         """Planned value lost by taking ``g`` milli from GPUs with ``v`` free: K(v) - K(v-g) - y_g.
@@ -228,12 +285,26 @@ class SlotwisePolicy(_Base):
         base = float(self.node_rho[ok].min()) if ok.any() else 0.0
         return pod.gpu_total * np.clip(self.node_rho[nodes] - base, 0.0, 1.0)
 
-    def _stranded(self, state: State, nodes: np.ndarray, deficit_after: np.ndarray) -> np.ndarray:
-        """GPU milli the placement strands for lack of CPU: the deficit it adds / CPU per GPU milli."""
-        if self.cpu_per_milli <= 0:
-            return np.zeros(len(nodes))
-        before = np.maximum(state.gpu_sum[nodes] * self.cpu_per_milli - state.cpu_left[nodes], 0.0)
-        return (deficit_after - before) / self.cpu_per_milli
+    def _stranded(self, state: State, nodes: np.ndarray, deficit_after: np.ndarray, pod: PodView,
+                  v: np.ndarray) -> np.ndarray:
+        """GPU milli the placement strands for lack of CPU (and memory): the deficit it adds / per milli."""
+        if self.strand_kind == "frag" and isinstance(self.frag, ResourceFrag):
+            fm = self.frag
+            before = fm.F[nodes] - fm.gpu_only(nodes)
+            after = self._after(nodes, v, pod.gpu_milli, 1, pod) - fm.after(nodes, v, pod.gpu_milli, 1, pod, False)
+            return (after - before) / fm.total
+        out = np.zeros(len(nodes))
+        if self.cpu_per_milli > 0:
+            before = np.maximum(state.gpu_sum[nodes] * self.cpu_per_milli - state.cpu_left[nodes], 0.0)
+            out = (deficit_after - before) / self.cpu_per_milli
+        if self.strand_kind == "cpumem" and self.mem_per_milli > 0:
+            idle = state.gpu_sum[nodes]
+            mb = np.maximum(idle * self.mem_per_milli - state.mem_left[nodes], 0.0)
+            ma = np.maximum((idle - pod.gpu_total) * self.mem_per_milli - (state.mem_left[nodes] - pod.mem), 0.0)
+            cb = np.maximum(idle * self.cpu_per_milli - state.cpu_left[nodes], 0.0) / max(self.cpu_per_milli, _EPS)
+            ca = deficit_after / max(self.cpu_per_milli, _EPS)
+            out = np.maximum(ca, ma / self.mem_per_milli) - np.maximum(cb, mb / self.mem_per_milli)
+        return out
 
     def _d_ss(self, model: np.ndarray, v: np.ndarray, g: int) -> np.ndarray:
         """Change of sum_h N(h)^2 over partial gaps when a GPU goes from ``v`` to ``v - g`` free."""

@@ -12,7 +12,12 @@ variants' numbers:
 - ``gpuspec25s`` / ``gpuspec35s``: about 25% / 35% of GPU pods get a ``gpu_spec`` drawn from the
   pinned pods of ``--spec-from`` (the default trace has none);
 - ``multigpu45s``: single-GPU pods replaced by copies of random multi-GPU pods until multi-GPU pods
-  ask for 45% of the GPU milli.
+  ask for 45% of the GPU milli;
+- ``cpu250s`` / ``cpu300s``: 2.5x / 3x the CPU-only pods, so CPU (not GPU) runs out first on many
+  GPU nodes (the mix on which FGD's CPU-aware fragmentation matters most);
+- ``mem250s``: 35% of the pods (GPU and CPU-only) ask for 2.5x their memory, so memory is a
+  binding filter: about 120% of the cluster's memory at 130% GPU arrival;
+- ``multigpu70s``: mostly multi-GPU pods (they ask for 70% of the GPU milli).
 
     python -m autoscaler.benchmarks.fgd.synth --pods .../openb_pod_list_default.csv \
         --spec-from .../openb_pod_list_gpuspec10.csv --out DIR
@@ -100,7 +105,41 @@ def variants(rows: list[Row], specs: list[str]) -> dict[str, list[Row]]:
     rng2 = random.Random(11)
     out["gpuspec35s"] = _pinned(rows, specs, 0.35, rng2, only_unpinned=False)
     out["gpushare85s"] = _more_shared(rows, 0.85, 0.95, rng2)
+    # Added later, on their own RNG stream so the variants above stay byte-identical.
+    rng3 = random.Random(13)
+    out["cpu250s"] = rows + [rng3.choice(cpu_only) for _ in range(len(cpu_only) * 3 // 2)]
+    out["cpu300s"] = rows + [rng3.choice(cpu_only) for _ in range(2 * len(cpu_only))]
+    out["mem250s"] = _more_memory(rows, 0.35, 2.5, rng3)
+    out["multigpu70s"] = _more_multi(rows, multi, 0.70, rng3)
     return out
+
+
+def _more_memory(rows: list[Row], p: float, factor: float, rng: random.Random) -> list[Row]:
+    out = []
+    for r in rows:
+        r = dict(r)
+        if rng.random() < p:
+            r["memory_mib"] = str(int(int(r["memory_mib"]) * factor))
+        out.append(r)
+    return out
+
+
+def _more_multi(rows: list[Row], multi: list[Row], share: float, rng: random.Random) -> list[Row]:
+    """Single-GPU pods replaced by copies of random multi-GPU pods until those ask for ``share`` of
+    the GPU milli (totals kept incrementally: the trace has ~8k pods)."""
+    rs = [dict(r) for r in rows]
+    idx = [i for i, r in enumerate(rs) if int(r["num_gpu"]) == 1]
+    rng.shuffle(idx)
+    total = sum(_req(r) for r in rs)
+    multi_req = sum(_req(r) for r in rs if _multi(r))
+    for i in idx:
+        if multi_req >= share * total:
+            break
+        src = rng.choice(multi)
+        total += _req(src) - _req(rs[i])
+        multi_req += _req(src)
+        rs[i] = _copy(rs[i], src)
+    return rs
 
 
 def main(argv: list[str] | None = None) -> int:
