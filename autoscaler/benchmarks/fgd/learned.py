@@ -69,7 +69,8 @@ class LearnedWorkload:
     """
 
     def __init__(self, prior: TargetShapes | None = None, half_life: float = 2000.0, prior_weight: float = 500.0,
-                 coverage: float = TARGET_COVERAGE) -> None:
+                 coverage: float = TARGET_COVERAGE, mem_mean: str = "arith") -> None:
+        self.mem_mean = mem_mean
         if half_life <= 0:
             raise ValueError("half_life must be > 0")
         self.growth = 2.0 ** (1.0 / half_life)
@@ -99,7 +100,7 @@ class LearnedWorkload:
         k = self._bin((int(cpu), int(gpu_milli) if num_gpu > 0 else 0, int(num_gpu), spec if num_gpu > 0 else ""))
         self.count[k] += self.inc
         self.seen[k] += self.inc
-        self.mem_sum[k] += self.inc * float(mem)
+        self.mem_sum[k] += self.inc * (float(np.log1p(mem)) if self.mem_mean == "geo" else float(mem))
         self.inc *= self.growth
         if self.inc > 1e12:  # rescale everything; ratios are unchanged
             s = 1.0 / self.inc
@@ -130,6 +131,8 @@ class LearnedWorkload:
         w = np.array([self.count[k] for k in ks], dtype=np.float64)
         w = np.maximum(np.round(w / w.sum() * WEIGHT_SCALE), 1.0) if len(w) else w
         mem = [self.mem_sum[k] / self.seen[k] if self.seen[k] > 0 else 0.0 for k in ks]
+        if self.mem_mean == "geo":
+            mem = [float(np.expm1(m)) for m in mem]
         return LearnedShapes(
             cpu=np.array([key[0] for key in kept], dtype=np.int64),
             mem=np.array(mem, dtype=np.float64).round().astype(np.int64),

@@ -129,7 +129,8 @@ class SlotwisePolicy(_Base):
 
     def __init__(self, shapes: TargetShapes, ss_weight: float = 1.0, cpu_weight: float = 1.0,
                  frag: str = "learned", strand: str = "cpumem", half_life: float = 8000.0,
-                 refresh_every: int = 200, rest: str = "bestfit") -> None:
+                 refresh_every: int = 200, rest: str = "bestfit_cpu", mem_mean: str = "arith") -> None:
+        self.mem_mean = mem_mean
         self.rest = rest
         self.shapes = shapes
         self.frag_kind = frag
@@ -154,7 +155,7 @@ class SlotwisePolicy(_Base):
     def bind(self, state: State, rng: np.random.Generator) -> None:
         super().bind(state, rng)
         self.state = state
-        self.work = LearnedWorkload(self.shapes, half_life=self.half_life)
+        self.work = LearnedWorkload(self.shapes, half_life=self.half_life, mem_mean=self.mem_mean)
         self.since = 0
         if self.frag_kind in ("learned", "learned_nomem"):
             self.frag = ResourceFrag(self.work.shapes(), state.cluster.models)
@@ -253,7 +254,7 @@ class SlotwisePolicy(_Base):
         if pod.gpu_milli > 0:  # off the models constrained pods need first, then FGD's score
             score = score - 1000 * np.round(self._displaced(state, feas, pod)).astype(np.int64)
         second = self.cpu_weight * self._cpu_deficit(state, feas, pod)
-        if self.rest != "deficit":
+        if self.rest == "bestfit" or (self.rest == "bestfit_cpu" and pod.gpu_milli <= 0):
             full = np.full(len(feas), MILLI, dtype=np.int64)
             stranded = np.round(self._stranded(state, feas, self._cpu_deficit(state, feas, pod), pod, full))
             surplus = self._surplus(state, feas, pod)
