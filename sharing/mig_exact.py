@@ -24,7 +24,12 @@ then fewest devices used, then (tie-breaks summing below one device) the cheapes
 Identical devices of one node that are empty are interchangeable, so they are opened in order (symmetry
 breaking, which keeps the solve fast without changing the optimum).
 
-The exact placement is returned only when HiGHS finds a solution in the budget and that solution is no worse
+Beyond ``max_devices`` candidate GPUs, on a cluster whose candidate GPUs are all idle (a batch planned from
+scratch), :func:`solve_aggregated` solves the layout-count model instead (how many GPUs of each kind run each
+maximal layout; the model of the mig-bench's bound, whose size does not grow with the cluster) and realises it
+on devices, spreading each model's replicas over nodes and devices.
+
+The exact placement is used only when HiGHS finds a solution in the budget and that solution is no worse
 than the heuristic's on every count (unplaced, spreads given up, devices); otherwise the heuristic's placement
 stands. Everything here is a pure function of an :class:`~sharing.slots.Inventory` and requests; the solver
 is imported on first use, so importing :mod:`sharing` stays dependency-free.
@@ -64,6 +69,12 @@ class _Device:
     options: tuple[tuple[MigProfile, int], ...]  # new instances that can be created on it now
     free_pinned: tuple[tuple[str, int], ...]  # existing instances with no occupant
     fixed_used: bool  # already holds something
+
+
+def _solver_limit(left_s: float) -> float:
+    """HiGHS's time limit out of what is left of the budget: it overruns its limit a little, and reading the
+    placement off and checking it with the Inventory takes the rest."""
+    return max(0.9 * left_s - 0.02, 1e-3)
 
 
 def _mask(start: int, size: int) -> int:
@@ -133,10 +144,17 @@ def solve_exact(
     anti_affinity: bool = True,
     node_anti_affinity: bool = True,
     max_devices: int = DEFAULT_MAX_DEVICES,
+    no_worse_than: tuple[int, int, int] | None = None,
+    min_devices_used: int | None = None,
 ) -> ExactResult | None:
     """The MILP placement of ``reqs`` on ``inv`` as it is (``inv`` is not changed), or None when the instance is
     beyond the exact path (a request that is not a single MIG slot, more than ``max_devices`` candidate
-    devices) or HiGHS found no solution within ``budget_s`` seconds (model building included)."""
+    devices) or HiGHS found no solution within ``budget_s`` seconds (model building included).
+
+    ``no_worse_than`` (unplaced, spreads broken, devices used: a placement already in hand) and
+    ``min_devices_used`` (a lower bound on the devices a full placement needs) only prune: the first cuts off
+    every solution worse than the one in hand on any count, the second lets HiGHS stop as soon as it reaches the
+    bound. Both leave the optimum as it is."""
     t0 = time.perf_counter()
     if not reqs:
         return ExactResult((), True, "empty", 0.0, inv.gpus_in_use())
@@ -276,6 +294,18 @@ def solve_exact(
             es = [(j, 1.0) for (c, di, _), j in a_of.items() if c in mine_c and di in members]
             if es:
                 row([*es, (v_of[m], -float(total[m]))], -math.inf, float(total[m] - 1 - held[g]))
+    used_now = sum(1 for d in devs if d.fixed_used)
+    u_all = [(j, 1.0) for j in u_of.values()]
+    if no_worse_than is not None:
+        row([(j, 1.0) for j in q_of], -math.inf, float(no_worse_than[0]))
+        if v_of:
+            row([(j, 1.0) for j in v_of.values()], -math.inf, float(no_worse_than[1]))
+        outside = inv.gpus_in_use() - used_now  # devices in use that are no candidates (held whole, MIG off)
+        if u_all:
+            row(u_all, -math.inf, float(no_worse_than[2] - outside - used_now))
+    if min_devices_used is not None and u_all:
+        # Valid for placements that place everything, the only ones that can be optimal when one exists.
+        row(u_all, float(min_devices_used - inv.gpus_in_use()), math.inf)
     # Symmetry: interchangeable empty devices of one node are opened in order.
     prev: dict[tuple, int] = {}
     for di, d in enumerate(devs):
@@ -287,17 +317,18 @@ def solve_exact(
         prev[sig] = di
 
     nv = len(cost)
+    # A gap below one device on the largest objective possible proves the device count (and all before it).
+    obj_max = w_unplaced * len(reqs) + w_spread * len(spread) + n_dev + 2
     left = budget_s - (time.perf_counter() - t0)
     if left <= 0:
         return None
     A = coo_matrix((vals, (rows, cols)), shape=(len(rlo), nv)).tocsr()
-    # A gap below one device on the objective (devices dominate the tie-breaks) proves the device count.
     res = milp(
         np.array(cost),
         constraints=LinearConstraint(A, np.array(rlo), np.array(rhi)),
         integrality=np.array(integ),
         bounds=Bounds(np.array(lo), np.array(hi)),
-        options={"time_limit": max(left, 1e-3), "disp": False, "mip_rel_gap": 0.5 / (n_dev + 2)},
+        options={"time_limit": _solver_limit(left), "disp": False, "mip_rel_gap": 0.5 / obj_max},
     )
     if res.x is None:
         return None
@@ -326,6 +357,254 @@ def solve_exact(
                        trial.gpus_in_use())
 
 
+_LAYOUTS: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}
+
+
+def maximal_layouts(gpu: GpuModel) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """One concrete set of instances ``(profile key, start)`` per maximal MIG layout of ``gpu`` (profile counts
+    to which no instance can be added anywhere; non-maximal ones are dominated: an unused instance costs
+    nothing). The same layouts the mig-bench's aggregated bound counts, with starts attached."""
+    hit = _LAYOUTS.get(gpu.name)
+    if hit is not None:
+        return hit
+    total = gpu.mem_slices_total
+    options = [(p, st) for p in gpu.profiles_by_size() for st in p.placements if st + p.mem_slices <= total]
+    found: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
+
+    def can_add(mask: int, compute: int, counts: dict[str, int], p: MigProfile, st: int) -> bool:
+        return (not mask & _mask(st, p.mem_slices) and counts.get(p.key, 0) < p.max_count
+                and compute + p.compute_slices <= gpu.compute_slices_total)
+
+    def dfs(i: int, mask: int, compute: int, counts: dict[str, int], chosen: list[tuple[str, int]]) -> None:
+        if i == len(options):
+            if not any(can_add(mask, compute, counts, p, st) for p, st in options):
+                found.setdefault(tuple(sorted(counts.items())), tuple(chosen))
+            return
+        p, st = options[i]
+        if can_add(mask, compute, counts, p, st):
+            counts[p.key] = counts.get(p.key, 0) + 1
+            chosen.append((p.key, st))
+            dfs(i + 1, mask | _mask(st, p.mem_slices), compute + p.compute_slices, counts, chosen)
+            chosen.pop()
+            counts[p.key] -= 1
+            if not counts[p.key]:
+                del counts[p.key]
+        dfs(i + 1, mask, compute, counts, chosen)
+
+    dfs(0, 0, 0, {}, [])
+    out = tuple(found[k] for k in sorted(found))
+    _LAYOUTS[gpu.name] = out
+    return out
+
+
+def solve_aggregated(
+    inv: Inventory,
+    reqs: Sequence[SlotRequest],
+    budget_s: float = DEFAULT_BUDGET_S,
+    *,
+    anti_affinity: bool = True,
+    node_anti_affinity: bool = True,
+) -> ExactResult | None:
+    """The fewest-GPU placement of ``reqs`` on the idle MIG GPUs of a cluster of any size, read off the aggregated
+    MILP (how many GPUs of each kind run each maximal layout, how many replicas of each class use each profile
+    of each kind: GPUs of one kind are interchangeable, so the model's size does not grow with the cluster).
+
+    Every solution is realisable: the GPUs of a kind get the layouts, and each class's replicas the instances of
+    their profile, dealt round-robin over nodes and then devices, so a model's replicas land on different nodes
+    (devices) wherever the instances allow; a model still all on one node (device) then has one replica swapped
+    with a replica of the same profile elsewhere, or moved to an unused instance of it elsewhere (neither changes
+    the GPUs used). Anti-affinity is not a constraint of this model: what is left broken is counted by
+    :func:`place_batch_exact`, which keeps the heuristic's placement if that breaks fewer.
+    None when a candidate GPU already holds something (the per-device MILP,
+    :func:`solve_exact`, keeps existing allocations), a request is not a single MIG slot, or no solution came
+    within ``budget_s``."""
+    t0 = time.perf_counter()
+    if not reqs:
+        return ExactResult((), True, "empty", 0.0, inv.gpus_in_use())
+    if not all(_modelled(r) for r in reqs):
+        return None
+    devs = _devices(inv)
+    if not devs or any(d.fixed_used or d.state.pinned for d in devs):
+        return None
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    by_kind: dict[str, list[_Device]] = {}
+    for d in devs:
+        by_kind.setdefault(d.gpu.name, []).append(d)
+    gpus = {k: ds[0].gpu for k, ds in by_kind.items()}
+    classes: dict[tuple, list[int]] = {}
+    for i, r in enumerate(reqs):
+        classes.setdefault((r.memory_gib, r.compute_fraction, tuple(r.gpu_models), r.model), []).append(i)
+    class_list = list(classes)
+    creq = [reqs[classes[k][0]] for k in class_list]
+    n_gpus = len(devs)
+    price_sum = sum(g.price_per_hour * len(by_kind[k]) for k, g in gpus.items()) + 1.0
+    w_unplaced = n_gpus + 1.0
+    max_price = max(g.price_per_hour for g in gpus.values()) or 1.0
+    cost: list[float] = []
+    hi: list[float] = []
+    y_of: list[tuple[str, tuple[tuple[str, int], ...], int]] = []
+    for k, g in gpus.items():
+        for lay in maximal_layouts(g):
+            y_of.append((k, lay, len(cost)))
+            cost.append(1.0 + 0.5 * g.price_per_hour / price_sum)
+            hi.append(len(by_kind[k]))
+    z_of: dict[tuple[int, str, str], int] = {}
+    for ci, r in enumerate(creq):
+        allowed = _allowed(inv, r)
+        for k, g in gpus.items():
+            if allowed is not None and k not in allowed:
+                continue
+            for p in g.profiles_by_size():
+                if _fits(g, p, r):
+                    z_of[(ci, k, p.key)] = len(cost)
+                    # Tie-break (all of them below one GPU): the cheapest slot that fits, as the packer ranks.
+                    frac = max(p.compute_slices / g.compute_slices_total, p.mem_slices / g.mem_slices_total)
+                    cost.append(0.1 * frac * g.price_per_hour / (max_price * (len(reqs) + 1)))
+                    hi.append(len(classes[class_list[ci]]))
+    q_of = []
+    for k in class_list:
+        q_of.append(len(cost))
+        cost.append(w_unplaced)
+        hi.append(len(classes[k]))
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    rlo: list[float] = []
+    rhi: list[float] = []
+
+    def row(entries: Sequence[tuple[int, float]], low: float, high: float) -> None:
+        for j, v in entries:
+            rows.append(len(rlo))
+            cols.append(j)
+            vals.append(v)
+        rlo.append(low)
+        rhi.append(high)
+
+    for k in gpus:
+        row([(j, 1.0) for kk, _, j in y_of if kk == k], 0.0, float(len(by_kind[k])))
+    for ci, k in enumerate(class_list):
+        row([*((j, 1.0) for (c, _, _), j in z_of.items() if c == ci), (q_of[ci], 1.0)],
+            float(len(classes[k])), float(len(classes[k])))
+    for k, g in gpus.items():
+        for p in g.profiles_by_size():
+            users = [(j, 1.0) for (_, kk, key), j in z_of.items() if kk == k and key == p.key]
+            if users:
+                made = [(j, -float(sum(1 for key, _ in lay if key == p.key))) for kk, lay, j in y_of if kk == k]
+                row([*users, *made], -math.inf, 0.0)
+    obj_max = w_unplaced * len(reqs) + n_gpus + 2
+    left = budget_s - (time.perf_counter() - t0)
+    if left <= 0:
+        return None
+    A = coo_matrix((vals, (rows, cols)), shape=(len(rlo), len(cost))).tocsr()
+    res = milp(np.array(cost), constraints=LinearConstraint(A, np.array(rlo), np.array(rhi)),
+               integrality=np.ones(len(cost)), bounds=Bounds(np.zeros(len(cost)), np.array(hi)),
+               options={"time_limit": _solver_limit(left), "disp": False, "mip_rel_gap": 0.5 / obj_max})
+    if res.x is None:
+        return None
+    x = np.round(res.x).astype(int)
+    # Layouts onto devices: a kind's devices dealt over its nodes in turn, so the instances of one profile span
+    # as many nodes as they can (the spread the packer keeps).
+    slots: list[Slot | None] = [None] * len(reqs)
+    spare: list[Slot] = []  # instances laid out but not used, for the spread repair
+    for k, ds in by_kind.items():
+        per_node: dict[str, list[_Device]] = {}
+        for d in ds:
+            per_node.setdefault(d.key[0], []).append(d)
+        order = _round_robin(list(per_node.values()))
+        lays = [lay for kk, lay, j in y_of if kk == k for _ in range(int(x[j]))]
+        insts: dict[str, dict[str, list[tuple[_Device, int]]]] = {}  # profile -> node -> instances
+        for d, lay in zip(order, lays, strict=False):
+            for key, start in lay:
+                insts.setdefault(key, {}).setdefault(d.key[0], []).append((d, start))
+        for key, nodes in insts.items():
+            # Within a node, across devices first; then over nodes in turn.
+            dealt = _round_robin([_round_robin(_by_device(v)) for v in nodes.values()])
+            for ci in range(len(creq)):
+                j = z_of.get((ci, k, key))
+                for _ in range(int(x[j]) if j is not None else 0):
+                    if not dealt or not classes[class_list[ci]]:
+                        return None
+                    d, start = dealt.pop(0)
+                    slots[classes[class_list[ci]].pop(0)] = Slot.mig(d.key[0], d.key[1], d.gpu, key, start)
+            spare.extend(Slot.mig(d.key[0], d.key[1], d.gpu, key, start) for d, start in dealt)
+    if anti_affinity:
+        _repair_spread(inv, reqs, slots, spare, node_anti_affinity)
+    trial = inv.copy()
+    try:
+        for r, sl in zip(reqs, slots, strict=True):
+            if sl is not None:
+                trial.allocate(sl, _fresh_owner(trial, r.model), model=r.model)
+    except AllocationError:
+        return None
+    return ExactResult(tuple(slots), res.status == 0, str(res.message), time.perf_counter() - t0,
+                       trial.gpus_in_use())
+
+
+def _repair_spread(inv: Inventory, reqs: Sequence[SlotRequest], slots: list[Slot | None], spare: list[Slot],
+                   node_level: bool) -> None:
+    """Give each model left on one node (device) a replica elsewhere: an unused laid-out instance elsewhere that
+    fits it, else an exchange with another model's replica whose instance fits it (and its own fits the other),
+    kept only if the other model stays spread.
+
+    ``slots`` (one per request) and ``spare`` (instances laid out but unused) are changed in place. Every replica
+    stays on an instance that fits it, and the devices in use stay as they were (or one empties)."""
+    index: dict[str, list[int]] = {}
+    for i, r in enumerate(reqs):
+        index.setdefault(r.model, []).append(i)
+    by_node = {m: node_level and len(_eligible_node_names(inv, reqs[ix[0]])) > 1 for m, ix in index.items()}
+
+    def where(m: str, sl: Slot) -> object:
+        return sl.node if by_node[m] else (sl.node, sl.devices[0])
+
+    def broken(m: str) -> bool:
+        placed = [slots[i] for i in index[m] if slots[i] is not None]
+        return len(placed) >= 2 and len({where(m, sl) for sl in placed if sl is not None}) < 2
+
+    def holds(sl: Slot, r: SlotRequest) -> bool:
+        allowed = _allowed(inv, r)
+        gpu = inv.catalog.get(sl.gpu_model)
+        return (allowed is None or sl.gpu_model in allowed) and _fits(gpu, gpu.profiles[sl.profile], r)  # type: ignore[index]
+
+    for m, ix in index.items():
+        if not broken(m):
+            continue
+        i = next(k for k in reversed(ix) if slots[k] is not None)
+        mine = slots[i]
+        assert mine is not None
+        here = where(m, mine)
+        free = next((k for k, sl in enumerate(spare) if holds(sl, reqs[i]) and where(m, sl) != here), None)
+        if free is not None:
+            slots[i], spare[free] = spare[free], mine
+            continue
+        for j, other in enumerate(slots):
+            if other is None or j in ix or where(m, other) == here:
+                continue
+            if not (holds(other, reqs[i]) and holds(mine, reqs[j])):
+                continue
+            slots[i], slots[j] = other, mine
+            if not broken(reqs[j].model):
+                break
+            slots[i], slots[j] = mine, other
+
+
+def _by_device(insts: list[tuple[_Device, int]]) -> list[list[tuple[_Device, int]]]:
+    out: dict[tuple[str, int], list[tuple[_Device, int]]] = {}
+    for d, start in insts:
+        out.setdefault(d.key, []).append((d, start))
+    return list(out.values())
+
+
+def _round_robin(groups: list[list]) -> list:
+    """First of each group, then the second of each, ...: neighbours in the result come from different groups."""
+    out = []
+    for i in range(max((len(g) for g in groups), default=0)):
+        out.extend(g[i] for g in groups if i < len(g))
+    return out
+
+
 def _fresh_owner(inv: Inventory, model: str) -> str:
     n = inv.model_allocation_count(model)
     owners = {o for o, _ in inv.allocations()}
@@ -340,6 +619,7 @@ class BatchOutcome:
 
     used: str  # "exact" or "heuristic"
     exact: ExactResult | None
+    exact_seconds: float  # the whole exact attempt (both models when the per-device one is not tried)
     heuristic_key: tuple[int, int, int]  # (unplaced, spreads broken, devices used)
     exact_key: tuple[int, int, int] | None
 
@@ -377,10 +657,24 @@ def place_batch_exact(
     hkey = _key(heur_inv, heur, models, node_aa)
     exact = None
     ekey = None
+    secs = 0.0
     # Nothing to gain when the heuristic already placed everything on no new device.
     if hkey[0] or hkey[1] or hkey[2] > inv.gpus_in_use():
-        exact = solve_exact(inv, reqs, budget_s, anti_affinity=aa, node_anti_affinity=node_aa,
-                            max_devices=max_devices)
+        t0 = time.perf_counter()
+        floor = None
+        if len(_devices(inv)) <= max_devices:
+            # The layout-count optimum without anti-affinity bounds the devices from below (idle clusters only;
+            # it solves in hundredths of a second here) and lets the per-device solve stop once it reaches it.
+            lb = solve_aggregated(inv, reqs, budget_s / 4, anti_affinity=False)
+            if lb is not None and lb.optimal and all(sl is not None for sl in lb.slots):
+                floor = lb.devices_used
+        exact = solve_exact(inv, reqs, budget_s - (time.perf_counter() - t0), anti_affinity=aa,
+                            node_anti_affinity=node_aa, max_devices=max_devices, no_worse_than=hkey,
+                            min_devices_used=floor)
+        left = budget_s - (time.perf_counter() - t0)
+        if exact is None and left > 0 and len(_devices(inv)) > max_devices:
+            exact = solve_aggregated(inv, reqs, left, anti_affinity=aa, node_anti_affinity=node_aa)
+        secs = time.perf_counter() - t0
     chosen = heur
     if exact is not None:
         ex_inv = inv.copy()
@@ -393,7 +687,7 @@ def place_batch_exact(
     else:
         _allocate(inv, reqs, chosen, owners)
     if outcome is not None:
-        outcome.append(BatchOutcome("heuristic" if chosen is heur else "exact", exact, hkey, ekey))
+        outcome.append(BatchOutcome("heuristic" if chosen is heur else "exact", exact, secs, hkey, ekey))
     return chosen
 
 

@@ -9,10 +9,10 @@ the exact MILP optimum (clusters of <= 16 GPUs) or the LP-relaxation bound (larg
 ``autoscaler/benchmarks/mig/bounds.py``. Two bounds: "LB" is plain bin-packing; "LB+AA" adds the cost-aware
 packer's anti-affinity rule. Packers that keep anti-affinity (cost-aware, cost-aware-gpus) are held
 to LB+AA, the others (first-fit, ``-noaa``) to LB. ``exact`` is the shipped packer with the batch placed
-by the per-device MILP (``sharing/mig_exact.py``) within ``--exact-budget`` seconds, its heuristic
-placement beyond 16 GPUs, on a timeout or wherever the MILP's is not better; it counts as met only
-within its budget. A re-layout scenario (demand changes) reports moves, the exact re-layout beside
-the heuristic one. Results in docs/sharing.md.
+by the per-device MILP (``sharing/mig_exact.py``; beyond 16 GPUs the aggregated layout-count MILP)
+within ``--exact-budget`` seconds, the heuristic's placement on a timeout or wherever the MILP's is
+not better; it counts as met only within its budget. A re-layout scenario (demand changes) reports
+moves, the exact re-layout beside the heuristic one. Results in docs/sharing.md.
 """
 
 from __future__ import annotations

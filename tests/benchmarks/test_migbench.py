@@ -30,11 +30,12 @@ def test_small_instance_against_milp() -> None:
     assert "exact" in SPREADING and e["within_budget"]
 
 
-def test_exact_falls_back_on_large() -> None:
+def test_exact_on_large_is_aggregated_and_no_worse() -> None:
     row = run_instance("h100-128", 1)
     e, ca = row["exact"], row["cost-aware"]
-    assert e["used"] == "heuristic" and e["milp_seconds"] is None  # beyond 16 GPUs: the shipped heuristic
-    assert e["gpus"] == ca["gpus"] and e["unplaced"] == ca["unplaced"]
+    # Beyond 16 GPUs the layout-count model places the batch (or the shipped heuristic's placement stands).
+    assert e["gpus"] <= ca["gpus"] and e["unplaced"] <= ca["unplaced"] and e["within_budget"]
+    assert e["gpus"] >= row["bound_gpus"]
 
 
 def test_decreasing_order_places_the_big_replicas_on_mixed() -> None:

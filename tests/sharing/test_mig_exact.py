@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharing.catalog import load_catalog
-from sharing.mig_exact import place_batch_exact, solve_exact, spread_violations
+from sharing.mig_exact import place_batch_exact, solve_aggregated, solve_exact, spread_violations
 from sharing.packer import CostAwarePacker, place_batch
 from sharing.slots import Inventory, NodeSpec, Slot, SlotKind, SlotRequest
 
@@ -23,15 +23,15 @@ def _req(model: str, mem: float) -> SlotRequest:
 
 
 @st.composite
-def instances(draw: st.DrawFn) -> tuple[Inventory, list[SlotRequest]]:
-    """A MIG cluster of 1-3 nodes (<= 8 GPUs), some replicas already placed, and a batch of new ones."""
+def instances(draw: st.DrawFn, existing: bool = True) -> tuple[Inventory, list[SlotRequest]]:
+    """A MIG cluster of 1-3 nodes (<= 9 GPUs), some replicas already placed, and a batch of new ones."""
     nodes = [
         NodeSpec(f"n{i}", draw(st.sampled_from(KINDS)), draw(st.integers(1, 3)), True)
         for i in range(draw(st.integers(1, 3)))
     ]
     inv = Inventory.from_nodes(nodes, CAT)
     models = [(f"m{i}", draw(st.sampled_from(MEMS))) for i in range(draw(st.integers(1, 4)))]
-    old = [_req(m, mem) for m, mem in models for _ in range(draw(st.integers(0, 2)))]
+    old = [_req(m, mem) for m, mem in models for _ in range(draw(st.integers(0, 2)) if existing else 0)]
     place_batch(CostAwarePacker(), inv, old)
     new = [_req(m, mem) for m, mem in models for _ in range(draw(st.integers(0, 3)))]
     return inv, draw(st.permutations(new))
@@ -104,6 +104,29 @@ def test_tiny_budget_falls_back_to_the_heuristic(case: tuple[Inventory, list[Slo
     assert got == heur and out[0].used == "heuristic"
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(existing=False))
+def test_aggregated_path_legal_no_worse_and_agrees(case: tuple[Inventory, list[SlotRequest]]) -> None:
+    """The large-instance path (layout counts per GPU kind, realised on devices), forced on small clusters by
+    ``max_devices=0``: legal, never worse than the heuristic, and as few GPUs as the per-device MILP without
+    anti-affinity (two formulations of one problem)."""
+    inv, reqs = case
+    agg = solve_aggregated(inv, reqs, budget_s=5.0, anti_affinity=False)
+    dev = solve_exact(inv, reqs, budget_s=5.0, anti_affinity=False)
+    if agg is not None and dev is not None and agg.optimal and dev.optimal:
+        assert sum(s is None for s in agg.slots) == sum(s is None for s in dev.slots)
+        assert agg.devices_used == dev.devices_used
+    heur = inv.copy()
+    hs = place_batch(CostAwarePacker(), heur, reqs, decreasing=True)
+    got = inv.copy()
+    slots = place_batch_exact(CostAwarePacker(), got, reqs, budget_s=5.0, max_devices=0)
+    _assert_legal(got)
+    models = {r.model: r for r in reqs}
+    assert sum(s is None for s in slots) <= sum(s is None for s in hs)
+    assert spread_violations(got, models) <= spread_violations(heur, models)
+    assert got.gpus_in_use() <= heur.gpus_in_use()
+
+
 def test_heuristic_suboptimal_exact_optimal() -> None:
     """3 H100s; a 15 GiB replica, a 39 GiB one, and a model of two 39 GiB replicas, in that order.
 
@@ -143,7 +166,13 @@ def test_existing_allocations_and_pinned_instances_are_kept() -> None:
 
 def test_beyond_the_exact_path() -> None:
     big = Inventory.from_nodes([NodeSpec(f"n{i}", "H100-80GB", 8, True) for i in range(3)], CAT)
-    assert solve_exact(big, [_req("a", 9.0)]) is None  # 24 GPUs > 16: the heuristic's job
+    assert solve_exact(big, [_req("a", 9.0)]) is None  # 24 GPUs > 16: the per-device model is not tried
+    agg = solve_aggregated(big, [_req("a", 39.0), _req("a", 39.0), _req("b", 39.0), _req("b", 39.0)])
+    assert agg is not None and agg.devices_used == 2  # two 3g per GPU
+    s = agg.slots
+    assert s[0].node != s[1].node and s[2].node != s[3].node  # and each model on two nodes
+    place_batch(CostAwarePacker(), big, [_req("c", 9.0)])
+    assert solve_aggregated(big, [_req("a", 9.0)]) is None  # a GPU in use: only the per-device model keeps it
     small = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 2, True)], CAT)
     assert solve_exact(small, [SlotRequest("w", None, kinds=("whole",))]) is None  # not a MIG slot
     assert solve_exact(small, []) is not None
