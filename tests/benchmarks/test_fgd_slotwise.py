@@ -139,3 +139,19 @@ def test_synthetic_variants_change_the_mix_they_name():
     req = [int(r["num_gpu"]) * int(r["gpu_milli"]) for r in out["multigpu45s"]]
     multi = [q for q, r in zip(req, out["multigpu45s"], strict=True) if int(r["num_gpu"]) > 1]
     assert sum(multi) >= 0.45 * sum(req)
+
+
+def test_synthetic_cpu_memory_and_multigpu_mixes():
+    from autoscaler.benchmarks.fgd.synth import variants
+
+    rows = [{"name": f"p{i}", "cpu_milli": "1000", "memory_mib": "1024", "num_gpu": n, "gpu_milli": g,
+             "gpu_spec": ""} for i, (n, g) in enumerate([("1", "1000")] * 60 + [("1", "470")] * 20
+                                                         + [("0", "0")] * 10 + [("8", "1000")] * 10)]
+    out = variants(rows, ["T4", "P100"])
+    assert sum(r["num_gpu"] == "0" for r in out["cpu250s"]) == 25
+    assert sum(r["num_gpu"] == "0" for r in out["cpu300s"]) == 30
+    heavy = [r for r in out["mem250s"] if r["memory_mib"] != "1024"]
+    assert heavy and all(r["memory_mib"] == "2560" for r in heavy)
+    req = [int(r["num_gpu"]) * int(r["gpu_milli"]) for r in out["multigpu70s"]]
+    multi = [q for q, r in zip(req, out["multigpu70s"], strict=True) if int(r["num_gpu"]) > 1]
+    assert sum(multi) >= 0.70 * sum(req)
