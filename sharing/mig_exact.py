@@ -146,6 +146,7 @@ def solve_exact(
     max_devices: int = DEFAULT_MAX_DEVICES,
     no_worse_than: tuple[int, int, int] | None = None,
     min_devices_used: int | None = None,
+    prefer_open_nodes: bool = False,
 ) -> ExactResult | None:
     """The MILP placement of ``reqs`` on ``inv`` as it is (``inv`` is not changed), or None when the instance is
     beyond the exact path (a request that is not a single MIG slot, more than ``max_devices`` candidate
@@ -154,7 +155,9 @@ def solve_exact(
     ``no_worse_than`` (unplaced, spreads broken, devices used: a placement already in hand) and
     ``min_devices_used`` (a lower bound on the devices a full placement needs) only prune: the first cuts off
     every solution worse than the one in hand on any count, the second lets HiGHS stop as soon as it reaches the
-    bound. Both leave the optimum as it is."""
+    bound. Both leave the optimum as it is. ``prefer_open_nodes`` (the packer's option, on in the decision core:
+    idle nodes stay whole and lendable) adds a tie-break among placements with the fewest devices: the fewest
+    nodes with nothing on them opened."""
     t0 = time.perf_counter()
     if not reqs:
         return ExactResult((), True, "empty", 0.0, inv.gpus_in_use())
@@ -207,7 +210,9 @@ def solve_exact(
     u_of: dict[int, int] = {}
     for di, d in enumerate(devs):
         if not d.fixed_used:
-            u_of[di] = var(1.0 + 0.25 * d.gpu.price_per_hour / price_sum, 1)
+            u_of[di] = var(1.0 + 0.2 * d.gpu.price_per_hour / price_sum, 1)
+    idle_nodes = sorted({d.key[0] for d in devs if not any(not e.idle for e in _node_states(inv, d.key[0]))})
+    n_of = {n: var(0.3 / (len(idle_nodes) + 1), 1) for n in idle_nodes} if prefer_open_nodes else {}
     n_w = sum(len(d.options) for d in devs) + 1
     w_of: dict[tuple[int, int], int] = {}  # (device, option index) -> var
     for di, d in enumerate(devs):
@@ -294,6 +299,9 @@ def solve_exact(
             es = [(j, 1.0) for (c, di, _), j in a_of.items() if c in mine_c and di in members]
             if es:
                 row([*es, (v_of[m], -float(total[m]))], -math.inf, float(total[m] - 1 - held[g]))
+    for di, d in enumerate(devs):
+        if d.key[0] in n_of and di in u_of:
+            row([(u_of[di], 1.0), (n_of[d.key[0]], -1.0)], -math.inf, 0.0)
     used_now = sum(1 for d in devs if d.fixed_used)
     u_all = [(j, 1.0) for j in u_of.values()]
     if no_worse_than is not None:
@@ -317,7 +325,8 @@ def solve_exact(
         prev[sig] = di
 
     nv = len(cost)
-    # A gap below one device on the largest objective possible proves the device count (and all before it).
+    # A gap below what separates one device from the tie-breaks (those sum below 0.65), on the largest objective
+    # possible, proves the device count (and every count before it).
     obj_max = w_unplaced * len(reqs) + w_spread * len(spread) + n_dev + 2
     left = budget_s - (time.perf_counter() - t0)
     if left <= 0:
@@ -328,7 +337,7 @@ def solve_exact(
         constraints=LinearConstraint(A, np.array(rlo), np.array(rhi)),
         integrality=np.array(integ),
         bounds=Bounds(np.array(lo), np.array(hi)),
-        options={"time_limit": _solver_limit(left), "disp": False, "mip_rel_gap": 0.5 / obj_max},
+        options={"time_limit": _solver_limit(left), "disp": False, "mip_rel_gap": 0.25 / obj_max},
     )
     if res.x is None:
         return None
@@ -501,7 +510,7 @@ def solve_aggregated(
     A = coo_matrix((vals, (rows, cols)), shape=(len(rlo), len(cost))).tocsr()
     res = milp(np.array(cost), constraints=LinearConstraint(A, np.array(rlo), np.array(rhi)),
                integrality=np.ones(len(cost)), bounds=Bounds(np.zeros(len(cost)), np.array(hi)),
-               options={"time_limit": _solver_limit(left), "disp": False, "mip_rel_gap": 0.5 / obj_max})
+               options={"time_limit": _solver_limit(left), "disp": False, "mip_rel_gap": 0.25 / obj_max})
     if res.x is None:
         return None
     x = np.round(res.x).astype(int)
@@ -605,6 +614,10 @@ def _round_robin(groups: list[list]) -> list:
     return out
 
 
+def _node_states(inv: Inventory, node: str) -> list[DeviceState]:
+    return [inv.device(node, i) for i in range(inv.nodes[node].gpu_count)]
+
+
 def _fresh_owner(inv: Inventory, model: str) -> str:
     n = inv.model_allocation_count(model)
     owners = {o for o, _ in inv.allocations()}
@@ -646,7 +659,8 @@ def place_batch_exact(
     request (None: not placed), like ``place_batch``. The heuristic (``packer`` through ``place_batch``, largest
     first by default) runs on a copy; :func:`solve_exact` runs within ``budget_s``; the exact placement is taken
     only if it leaves no more replicas unplaced, breaks no more spreads and uses no more devices than the
-    heuristic's. The packer's ``anti_affinity`` / ``node_anti_affinity`` settings are the MILP's. ``outcome``,
+    heuristic's. The packer's ``anti_affinity``, ``node_anti_affinity`` and ``prefer_open_nodes`` settings are the
+    MILP's. ``outcome``,
     when given, receives a :class:`BatchOutcome` (for benchmarks and logs).
     """
     aa = bool(getattr(packer, "anti_affinity", True))
@@ -670,6 +684,7 @@ def place_batch_exact(
                 floor = lb.devices_used
         exact = solve_exact(inv, reqs, budget_s - (time.perf_counter() - t0), anti_affinity=aa,
                             node_anti_affinity=node_aa, max_devices=max_devices, no_worse_than=hkey,
+                            prefer_open_nodes=bool(getattr(packer, "prefer_open_nodes", False)),
                             min_devices_used=floor)
         left = budget_s - (time.perf_counter() - t0)
         if exact is None and left > 0 and len(_devices(inv)) > max_devices:

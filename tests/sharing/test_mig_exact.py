@@ -59,14 +59,17 @@ def _assert_legal(inv: Inventory) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(instances())
-def test_exact_placement_is_legal_complete_and_no_worse(case: tuple[Inventory, list[SlotRequest]]) -> None:
+@given(instances(), st.booleans())
+def test_exact_placement_is_legal_complete_and_no_worse(case: tuple[Inventory, list[SlotRequest]],
+                                                        open_nodes: bool) -> None:
+    """Also with ``prefer_open_nodes`` (as the decision core ships the packer): a tie-break only."""
     inv, reqs = case
+    packer = CostAwarePacker(prefer_open_nodes=open_nodes)
     before = inv.copy()
     res = solve_exact(inv, reqs, budget_s=5.0)
     assert inv == before  # pure
     heur = inv.copy()
-    hs = place_batch(CostAwarePacker(), heur, reqs, decreasing=True)
+    hs = place_batch(packer, heur, reqs, decreasing=True)
     if res is not None:
         for r, s in zip(reqs, res.slots, strict=True):
             if s is not None:
@@ -77,7 +80,7 @@ def test_exact_placement_is_legal_complete_and_no_worse(case: tuple[Inventory, l
         if res.optimal and all(s is not None for s in hs):
             assert all(s is not None for s in res.slots)
     got = inv.copy()
-    slots = place_batch_exact(CostAwarePacker(), got, reqs, budget_s=5.0)
+    slots = place_batch_exact(packer, got, reqs, budget_s=5.0)
     _assert_legal(got)
     # Existing allocations are untouched: every one is still there, on the same slot.
     for owner, slot in before.allocations():

@@ -96,8 +96,18 @@ class _FewestGpusConsolidated(_FewestGpus):
     consolidate = True
 
 
+class _Shipped(CostAwarePacker):
+    """The packer as the decision core ships it (``autoscaler/decision/config.py``: ``prefer_open_nodes`` on, node
+    anti-affinity on), placing replicas one by one in arrival order."""
+
+    name = "shipped"
+
+    def __init__(self) -> None:
+        super().__init__(prefer_open_nodes=True)
+
+
 class _Exact(CostAwarePacker):
-    """The shipped packer (``CostAwarePacker()``, as the decision core builds it) with the batch placed exactly:
+    """The shipped packer (as :class:`_Shipped`) with the batch placed exactly:
     :func:`sharing.mig_exact.place_batch_exact` within ``budget_s``: the per-device MILP on instances of up to
     16 MIG GPUs, the aggregated layout-count MILP on larger empty clusters, and the shipped heuristic's placement
     (in the bench's arrival order) on a timeout or wherever the MILP's is not better."""
@@ -106,7 +116,7 @@ class _Exact(CostAwarePacker):
     exact = True
 
     def __init__(self, budget_s: float = DEFAULT_BUDGET_S) -> None:
-        super().__init__()
+        super().__init__(prefer_open_nodes=True)
         self.budget_s = budget_s
 
 
@@ -117,11 +127,12 @@ PACKERS = (
     "cost-aware-gpus",
     "cost-aware-gpus-noaa",
     "cost-aware-gpus+c",
+    "shipped",
     "exact",
 )
 # Packers that keep anti-affinity are held to the bound that includes it; the others (first-fit and
 # the "-noaa" ones) to the plain bin-packing bound. Both bounds are reported for every packer.
-SPREADING = frozenset({"cost-aware", "cost-aware-gpus", "cost-aware-gpus+c", "exact"})
+SPREADING = frozenset({"cost-aware", "cost-aware-gpus", "cost-aware-gpus+c", "shipped", "exact"})
 # The issue's targets: small instances within the MILP optimum + 5%, large within the LP bound + 5%.
 TARGET = {True: 1.05, False: 1.05}
 ORDERS = ("model", "decreasing")
@@ -224,7 +235,7 @@ def pack(
         outcome: list[BatchOutcome] = []
         # The arrival order is already decreasing under order="decreasing": the fallback places as given.
         slots = place_batch_exact(
-            CostAwarePacker(), inv, [_request(m) for m, _ in arr], packer.budget_s,  # type: ignore[attr-defined]
+            _Shipped(), inv, [_request(m) for m, _ in arr], packer.budget_s,  # type: ignore[attr-defined]
             [f"{m.name}-{i + 1}" for m, i in arr], decreasing=False, outcome=outcome,
         )
         o = outcome[0]
@@ -343,6 +354,7 @@ def run_instance(
         _FewestGpus(),
         _FewestGpusNoSpread(),
         _FewestGpusConsolidated(),
+        _Shipped(),
         _Exact(exact_budget_s),
     ]
     results = {}
