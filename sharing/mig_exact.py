@@ -30,9 +30,10 @@ maximal layout; the model of the mig-bench's bound, whose size does not grow wit
 on devices, spreading each model's replicas over nodes and devices.
 
 The exact placement is used only when HiGHS finds a solution in the budget and that solution is no worse
-than the heuristic's on every count (unplaced, spreads given up, devices); otherwise the heuristic's placement
-stands. Everything here is a pure function of an :class:`~sharing.slots.Inventory` and requests; the solver
-is imported on first use, so importing :mod:`sharing` stays dependency-free.
+than the heuristic's, compared as the objective ranks (fewer unplaced replicas, then fewer spreads broken,
+then fewer devices); otherwise the heuristic's placement stands. Everything here is a pure function of an
+:class:`~sharing.slots.Inventory` and requests; the solver is imported on first use, so importing
+:mod:`sharing` stays dependency-free.
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ def solve_exact(
 
     ``no_worse_than`` (unplaced, spreads broken, devices used: a placement already in hand) and
     ``min_devices_used`` (a lower bound on the devices a full placement needs) only prune: the first cuts off
-    every solution worse than the one in hand on any count, the second lets HiGHS stop as soon as it reaches the
-    bound. Both leave the optimum as it is. ``prefer_open_nodes`` (the packer's option, on in the decision core:
+    solutions lexicographically worse than the one in hand, the second lets HiGHS stop as soon as it reaches
+    the bound. Both leave the optimum as it is. ``prefer_open_nodes`` (the packer's option, on in the decision core:
     idle nodes stay whole and lendable) adds a tie-break among placements with the fewest devices: the fewest
     nodes with nothing on them opened."""
     t0 = time.perf_counter()
@@ -305,12 +306,15 @@ def solve_exact(
     used_now = sum(1 for d in devs if d.fixed_used)
     u_all = [(j, 1.0) for j in u_of.values()]
     if no_worse_than is not None:
-        row([(j, 1.0) for j in q_of], -math.inf, float(no_worse_than[0]))
-        if v_of:
-            row([(j, 1.0) for j in v_of.values()], -math.inf, float(no_worse_than[1]))
+        # Lexicographic, as the objective: a count may only be capped once every count before it is at zero in
+        # the placement in hand (fewer unplaced replicas may need more devices, and are still better).
+        hq, hv, hd = no_worse_than
+        row([(j, 1.0) for j in q_of], -math.inf, float(hq))
+        if v_of and hq == 0:
+            row([(j, 1.0) for j in v_of.values()], -math.inf, float(hv))
         outside = inv.gpus_in_use() - used_now  # devices in use that are no candidates (held whole, MIG off)
-        if u_all:
-            row(u_all, -math.inf, float(no_worse_than[2] - outside - used_now))
+        if u_all and hq == 0 and hv == 0:
+            row(u_all, -math.inf, float(hd - outside - used_now))
     if min_devices_used is not None and u_all:
         # Valid for placements that place everything, the only ones that can be optimal when one exists.
         row(u_all, float(min_devices_used - inv.gpus_in_use()), math.inf)
@@ -657,11 +661,11 @@ def place_batch_exact(
 
     Places and allocates ``reqs`` on ``inv`` (existing allocations are kept as they are) and returns one slot per
     request (None: not placed), like ``place_batch``. The heuristic (``packer`` through ``place_batch``, largest
-    first by default) runs on a copy; :func:`solve_exact` runs within ``budget_s``; the exact placement is taken
-    only if it leaves no more replicas unplaced, breaks no more spreads and uses no more devices than the
-    heuristic's. The packer's ``anti_affinity``, ``node_anti_affinity`` and ``prefer_open_nodes`` settings are the
-    MILP's. ``outcome``,
-    when given, receives a :class:`BatchOutcome` (for benchmarks and logs).
+    first by default) runs on a copy; :func:`solve_exact` (or, beyond ``max_devices``, :func:`solve_aggregated`)
+    runs within ``budget_s``; the exact placement is taken only if it is no worse than the heuristic's in the
+    order (unplaced replicas, spreads broken, devices used): never more devices unless it places more replicas
+    or keeps more spreads. The packer's ``anti_affinity``, ``node_anti_affinity`` and ``prefer_open_nodes``
+    settings are the MILP's. ``outcome``, when given, receives a :class:`BatchOutcome` (for benchmarks and logs).
     """
     aa = bool(getattr(packer, "anti_affinity", True))
     node_aa = bool(getattr(packer, "node_anti_affinity", True))
@@ -695,7 +699,7 @@ def place_batch_exact(
         ex_inv = inv.copy()
         _allocate(ex_inv, reqs, exact.slots, owners)
         ekey = _key(ex_inv, exact.slots, models, node_aa)
-        if all(e <= h for e, h in zip(ekey, hkey, strict=True)):
+        if ekey <= hkey:  # lexicographic: fewer unplaced first, then fewer spreads broken, then fewer devices
             chosen = list(exact.slots)
     if chosen is heur:
         place_batch(packer, inv, reqs, owners, decreasing=decreasing)
