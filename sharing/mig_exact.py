@@ -332,6 +332,8 @@ def solve_exact(
     # A gap below what separates one device from the tie-breaks (those sum below 0.65), on the largest objective
     # possible, proves the device count (and every count before it).
     obj_max = w_unplaced * len(reqs) + w_spread * len(spread) + n_dev + 2
+    if no_worse_than is not None and no_worse_than[0] == 0:
+        obj_max = w_spread * min(no_worse_than[1], len(spread)) + n_dev + 2  # the cuts above bound every incumbent
     left = budget_s - (time.perf_counter() - t0)
     if left <= 0:
         return None
@@ -417,6 +419,7 @@ def solve_aggregated(
     *,
     anti_affinity: bool = True,
     node_anti_affinity: bool = True,
+    prefer_open_nodes: bool = False,
 ) -> ExactResult | None:
     """The fewest-GPU placement of ``reqs`` on the idle MIG GPUs of a cluster of any size, read off the aggregated
     MILP (how many GPUs of each kind run each maximal layout, how many replicas of each class use each profile
@@ -427,7 +430,9 @@ def solve_aggregated(
     (devices) wherever the instances allow; a model still all on one node (device) then has one replica swapped
     with a replica of the same profile elsewhere, or moved to an unused instance of it elsewhere (neither changes
     the GPUs used). Anti-affinity is not a constraint of this model: what is left broken is counted by
-    :func:`place_batch_exact`, which keeps the heuristic's placement if that breaks fewer.
+    :func:`place_batch_exact`, which keeps the heuristic's placement if that breaks fewer. With
+    ``prefer_open_nodes`` the layouts first fill nodes in order (few nodes opened), and are dealt over nodes only
+    if that breaks a spread.
     None when a candidate GPU already holds something (the per-device MILP,
     :func:`solve_exact`, keeps existing allocations), a request is not a single MIG slot, or no solution came
     within ``budget_s``."""
@@ -518,16 +523,57 @@ def solve_aggregated(
     if res.x is None:
         return None
     x = np.round(res.x).astype(int)
-    # Layouts onto devices: a kind's devices dealt over its nodes in turn, so the instances of one profile span
-    # as many nodes as they can (the spread the packer keeps).
+    # Layouts onto devices, two ways: nodes filled in order (few nodes opened: idle ones stay whole, as
+    # ``prefer_open_nodes`` wants; the first two layouts on two nodes, so that a model can still be spread over
+    # nodes), or a kind's devices dealt over its nodes in turn (instances of one profile span as many nodes as
+    # they can). The first that keeps every spread is taken, else the one that breaks fewest.
+    models = {r.model: r for r in reversed(reqs)}
+    best: tuple[int, ExactResult] | None = None
+    for fill in (True, False) if prefer_open_nodes else (False,):
+        slots = _realise(x, by_kind, y_of, z_of, creq, classes, class_list, reqs, fill)
+        if slots is None:
+            continue
+        spare = slots[1]
+        placed = slots[0]
+        if anti_affinity:
+            _repair_spread(inv, reqs, placed, spare, node_anti_affinity)
+        trial = inv.copy()
+        try:
+            for r, sl in zip(reqs, placed, strict=True):
+                if sl is not None:
+                    trial.allocate(sl, _fresh_owner(trial, r.model), model=r.model)
+        except AllocationError:
+            continue
+        broken = spread_violations(trial, models, node_anti_affinity) if anti_affinity else 0
+        if best is None or broken < best[0]:
+            best = (broken, ExactResult(tuple(placed), res.status == 0, str(res.message), time.perf_counter() - t0,
+                                        trial.gpus_in_use()))
+        if broken == 0:
+            break
+    return None if best is None else best[1]
+
+
+def _realise(
+    x: object, by_kind: Mapping[str, list[_Device]], y_of: list, z_of: Mapping[tuple[int, str, str], int],
+    creq: list[SlotRequest], classes: Mapping[tuple, list[int]], class_list: list[tuple],
+    reqs: Sequence[SlotRequest], fill: bool,
+) -> tuple[list[Slot | None], list[Slot]] | None:
+    """The layout-count solution ``x`` on devices: (one slot per request, instances laid out but unused)."""
     slots: list[Slot | None] = [None] * len(reqs)
-    spare: list[Slot] = []  # instances laid out but not used, for the spread repair
+    spare: list[Slot] = []
+    queues = {ci: list(classes[k]) for ci, k in enumerate(class_list)}
     for k, ds in by_kind.items():
         per_node: dict[str, list[_Device]] = {}
         for d in ds:
             per_node.setdefault(d.key[0], []).append(d)
-        order = _round_robin(list(per_node.values()))
-        lays = [lay for kk, lay, j in y_of if kk == k for _ in range(int(x[j]))]
+        if fill:
+            heads = [v[0] for v in list(per_node.values())[:2]]
+            order = heads + [d for d in ds if d not in heads]
+            # Layouts dealt in turn, so that each node gets a mix of them.
+            lays = _round_robin([[lay] * int(x[j]) for kk, lay, j in y_of if kk == k and x[j] > 0])  # type: ignore[index]
+        else:
+            order = _round_robin(list(per_node.values()))
+            lays = [lay for kk, lay, j in y_of if kk == k for _ in range(int(x[j]))]  # type: ignore[index]
         insts: dict[str, dict[str, list[tuple[_Device, int]]]] = {}  # profile -> node -> instances
         for d, lay in zip(order, lays, strict=False):
             for key, start in lay:
@@ -537,23 +583,13 @@ def solve_aggregated(
             dealt = _round_robin([_round_robin(_by_device(v)) for v in nodes.values()])
             for ci in range(len(creq)):
                 j = z_of.get((ci, k, key))
-                for _ in range(int(x[j]) if j is not None else 0):
-                    if not dealt or not classes[class_list[ci]]:
+                for _ in range(int(x[j]) if j is not None else 0):  # type: ignore[index]
+                    if not dealt or not queues[ci]:
                         return None
                     d, start = dealt.pop(0)
-                    slots[classes[class_list[ci]].pop(0)] = Slot.mig(d.key[0], d.key[1], d.gpu, key, start)
+                    slots[queues[ci].pop(0)] = Slot.mig(d.key[0], d.key[1], d.gpu, key, start)
             spare.extend(Slot.mig(d.key[0], d.key[1], d.gpu, key, start) for d, start in dealt)
-    if anti_affinity:
-        _repair_spread(inv, reqs, slots, spare, node_anti_affinity)
-    trial = inv.copy()
-    try:
-        for r, sl in zip(reqs, slots, strict=True):
-            if sl is not None:
-                trial.allocate(sl, _fresh_owner(trial, r.model), model=r.model)
-    except AllocationError:
-        return None
-    return ExactResult(tuple(slots), res.status == 0, str(res.message), time.perf_counter() - t0,
-                       trial.gpus_in_use())
+    return slots, spare
 
 
 def _repair_spread(inv: Inventory, reqs: Sequence[SlotRequest], slots: list[Slot | None], spare: list[Slot],
@@ -669,6 +705,7 @@ def place_batch_exact(
     """
     aa = bool(getattr(packer, "anti_affinity", True))
     node_aa = bool(getattr(packer, "node_anti_affinity", True))
+    open_nodes = bool(getattr(packer, "prefer_open_nodes", False))
     models = {r.model: r for r in reversed(reqs)}  # each model's first request
     heur_inv = inv.copy()
     heur = place_batch(packer, heur_inv, reqs, owners, decreasing=decreasing)
@@ -681,18 +718,26 @@ def place_batch_exact(
         t0 = time.perf_counter()
         floor = None
         if len(_devices(inv)) <= max_devices:
-            # The layout-count optimum without anti-affinity bounds the devices from below (idle clusters only;
-            # it solves in hundredths of a second here) and lets the per-device solve stop once it reaches it.
-            lb = solve_aggregated(inv, reqs, budget_s / 4, anti_affinity=False)
+            # The layout-count optimum (idle clusters only; hundredths of a second here) bounds the devices from
+            # below, anti-affinity or not. Realised with every spread kept, it is optimal as it stands; else it
+            # lets the per-device solve stop as soon as that reaches it.
+            lb = solve_aggregated(inv, reqs, budget_s / 4, anti_affinity=aa, node_anti_affinity=node_aa,
+                                  prefer_open_nodes=open_nodes)
             if lb is not None and lb.optimal and all(sl is not None for sl in lb.slots):
                 floor = lb.devices_used
-        exact = solve_exact(inv, reqs, budget_s - (time.perf_counter() - t0), anti_affinity=aa,
-                            node_anti_affinity=node_aa, max_devices=max_devices, no_worse_than=hkey,
-                            prefer_open_nodes=bool(getattr(packer, "prefer_open_nodes", False)),
-                            min_devices_used=floor)
+                trial = inv.copy()
+                _allocate(trial, reqs, lb.slots, owners)
+                if not aa or spread_violations(trial, models, node_aa) == 0:
+                    exact = lb
+        if exact is None:
+            exact = solve_exact(inv, reqs, budget_s - (time.perf_counter() - t0), anti_affinity=aa,
+                                node_anti_affinity=node_aa, max_devices=max_devices, no_worse_than=hkey,
+                                prefer_open_nodes=open_nodes,
+                                min_devices_used=floor)
         left = budget_s - (time.perf_counter() - t0)
         if exact is None and left > 0 and len(_devices(inv)) > max_devices:
-            exact = solve_aggregated(inv, reqs, left, anti_affinity=aa, node_anti_affinity=node_aa)
+            exact = solve_aggregated(inv, reqs, left, anti_affinity=aa, node_anti_affinity=node_aa,
+                                     prefer_open_nodes=open_nodes)
         secs = time.perf_counter() - t0
     chosen = heur
     if exact is not None:

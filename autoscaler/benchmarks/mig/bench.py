@@ -16,6 +16,11 @@ or with ``order="decreasing"`` largest first (first-fit-decreasing, a batch plan
 Two bounds per instance: the plain bin-packing optimum ("LB") and the optimum that also keeps the
 cost-aware packer's anti-affinity rule ("LB+AA", ``lower_bound(anti_affinity=True)``). Packers that
 spread replicas are held to LB+AA, the others (first-fit, ``-noaa``) to LB.
+
+``shipped`` is the packer as the decision core builds it, one replica at a time; ``exact`` places the same
+batch with :func:`sharing.mig_exact.place_batch_exact` (the per-device MILP on <= 16 GPUs, the layout-count
+MILP realised on devices beyond, each within ``exact_budget_s``; the shipped packer's placement where the
+MILP's is not better), and counts as met only within its budget.
 """
 
 from __future__ import annotations
