@@ -5,7 +5,8 @@
 
 The baselines naive, snaive and ets are in every run (ets needs the optional statsforecast; without
 it the run says so and continues). Rate series become per-step counts (rate x step); request logs are
-binned at ``--step`` seconds first.
+binned at ``--step`` seconds first. ``slotwise`` is the controller's forecaster exactly as it ships (the batch
+``FleetForecaster.new_batch`` builds for the set's step and horizon): the backtest has no settings of its own.
 """
 
 from __future__ import annotations
