@@ -38,6 +38,7 @@ then fewer devices); otherwise the heuristic's placement stands. Everything here
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -187,7 +188,9 @@ def solve_exact(
     classes: dict[tuple, list[int]] = {}
     for i, r in enumerate(reqs):
         classes.setdefault(class_key(r), []).append(i)
-    class_list = list(classes)
+    # A canonical order (largest first), so the model, and HiGHS's path through it, do not depend on the order
+    # the requests came in.
+    class_list = sorted(classes, key=lambda k: (-(reqs[classes[k][0]].memory_gib or 0.0), repr(k)))
     creq = [reqs[classes[k][0]] for k in class_list]
     callowed = [_allowed(inv, r) for r in creq]
 
@@ -420,6 +423,8 @@ def solve_aggregated(
     anti_affinity: bool = True,
     node_anti_affinity: bool = True,
     prefer_open_nodes: bool = False,
+    per_node: bool = False,
+    min_devices_used: int | None = None,
 ) -> ExactResult | None:
     """The fewest-GPU placement of ``reqs`` on the idle MIG GPUs of a cluster of any size, read off the aggregated
     MILP (how many GPUs of each kind run each maximal layout, how many replicas of each class use each profile
@@ -433,6 +438,13 @@ def solve_aggregated(
     :func:`place_batch_exact`, which keeps the heuristic's placement if that breaks fewer. With
     ``prefer_open_nodes`` the layouts first fill nodes in order (few nodes opened), and are dealt over nodes only
     if that breaks a spread.
+
+    ``per_node`` (with ``anti_affinity``; small clusters) makes the model exact for anti-affinity too, as the
+    mig-bench's LB+AA bound is: the GPUs of one *node* are the interchangeable unit (one device, on a node that
+    is some spread model's only choice), and a spread model never has all its replicas in one node (device)
+    unless it gives the spread up, at a cost above every device. ``min_devices_used``: a known lower bound on the
+    devices (the model per kind gives one), which lets HiGHS stop as soon as it reaches it.
+
     None when a candidate GPU already holds something (the per-device MILP,
     :func:`solve_exact`, keeps existing allocations), a request is not a single MIG slot, or no solution came
     within ``budget_s``."""
@@ -448,18 +460,41 @@ def solve_aggregated(
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
-    by_kind: dict[str, list[_Device]] = {}
-    for d in devs:
-        by_kind.setdefault(d.gpu.name, []).append(d)
-    gpus = {k: ds[0].gpu for k, ds in by_kind.items()}
     classes: dict[tuple, list[int]] = {}
     for i, r in enumerate(reqs):
         classes.setdefault((r.memory_gib, r.compute_fraction, tuple(r.gpu_models), r.model), []).append(i)
-    class_list = list(classes)
+    # A canonical order (largest first), so the model, and HiGHS's path through it, do not depend on the order
+    # the requests came in.
+    class_list = sorted(classes, key=lambda k: (-(reqs[classes[k][0]].memory_gib or 0.0), repr(k)))
     creq = [reqs[classes[k][0]] for k in class_list]
+    counts: dict[str, int] = {}
+    for r in reqs:
+        counts[r.model] = counts.get(r.model, 0) + 1
+    spread = [m for m, n in counts.items() if n >= 2] if per_node and anti_affinity else []
+    node_level: dict[str, bool] = {}
+    split: set[str] = set()  # nodes whose devices are units of their own (a device-level spread model's nodes)
+    for m in spread:
+        elig = _eligible_node_names(inv, next(r for r in creq if r.model == m))
+        node_level[m] = node_anti_affinity and len(elig) > 1
+        if not node_level[m]:
+            split |= elig
+    # Units of interchangeable GPUs: a kind; with per_node, a node (or one device of a split node).
+    by_kind: dict[str, list[_Device]] = {}
+    unit_node: dict[str, str] = {}
+    for d in devs:
+        if not per_node:
+            u = d.gpu.name
+        elif d.key[0] in split:
+            u = f"{d.key[0]}#{d.key[1]}"
+        else:
+            u = d.key[0]
+        by_kind.setdefault(u, []).append(d)
+        unit_node[u] = d.key[0]
+    gpus = {k: ds[0].gpu for k, ds in by_kind.items()}
     n_gpus = len(devs)
     price_sum = sum(g.price_per_hour * len(by_kind[k]) for k, g in gpus.items()) + 1.0
-    w_unplaced = n_gpus + 1.0
+    w_spread = n_gpus + 1.0
+    w_unplaced = w_spread * (len(spread) + 1) + n_gpus + 1.0
     max_price = max(g.price_per_hour for g in gpus.values()) or 1.0
     cost: list[float] = []
     hi: list[float] = []
@@ -473,7 +508,7 @@ def solve_aggregated(
     for ci, r in enumerate(creq):
         allowed = _allowed(inv, r)
         for k, g in gpus.items():
-            if allowed is not None and k not in allowed:
+            if allowed is not None and g.name not in allowed:
                 continue
             for p in g.profiles_by_size():
                 if _fits(g, p, r):
@@ -487,6 +522,11 @@ def solve_aggregated(
         q_of.append(len(cost))
         cost.append(w_unplaced)
         hi.append(len(classes[k]))
+    v_of = {}
+    for m in spread:
+        v_of[m] = len(cost)
+        cost.append(w_spread)
+        hi.append(1)
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -512,7 +552,25 @@ def solve_aggregated(
             if users:
                 made = [(j, -float(sum(1 for key, _ in lay if key == p.key))) for kk, lay, j in y_of if kk == k]
                 row([*users, *made], -math.inf, 0.0)
-    obj_max = w_unplaced * len(reqs) + n_gpus + 2
+    # Anti-affinity (per_node): not all of a spread model's replicas in one node (one device where it is split).
+    for m in spread:
+        mine = {ci for ci, r in enumerate(creq) if r.model == m}
+        groups: dict[str, set[str]] = {}
+        for u in by_kind:
+            groups.setdefault(unit_node[u] if node_level[m] else u, set()).add(u)
+        for members in groups.values():
+            es = [(j, 1.0) for (c, u, _), j in z_of.items() if c in mine and u in members]
+            if es:
+                row([*es, (v_of[m], -float(counts[m]))], -math.inf, float(counts[m] - 1))
+    if min_devices_used is not None:
+        row([(j, 1.0) for _, _, j in y_of], float(min_devices_used), math.inf)
+    # Devices of a split node are interchangeable: used in order (symmetry breaking, as the bound does).
+    units = list(by_kind)
+    for a, b in itertools.pairwise(units):
+        if unit_node[a] == unit_node[b] and a != unit_node[a] and gpus[a] is gpus[b]:
+            row([*((j, 1.0) for kk, _, j in y_of if kk == b), *((j, -1.0) for kk, _, j in y_of if kk == a)],
+                -math.inf, 0.0)
+    obj_max = w_unplaced * len(reqs) + w_spread * len(spread) + n_gpus + 2
     left = budget_s - (time.perf_counter() - t0)
     if left <= 0:
         return None
@@ -718,17 +776,23 @@ def place_batch_exact(
         t0 = time.perf_counter()
         floor = None
         if len(_devices(inv)) <= max_devices:
-            # The layout-count optimum (idle clusters only; hundredths of a second here) bounds the devices from
-            # below, anti-affinity or not. Realised with every spread kept, it is optimal as it stands; else it
-            # lets the per-device solve stop as soon as that reaches it.
-            lb = solve_aggregated(inv, reqs, budget_s / 4, anti_affinity=aa, node_anti_affinity=node_aa,
-                                  prefer_open_nodes=open_nodes)
-            if lb is not None and lb.optimal and all(sl is not None for sl in lb.slots):
+            # The layout-count model per node, exact for anti-affinity too (idle clusters only; mostly well under
+            # a second here): realised with every spread kept, it is optimal as it stands; else its optimum is a
+            # floor that lets the per-device solve stop as soon as it reaches it.
+            # First the model per kind (fastest; a floor for both others), then per node, each taken as it
+            # stands when realised with every spread kept.
+            for per_node in (False, True) if aa else (False,):
+                left = budget_s - (time.perf_counter() - t0)
+                lb = solve_aggregated(inv, reqs, left / 2, anti_affinity=aa, node_anti_affinity=node_aa,
+                                      prefer_open_nodes=open_nodes, per_node=per_node, min_devices_used=floor)
+                if lb is None or not lb.optimal or not all(sl is not None for sl in lb.slots):
+                    break
                 floor = lb.devices_used
                 trial = inv.copy()
                 _allocate(trial, reqs, lb.slots, owners)
                 if not aa or spread_violations(trial, models, node_aa) == 0:
                     exact = lb
+                    break
         if exact is None:
             exact = solve_exact(inv, reqs, budget_s - (time.perf_counter() - t0), anti_affinity=aa,
                                 node_anti_affinity=node_aa, max_devices=max_devices, no_worse_than=hkey,

@@ -115,21 +115,37 @@ def test_tiny_budget_falls_back_to_the_heuristic(case: tuple[Inventory, list[Slo
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(existing=False))
 def test_aggregated_path_legal_no_worse_and_agrees(case: tuple[Inventory, list[SlotRequest]]) -> None:
-    """The large-instance path (layout counts per GPU kind, realised on devices), forced on small clusters by
-    ``max_devices=0``: legal, never worse than the heuristic, and as few GPUs as the per-device MILP without
-    anti-affinity (two formulations of one problem)."""
+    """The layout-count path: without anti-affinity as few GPUs as the per-device MILP, per node (anti-affinity
+    kept) the same optimum as the per-device MILP with it (two formulations of one problem each); and, forced
+    on small clusters by ``max_devices=0`` (the large-instance path), legal and never worse than the heuristic."""
     inv, reqs = case
     agg = solve_aggregated(inv, reqs, budget_s=5.0, anti_affinity=False)
     dev = solve_exact(inv, reqs, budget_s=5.0, anti_affinity=False)
     if agg is not None and dev is not None and agg.optimal and dev.optimal:
         assert sum(s is None for s in agg.slots) == sum(s is None for s in dev.slots)
         assert agg.devices_used == dev.devices_used
+    # Per node, the model is exact for anti-affinity too: the same optimum as the per-device MILP.
+    pn = solve_aggregated(inv, reqs, budget_s=5.0, per_node=True)
+    pd = solve_exact(inv, reqs, budget_s=5.0)
+    if pn is not None and pd is not None and pn.optimal and pd.optimal:
+        a, b = _key(inv, reqs, pn.slots), _key(inv, reqs, pd.slots)
+        assert a[0] == b[0]
+        if a[0] == 0:  # (both count a spread on the replicas asked for: with some left unplaced, ties may differ)
+            assert a == b
     heur = inv.copy()
     hs = place_batch(CostAwarePacker(), heur, reqs, decreasing=True)
     got = inv.copy()
     slots = place_batch_exact(CostAwarePacker(), got, reqs, budget_s=5.0, max_devices=0)
     _assert_legal(got)
     _assert_no_worse(got, slots, heur, hs, reqs)
+
+
+def _key(inv: Inventory, reqs: list[SlotRequest], slots: tuple) -> tuple[int, int, int]:
+    trial = inv.copy()
+    for i, (r, sl) in enumerate(zip(reqs, slots, strict=True)):
+        if sl is not None:
+            trial.allocate(sl, f"{r.model}/{i}", model=r.model)
+    return (sum(sl is None for sl in slots), spread_violations(trial, {r.model: r for r in reqs}), trial.gpus_in_use())
 
 
 def test_heuristic_suboptimal_exact_optimal() -> None:
