@@ -24,6 +24,11 @@ then fewest devices used, then (tie-breaks summing below one device) the cheapes
 Identical devices of one node that are empty are interchangeable, so they are opened in order (symmetry
 breaking, which keeps the solve fast without changing the optimum).
 
+On a small cluster whose candidate GPUs are all idle (a batch planned from scratch), two layout-count models
+come first (:func:`solve_aggregated`: how many GPUs run each maximal layout, per GPU kind, then per node, the
+latter exact with anti-affinity); each is realised on devices and taken as it stands when it keeps every spread
+(it then meets a lower bound), else its optimum is a floor for the next, which lets HiGHS stop on reaching it.
+
 Beyond ``max_devices`` candidate GPUs, on a cluster whose candidate GPUs are all idle (a batch planned from
 scratch), :func:`solve_aggregated` solves the layout-count model instead (how many GPUs of each kind run each
 maximal layout; the model of the mig-bench's bound, whose size does not grow with the cluster) and realises it
