@@ -71,7 +71,7 @@ from sharing.mig_exact_model import (
     slice_mask,
     spread_violations,
 )
-from sharing.packer import Packer, charged_fraction, place_batch
+from sharing.packer import Packer, batch_owner, charged_fraction, place_batch
 from sharing.slots import Inventory, Slot, SlotRequest
 
 __all__ = [
@@ -417,13 +417,5 @@ def _allocate(inv: Inventory, reqs: Sequence[SlotRequest], slots: Sequence[Slot 
     for i, (r, s) in enumerate(zip(reqs, slots, strict=True)):
         if s is None:
             continue
-        if owners is not None:
-            owner = owners[i]
-        else:
-            owner = base = f"{r.model}/{i}"
-            n = 0
-            while owner in used:
-                n += 1
-                owner = f"{base}.{n}"
-            used.add(owner)
+        owner = owners[i] if owners is not None else batch_owner(r, i, used)
         inv.allocate(s, owner, model=r.model)

@@ -65,18 +65,21 @@ def place_batch(
         req = reqs[i]
         slot = packer.place(inv, req)
         if slot is not None:
-            if owners is not None:
-                owner = owners[i]
-            else:
-                owner = base = f"{req.model}/{i}"
-                n = 0
-                while owner in used:
-                    n += 1
-                    owner = f"{base}.{n}"
-                used.add(owner)
-            inv.allocate(slot, owner)
+            inv.allocate(slot, owners[i] if owners is not None else batch_owner(req, i, used))
         out[i] = slot
     return out
+
+
+def batch_owner(req: SlotRequest, i: int, used: set[str]) -> str:
+    """The default owner of a batch's ``i``-th request: ``"<model>/<i>"``, suffixed ``.1``, ``.2``, ... past the
+    owners in ``used`` (the inventory's), which it joins -- so repeated batches on one inventory never collide."""
+    owner = base = f"{req.model}/{i}"
+    n = 0
+    while owner in used:
+        n += 1
+        owner = f"{base}.{n}"
+    used.add(owner)
+    return owner
 
 
 # -- replicas that are pod groups (a LeaderWorkerSet replica: a leader and its workers) -------------------------

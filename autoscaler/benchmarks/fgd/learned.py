@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoscaler.benchmarks.fgd.policies import frag_deltas
 from autoscaler.benchmarks.fgd.sim import PodView, State
 from autoscaler.benchmarks.fgd.workload import MILLI, TARGET_COVERAGE, TargetShapes
 
@@ -205,12 +206,7 @@ class ResourceFrag:
         """F of nodes ``rows`` after the pod takes ``g`` milli from a GPU with ``v`` free, ``r`` times
         (``resources=False``: the GPU-only measure)."""
         st = self.state
-        v = np.asarray(v, dtype=np.int64).reshape(-1, 1)
-        r = np.asarray(r, dtype=np.int64).reshape(-1, 1)
-        vg = v - g
-        t = self.t[None, :]
-        d_below = r * (np.where(vg < t, vg, 0) - np.where(v < t, v, 0))
-        d_cnt = r * ((vg >= t).astype(np.int64) - (v >= t))
+        d_below, d_cnt, r = frag_deltas(self.t, v, g, r)
         s = st.gpu_sum[rows] - r[:, 0] * g
         return self._F(rows, self.below[rows] + d_below, self.cnt[rows] + d_cnt, s, st.cpu_left[rows] - pod.cpu,
                        st.mem_left[rows] - pod.mem, resources)

@@ -172,14 +172,22 @@ class FragModel:
 
     def after(self, rows: np.ndarray, v: np.ndarray | int, g: int, r: np.ndarray | int, c: int) -> np.ndarray:
         """F of nodes ``rows`` after taking ``g`` milli from a GPU with ``v`` free, ``r`` times, and ``c`` CPU."""
-        v = np.asarray(v, dtype=np.int64).reshape(-1, 1)
-        r = np.asarray(r, dtype=np.int64).reshape(-1, 1)
-        vg = v - g
-        t = self.t[None, :]
-        d_below = r * (np.where(vg < t, vg, 0) - np.where(v < t, v, 0))
-        d_cnt = r * ((vg >= t).astype(np.int64) - (v >= t))
+        d_below, d_cnt, r = frag_deltas(self.t, v, g, r)
         s = self.state.gpu_sum[rows] - r[:, 0] * g
         return self._F(rows, self.below[rows] + d_below, self.cnt[rows] + d_cnt, s, self.state.cpu_left[rows] - c)
+
+
+def frag_deltas(t: np.ndarray, v: np.ndarray | int, g: int,
+                r: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The closed-form change of ``below`` and ``cnt`` per GPU shape (per-GPU requests ``t``) when ``g`` milli are
+    taken from a GPU with ``v`` free, ``r`` times; also ``r`` as a column. Shared by every incremental measure."""
+    v = np.asarray(v, dtype=np.int64).reshape(-1, 1)
+    r = np.asarray(r, dtype=np.int64).reshape(-1, 1)
+    vg = v - g
+    tt = t[None, :]
+    d_below = r * (np.where(vg < tt, vg, 0) - np.where(v < tt, v, 0))
+    d_cnt = r * ((vg >= tt).astype(np.int64) - (v >= tt))
+    return d_below, d_cnt, r
 
 
 def shared_candidates(state: State, pod: PodView, feas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
