@@ -19,6 +19,10 @@ from autoscaler.policies.base import Policy
 from sharing.lending import LendingPolicy
 from sharing.packer import CostAwarePacker, Packer
 
+# Half a second: on the mig-bench's small clusters (<= 16 GPUs) the exact placement is proved optimal in <= 0.4 s
+# (docs/sharing.md, "Exact placement"); a tick that opens no GPU pays nothing.
+DEFAULT_EXACT_BUDGET_S = 0.5
+
 
 @dataclass
 class CoreConfig:
@@ -55,10 +59,15 @@ class CoreConfig:
     kv_saturation: float | None = DEFAULT_KV_SATURATION
     # The zero rail (min-replicas 0 models; autoscaler/decision/zero.py): idle-time decay, the fleet prior.
     zero: ZeroConfig = field(default_factory=ZeroConfig)
+    # Seconds a tick may spend placing the replicas it starts again exactly, by the MILP, on a small MIG cluster
+    # when that saves a GPU (autoscaler/decision/arbitration/exact.py; issue 19); 0: the packer's placement only.
+    exact_budget_s: float = DEFAULT_EXACT_BUDGET_S
 
     def __post_init__(self) -> None:
         if self.kv_saturation is not None and not 0.0 < self.kv_saturation <= 1.0:
             raise ValueError(f"kv_saturation must be a fraction in (0, 1] or None, got {self.kv_saturation!r}")
+        if not self.exact_budget_s >= 0.0:
+            raise ValueError(f"exact_budget_s must be >= 0 seconds, got {self.exact_budget_s!r}")
 
 
 def build_core(
@@ -73,6 +82,7 @@ def build_core(
     device_anti_affinity: bool = False,
     limits: SpecLimits | None = None,
     kv_saturation: float | None = DEFAULT_KV_SATURATION,
+    exact_budget_s: float = DEFAULT_EXACT_BUDGET_S,
 ) -> CoreConfig:
     """The decision core's configuration from what ``slotwise run`` (the controller's settings) or ``slotwise
     simulate`` (the simulator's flags) set: the packer, the forecaster (its horizon) and the lend stage's settings.
@@ -87,6 +97,7 @@ def build_core(
     on); ``device_anti_affinity`` (pods-mode lending only) spreads a model's replicas over devices only, not nodes.
     ``limits``: the caps on every model's annotations (None: the safe defaults of :class:`SpecLimits`).
     ``kv_saturation``: the KV-cache fraction at which the rails hold scale-downs (None: off; docs/metrics.md).
+    ``exact_budget_s``: the time a tick may spend on the exact placement of the replicas it starts (0: off).
     """
     enabled = lending if lending is not None and lending.enabled else None
     whole_nodes = lending is not None and lending.mode == "pods"
@@ -106,4 +117,5 @@ def build_core(
         arbitration=arbitration if arbitration is not None else ArbitrationPolicy(),
         limits=limits if limits is not None else SpecLimits(),
         kv_saturation=kv_saturation,
+        exact_budget_s=exact_budget_s,
     )

@@ -374,7 +374,8 @@ def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindo
         return f"{model}-{state.replica_seq}"
 
     return arbitrate(asks, inventory, config.packer, config.arbitration, snapshot.now, team_of=team_of,
-                     held=held, views=views, freeing=freeing, state=state.arbitration, name_replica=name_replica)
+                     held=held, views=views, freeing=freeing, state=state.arbitration, name_replica=name_replica,
+                     exact_budget_s=config.exact_budget_s)
 
 
 def _finish_all(snapshot: ClusterSnapshot, state: ControllerState, sized: list[_Sized],

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 from autoscaler.api.plan import Shortfall, ShortfallCause
 from autoscaler.decision.arbitration.damage import EPS
+from autoscaler.decision.arbitration.exact import Placed, reseat_exact
 from autoscaler.decision.arbitration.ordering import Progress
 from autoscaler.decision.arbitration.policy import ArbitrationPolicy
 from autoscaler.decision.arbitration.preemption import preempt_for
@@ -27,6 +28,7 @@ def arbitrate(
     policy: ArbitrationPolicy,
     now: float,
     *,
+    exact_budget_s: float = 0.0,
     team_of: Mapping[str, str],
     held: Mapping[str, float],
     views: Views,
@@ -42,20 +44,23 @@ def arbitrate(
     (:func:`held_by_team` of the candidates); ``views()``: every valid model's damage inputs (``ModelLoad``) and
     the running replicas that may be preempted (not draining, not being removed this tick), asked for only when
     the asks do not all fit; ``freeing``: (owner, slot) of replicas being removed or drained (their capacity is
-    coming free); ``state``: the fairness memory (updated)."""
+    coming free); ``state``: the fairness memory (updated); ``exact_budget_s``: the time the in-order path may
+    spend placing its batch again exactly (:mod:`~autoscaler.decision.arbitration.exact`; 0: never)."""
     _remember_borrowing(state, held, policy, now)
     t = Tick(inventory, packer, policy, now, team_of, held, views, freeing, state, name_replica)
-    if not _serve_in_order(t, asks):
+    if not _serve_in_order(t, asks, exact_budget_s):
         _ranked(t, asks)
     for team in t.caps:
         t.result.team_gpus[team] = t.usage.get(team, 0.0)
     return t.result
 
 
-def _serve_in_order(t: Tick, asks: list[Ask]) -> bool:
+def _serve_in_order(t: Tick, asks: list[Ask], exact_budget_s: float) -> bool:
     """Every ask in full, in the order given, or nothing (False, the inventory as it was): when all fit, the
-    order does not matter and no ranking is paid for (most ticks of a cluster that is not full)."""
-    log: list[tuple[Ask, str, tuple[Slot, ...]]] = []
+    order does not matter and no ranking is paid for (most ticks of a cluster that is not full). The batch placed
+    may then be placed again exactly (:func:`~autoscaler.decision.arbitration.exact.reseat_exact`)."""
+    log: list[Placed] = []
+    gpus_before = t.inv.gpus_in_use()
     ok = True
     for a in asks:
         p = Progress(a, ask_fraction(a))
@@ -81,6 +86,7 @@ def _serve_in_order(t: Tick, asks: list[Ask]) -> bool:
             t.usage[a.team] -= group_fraction(slots)
         t.usage = dict(t.held)
         return False
+    log = reseat_exact(t, log, exact_budget_s, gpus_before)
     for a, owner, slots in log:
         _record_placed(t, a.model, owner, slots)
     return True

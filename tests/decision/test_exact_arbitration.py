@@ -1,0 +1,113 @@
+"""The in-order arbitration path places its batch again exactly on small MIG clusters when that saves a GPU
+(autoscaler/decision/arbitration/exact.py, issue 19): fewer GPUs, the same replicas, team limits kept, and the
+packer's placement untouched when the exact one saves nothing or is not allowed."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoscaler.decision.arbitration import ArbitrationPolicy, ArbitrationState, Ask, TeamQuota, arbitrate
+from autoscaler.decision.config import CoreConfig, build_core
+from autoscaler.policies import make_policy
+from sharing.packer import CostAwarePacker
+from sharing.slots import Inventory, NodeSpec, SlotRequest
+from tests.decision.test_arbitration import NOW, PROFILE
+
+
+def mig_request(model: str, memory_gib: float) -> SlotRequest:
+    return SlotRequest(model, memory_gib, 0.1, 1, ("mig",))
+
+
+def ask(model: str, memory_gib: float, n: int, team: str = "t", order: int = 0) -> Ask:
+    return Ask(model, team, 0, mig_request(model, memory_gib), float(n), 0, 100, 0.0, PROFILE, 0.95, order=order)
+
+
+def run(asks: list[Ask], budget_s: float, gpus: int = 4, policy: ArbitrationPolicy | None = None):
+    inv = Inventory.from_nodes([NodeSpec("n0", "H100-80GB", gpus, True)])
+    names = itertools.count()
+    team_of = {a.model: a.team for a in asks}
+    result = arbitrate(asks, inv, CostAwarePacker(prefer_open_nodes=True), policy or ArbitrationPolicy(), NOW,
+                       team_of=team_of, held={}, views=lambda: ({}, []), freeing=[], state=ArbitrationState(),
+                       name_replica=lambda m: f"{m}-{next(names)}", exact_budget_s=budget_s)
+    return inv, result
+
+
+def placed_counts(result) -> dict[str, int]:
+    return {m: len(v) for m, v in result.placed.items()}
+
+
+def test_exact_batch_saves_the_gpu_the_packer_opens() -> None:
+    # Four 20 GiB and two 40 GiB replicas on H100s: one at a time the packer spreads them over 3 GPUs; the batch
+    # fits on 2 (per GPU: 4g.40gb + 2g.20gb ... laid out by the MILP at legal starts).
+    asks = [ask("a", 20.0, 4, order=0), ask("b", 40.0, 2, order=1)]
+    greedy_inv, greedy = run(asks, 0.0)
+    exact_inv, exact = run(asks, 0.5)
+    assert greedy_inv.gpus_in_use() == 3
+    assert exact_inv.gpus_in_use() == 2
+    assert placed_counts(exact) == placed_counts(greedy) == {"a": 4, "b": 2}
+    assert not exact.shortfalls
+    # The result names exactly the inventory's allocations, each once, under the ids the tick handed out.
+    owners = {o for o, _ in exact_inv.allocations()}
+    assert owners == {o for v in exact.placed.values() for o, _ in v}
+    for model, replicas in exact.placed.items():
+        for owner, slot in replicas:
+            assert exact_inv.model_of(owner) == model
+            assert slot.memory_gib >= {"a": 20.0, "b": 40.0}[model]
+    # Anti-affinity as the packer keeps it: no model with all its replicas on one device.
+    for model in ("a", "b"):
+        assert len({s.devices for _, s in exact.placed[model]}) > 1
+
+
+def test_a_team_limit_the_exact_slots_would_pass_keeps_the_packers_placement() -> None:
+    # Four 40 GiB and two 20 GiB replicas on 4 H100s: the exact placement saves a GPU but charges more
+    # GPU-equivalents (larger slices) than the packer's slots; at a limit of exactly what those charge it is refused.
+    asks = [ask("a", 40.0, 4, order=0), ask("b", 20.0, 2, order=1)]
+    greedy_inv, greedy = run(asks, 0.0)
+    free_inv, free = run(asks, 0.5)
+    charged = greedy.team_gpus["t"]
+    assert free_inv.gpus_in_use() < greedy_inv.gpus_in_use() and free.team_gpus["t"] > charged + 1e-9
+    policy = ArbitrationPolicy(teams=(TeamQuota("t", guaranteed_gpus=charged, borrowing_limit_gpus=0.0),))
+    inv, result = run(asks, 0.5, policy=policy)
+    assert placed_counts(result) == {"a": 4, "b": 2} and not result.shortfalls
+    assert result.team_gpus["t"] <= charged + 1e-9
+    assert inv.gpus_in_use() == greedy_inv.gpus_in_use()
+
+
+def test_the_packers_placement_stands_when_the_exact_one_saves_nothing() -> None:
+    # Two 10 GiB replicas of a model kept on two GPUs (anti-affinity), one 10 GiB of another beside one of them:
+    # nothing to save, so the packer's slots stand (the exact placement may lay them out otherwise).
+    asks = [ask("a", 10.0, 2, order=0), ask("b", 10.0, 1, order=1)]
+    greedy_inv, greedy = run(asks, 0.0)
+    exact_inv, exact = run(asks, 0.5)
+    assert exact.placed == greedy.placed
+    assert exact_inv.gpus_in_use() == greedy_inv.gpus_in_use() == 2
+
+
+def test_the_shipped_core_has_the_exact_step_on() -> None:
+    core = build_core(make_policy("slotwise"))
+    assert core.exact_budget_s > 0
+    assert build_core(make_policy("slotwise"), exact_budget_s=0.0).exact_budget_s == 0.0
+    try:
+        CoreConfig(policy=make_policy("slotwise"), exact_budget_s=-1.0)
+    except ValueError as e:
+        assert "exact_budget_s" in str(e)
+    else:
+        raise AssertionError("a negative budget was accepted")
+
+
+SIZES = st.sampled_from([10.0, 20.0, 40.0])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(SIZES, st.integers(1, 3)), min_size=1, max_size=3), st.integers(2, 4))
+def test_exact_never_uses_more_gpus_and_places_the_same_replicas(spec: list[tuple[float, int]], gpus: int) -> None:
+    asks = [ask(f"m{i}", mem, n, order=i) for i, (mem, n) in enumerate(spec)]
+    greedy_inv, greedy = run(asks, 0.0, gpus)
+    exact_inv, exact = run(asks, 0.3, gpus)
+    assert placed_counts(exact) == placed_counts(greedy)
+    assert exact_inv.gpus_in_use() <= greedy_inv.gpus_in_use()
+    assert len(exact.shortfalls) == len(greedy.shortfalls)
+    assert sum(1 for _ in exact_inv.allocations()) == sum(len(v) for v in exact.placed.values())
