@@ -18,9 +18,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from sharing.catalog import GpuModel, MigProfile
+from sharing.host_resources import HostPerGpu, learn_per_gpu, node_free_gpus, stranding_delta
 from sharing.slots import DeviceSignature, DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
 
 
@@ -197,9 +199,11 @@ def _instance_free(d: DeviceState, p: MigProfile, start: int) -> bool:
 def partial_candidates(inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotRequest) -> Iterator[Slot]:
     """Every legal partial slot (time-slice share or MIG instance) for ``req`` on device ``d``, in
     first-fit's order: join a shared instance with room, else the smallest MIG profile that fits at
-    each free legal placement, else (share-only on a MIG GPU) a new shared instance. Each candidate is
-    confirmed by the Inventory, the one authority on legality."""
+    each free legal placement, else (share-only on a MIG GPU) a new shared instance. Each candidate carries the
+    request's host CPU/memory and is confirmed by the Inventory, the one authority on legality (a node without
+    room for those host requests gives none)."""
     mem = req.memory_gib
+    host = (req.cpu_millis, req.host_memory_gib)
     assert mem is not None
     # Any slot of ``mem`` GiB needs at least that much free memory: a cheap first cut that skips full
     # devices without building candidate slots.
@@ -208,14 +212,14 @@ def partial_candidates(inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotR
     share_ok = "share" in req.kinds
     if not d.mig_enabled:
         if share_ok:
-            slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction)
+            slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction).with_host(*host)
             if inv.fits(slot):
                 yield slot
         return
     if share_ok:
         for inst, u in d.usage.items():
             if inst is not None and not u.exclusive and inv.share_room_gib(d, inst) >= mem:
-                slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, *inst)
+                slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, *inst).with_host(*host)
                 if inv.fits(slot):
                     yield slot
     if "mig" in req.kinds:
@@ -224,7 +228,7 @@ def partial_candidates(inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotR
                 continue
             for start in p.placements:
                 if _instance_free(d, p, start):
-                    slot = Slot.mig(d.node, d.index, gpu, p.key, start)
+                    slot = Slot.mig(d.node, d.index, gpu, p.key, start).with_host(*host)
                     if inv.fits(slot):
                         yield slot
     elif share_ok:
@@ -236,7 +240,7 @@ def partial_candidates(inv: Inventory, gpu: GpuModel, d: DeviceState, req: SlotR
                 continue
             for start in p.placements:
                 if _instance_free(d, p, start):
-                    slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, p.key, start)
+                    slot = Slot.share(d.node, d.index, gpu, mem, req.compute_fraction, p.key, start).with_host(*host)
                     if inv.fits(slot):
                         yield slot
 
@@ -275,8 +279,8 @@ class FirstFitPacker:
             if req.memory_gib is not None and gpu.memory_gib * req.gpus < req.memory_gib:
                 continue
             idle = [i for i in range(node.gpu_count) if inv.device(node.name, i).idle]
-            if len(idle) >= req.gpus:
-                return Slot.whole(node.name, idle[: req.gpus], gpu)
+            if len(idle) >= req.gpus and inv.host_fits(node.name, req.cpu_millis, req.host_memory_gib):
+                return Slot.whole(node.name, idle[: req.gpus], gpu).with_host(req.cpu_millis, req.host_memory_gib)
         return None
 
 
@@ -373,7 +377,14 @@ class CostAwarePacker:
        down; measured: ranking the two below first cost GPUs in ``mig-bench``);
     5. **fewest future slots lost** on the device (:func:`future_slots` before minus after), which
        is what picks ``3g@4`` over ``3g@0``;
-    6. **fewest replicas of the same model** on the device (soft spreading), then inventory order.
+    6. **least GPU capacity stranded for want of host CPU/memory** on the node (``host_aware``, on by default;
+       :func:`sharing.host_resources.stranding_delta` at the CPU and memory per GPU learned from the slots held,
+       the request and the announced demand): only where nodes declare host capacity and requests host
+       resources, else 0 for every candidate;
+    7. **fewest replicas of the same model** on the device (soft spreading), then inventory order.
+
+    Host CPU and memory are hard: a slot carries its request's ``cpu_millis`` / ``host_memory_gib`` and no slot
+    goes to a node without room for them (:meth:`Inventory.fits`).
 
     ``objective="gpus"`` (opt-in) ranks for the fewest GPUs instead: no newly opened device
     first, then the smallest charged share of a GPU, best fit, future slots lost, and cost only as
@@ -393,7 +404,7 @@ class CostAwarePacker:
     name = "cost-aware"
 
     def __init__(self, anti_affinity: bool = True, objective: str = "cost", prefer_open_nodes: bool = False,
-                 node_anti_affinity: bool = True) -> None:
+                 node_anti_affinity: bool = True, host_aware: bool = True) -> None:
         if objective not in ("cost", "gpus"):
             raise ValueError(f"objective must be 'cost' or 'gpus', got {objective!r}")
         self.anti_affinity = anti_affinity
@@ -404,6 +415,8 @@ class CostAwarePacker:
         self.prefer_open_nodes = prefer_open_nodes
         # Opt-in False (lending whole nodes): anti-affinity spreads over devices only, never asks for another node.
         self.node_anti_affinity = node_anti_affinity
+        # The host-resource tie-break (key 6 above); False ranks as before host resources existed (still hard).
+        self.host_aware = host_aware
         self._expected: dict[str, tuple[SlotRequest, int]] | None = None
         self._fit_cache: dict[tuple, dict[str, float]] = {}
         self._memo: dict[tuple, dict] = {}  # request shape -> DeviceSignature -> best slot (place)
@@ -447,6 +460,7 @@ class CostAwarePacker:
             kinds = [k for k in inv.kind_node_counts() if k in allowed]
         else:
             kinds = list(inv.kind_node_counts())
+        host = self._host_view(inv, req)
         same = inv.model_device_counts(req.model)
         used: dict[int, int] = {}  # position -> replicas of the model there
         used_by_sig: dict[DeviceSignature, list[int]] = {}
@@ -476,10 +490,13 @@ class CostAwarePacker:
         # the reference generates them.
         cands: list[tuple[tuple, int, Slot | None, str, bool, int]] = []
         if not req.whole_only:
-            self._group_candidates(inv, req, kinds, used, used_by_sig, (lo, hi), open_nodes, cands)
+            self._group_candidates(inv, req, kinds, used, used_by_sig, (lo, hi), open_nodes, cands, host)
         if "whole" in req.kinds:
             for kind in kinds:
-                self._whole_candidates(inv, req, kind, lo, hi, cands, open_nodes)
+                if host is None:
+                    self._whole_candidates(inv, req, kind, lo, hi, cands, open_nodes)
+                else:
+                    self._whole_candidates_host(inv, req, kind, cands, host)
         if not cands:
             return None
         if open_nodes is not None:
@@ -498,29 +515,57 @@ class CostAwarePacker:
         d, t = inv.device_at(best[1]), best[2]
         if t is None:
             return self._whole(inv, inv.nodes[d.node], inv.catalog.get(best[3]), req)
-        return Slot(d.node, (d.index,), t.kind, t.gpu_model, t.profile, t.start, t.memory_gib, t.compute_fraction)
+        return Slot(d.node, (d.index,), t.kind, t.gpu_model, t.profile, t.start, t.memory_gib, t.compute_fraction,
+                    req.cpu_millis, req.host_memory_gib)
+
+    def _host_view(self, inv: Inventory, req: SlotRequest) -> _HostView | None:
+        """What host resources change for this placement: None when nothing does (no node declares host capacity,
+        or the request asks none and there is no learned ratio to weigh), so the ranking is the one without them."""
+        if not inv.host_accounted:
+            return None
+        per = learn_per_gpu(inv, req, self._expected_asks(inv)) if self.host_aware else None
+        if per is None and not req.asks_host:
+            return None
+        return _HostView(inv, req, per)
+
+    def _expected_asks(self, inv: Inventory) -> list[tuple[SlotRequest, int]]:
+        """The announced demand (:meth:`expect`) not yet held: part of the workload the host ratio is learned from."""
+        if self._expected is None:
+            return []
+        return [(r, n - inv.model_allocation_count(m)) for m, (r, n) in self._expected.items()
+                if n > inv.model_allocation_count(m)]
 
     # -- the fast path's pieces -------------------------------------------------------------------
     def _group_candidates(self, inv: Inventory, req: SlotRequest, kinds: list[str], used: dict[int, int],
                           used_by_sig: dict[DeviceSignature, list[int]], leave: tuple[int, int],
                           open_nodes: set[int] | None,
-                          cands: list[tuple[tuple, int, Slot | None, str, bool, int]]) -> None:
+                          cands: list[tuple[tuple, int, Slot | None, str, bool, int]],
+                          host: _HostView | None = None) -> None:
         """Add the partial-slot candidates of :meth:`place`: per group of devices in the same state, its best
         slot (cached per request shape) on the devices that may rank first -- the group's first device, or
         with replicas of the model its first device without one, its first off the node to leave
         (``leave``: positions [lo, hi), or (-1, -1)), the model's own devices, and with ``open_nodes`` the
-        first devices on nodes that hold something."""
+        first devices on nodes that hold something. With ``host``, every member is looked at instead
+        (:meth:`_host_members`): host room and the stranding tie-break are per node, not per device state."""
         lo, hi = leave
         off_node = lo >= 0
         memo = self._group_memo(inv, req)
+        # The group's best slot is a property of the device state alone: found without the host requests, which
+        # are checked per member (the template's node is only the group's first device's).
+        bare = replace(req, cpu_millis=0, host_memory_gib=0.0) if req.asks_host else req
         for kind in kinds:
             for sig, members in inv.device_groups(kind).items():
                 hit = memo.get(sig, _MISSING)
                 if hit is _MISSING:
-                    hit = memo[sig] = self._group_best(inv, req, inv.device_at(members[0]))
+                    hit = memo[sig] = self._group_best(inv, bare, inv.device_at(members[0]))
                 if hit is None:
                     continue
                 head, start, tmpl = hit
+                if host is not None:
+                    taken = charged_fraction(tmpl, sig.gpu)
+                    for p, strand in self._host_members(inv, members, used, leave, open_nodes, sig.idle, host, taken):
+                        cands.append(((*head, strand, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+                    continue
                 reps: list[int] = []
                 if not used:
                     reps.append(members[0])
@@ -548,7 +593,27 @@ class CostAwarePacker:
                                 reps.append(p)
                             break
                 for p in reps:
-                    cands.append(((*head, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+                    cands.append(((*head, 0.0, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+
+    @staticmethod
+    def _host_members(inv: Inventory, members: Sequence[int], used: dict[int, int], leave: tuple[int, int],
+                      open_nodes: set[int] | None, idle: bool, host: _HostView,
+                      taken: float) -> list[tuple[int, float]]:
+        """The members of one device group that may rank first, with their stranding delta, when host resources
+        count: per class of member the filters tell apart (on the node to leave, holding the model, on a node
+        that holds something), its least (stranding, same-model replicas, position) among the members whose node
+        has room for the request's host CPU/memory -- what the reference's minimum over every device picks."""
+        lo, hi = leave
+        best: dict[tuple[bool, bool, bool], tuple[float, int, int]] = {}
+        for p in members:
+            node = inv.device_at(p).node
+            if not host.fits(node):
+                continue
+            cls = (lo <= p < hi, p in used, open_nodes is not None and idle and inv.node_ordinal(p) in open_nodes)
+            k = (host.delta(node, taken), used.get(p, 0), p)
+            if cls not in best or k < best[cls]:
+                best[cls] = k
+        return [(p, strand) for strand, _, p in best.values()]
 
     def _group_memo(self, inv: Inventory, req: SlotRequest) -> dict:
         """Per request shape and inventory rules: DeviceSignature -> the group's best partial slot."""
@@ -566,14 +631,14 @@ class CostAwarePacker:
     def _group_best(self, inv: Inventory, req: SlotRequest, d: DeviceState) -> tuple | None:
         """(key head, start, slot) of the best partial slot on ``d`` by the reference ranking, or None.
 
-        The head is the reference key less (same-model replicas, node order, GPU index, start); these
+        The head is the reference key less (stranding, same-model replicas, node order, GPU index, start); these
         are the same for every candidate on one device, so the device's best slot is its first one
         with the least (head, start), as in the reference's ``min``.
         """
         best: tuple | None = None
         for slot in partial_candidates(inv, d.gpu, d, req):
             key = self._key(inv, d.gpu, d, slot, {}, 0)
-            hk = (key[:-4], key[-1])
+            hk = (key[:-5], key[-1])
             if best is None or hk < best[0]:
                 best = (hk, slot)
         return None if best is None else (best[0][0], best[0][1], best[1])
@@ -633,6 +698,31 @@ class CostAwarePacker:
                         cands.append(((*rank, q, -1, 0), q, None, kind, True, need))
                 if done_off and not want_open and not want_open_off:
                     return
+
+    def _whole_candidates_host(self, inv: Inventory, req: SlotRequest, kind: str, cands: list,
+                               host: _HostView) -> None:
+        """Whole-slot candidates when host resources count: every node of ``kind`` with ``req.gpus`` idle GPUs and
+        room for the request's host CPU/memory, each ranked with its stranding delta (the reference's set)."""
+        groups = inv.device_groups(kind)
+        idle = [members for sig, members in groups.items() if sig.idle]
+        if not idle:
+            return
+        gpu = inv.device_at(idle[0][0]).gpu
+        if req.memory_gib is not None and gpu.memory_gib * req.gpus < req.memory_gib:
+            return
+        cost = round(slot_cost(Slot.whole("-", tuple(range(req.gpus)), gpu), gpu), _COST_DIGITS)
+        cur, n = -1, 0
+        for p in idle[0] if len(idle) == 1 else heapq.merge(*idle):
+            nd = inv.node_ordinal(p)
+            if nd != cur:
+                cur, n = nd, 0
+            n += 1
+            if n == req.gpus:
+                d = inv.device_at(p)
+                if host.fits(d.node):
+                    rank = self._rank(cost, 1, float(req.gpus), 0.0, 0, 0, host.delta(d.node, float(req.gpus)))
+                    q = p - d.index
+                    cands.append(((*rank, q, -1, 0), q, None, kind, True, req.gpus))
 
     def _reserve_fast(self, inv: Inventory, req: SlotRequest, cands: list) -> list:
         """:meth:`_reserve` on the fast path's candidates (held replicas from the Inventory's index)."""
@@ -721,12 +811,17 @@ class CostAwarePacker:
         """
         if same_model is None:
             same_model = self._model_counts(inv, req.model)
+        host = self._host_view(inv, req)
+        per = host.per if host is not None else None
         order = 0
         for node, gpu in eligible_nodes(inv, req):
             if "whole" in req.kinds:
                 slot = self._whole(inv, node, gpu, req)
                 if slot is not None:
-                    key = self._rank(round(slot_cost(slot, gpu), _COST_DIGITS), 1, slot.gpu_fraction, 0.0, 0, 0)
+                    strand = stranding_delta(inv, node.name, slot.gpu_fraction, req.cpu_millis, req.host_memory_gib,
+                                             per)
+                    key = self._rank(round(slot_cost(slot, gpu), _COST_DIGITS), 1, slot.gpu_fraction, 0.0, 0, 0,
+                                     strand)
                     yield (*key, order, 0, -1), slot
             if req.whole_only:
                 order += 1
@@ -740,11 +835,12 @@ class CostAwarePacker:
                         continue
                     seen_idle.add(d.mig_enabled)
                 for slot in partial_candidates(inv, gpu, d, req):
-                    yield self._key(inv, gpu, d, slot, same_model, order), slot
+                    yield self._key(inv, gpu, d, slot, same_model, order, per), slot
             order += 1
 
     def _key(
-        self, inv: Inventory, gpu: GpuModel, d: DeviceState, slot: Slot, same: dict[tuple[str, int], int], order: int
+        self, inv: Inventory, gpu: GpuModel, d: DeviceState, slot: Slot, same: dict[tuple[str, int], int], order: int,
+        per: HostPerGpu | None = None,
     ) -> tuple:
         loss = 0
         if slot.instance is not None and slot.instance not in d.instances():
@@ -760,31 +856,34 @@ class CostAwarePacker:
             round(free_after, 6),
             loss,
             same.get((d.node, d.index), 0),
+            stranding_delta(inv, d.node, charged_fraction(slot, gpu), slot.cpu_millis, slot.host_memory_gib, per),
         )
         return (*rank, order, d.index, -1 if slot.start is None else slot.start)
 
-    def _rank(self, cost: float, opens: int, fraction: float, free_after: float, loss: int, same: int) -> tuple:
+    def _rank(self, cost: float, opens: int, fraction: float, free_after: float, loss: int, same: int,
+              strand: float = 0.0) -> tuple:
         """The ranking key's head for the packer's objective.
 
-        "cost": cost, opening a device, best fit, future slots lost, same-model replicas.
+        "cost": cost, opening a device, best fit, future slots lost, GPUs stranded for want of host CPU/memory,
+        same-model replicas.
         "gpus" (fewest GPUs, for consolidation): opening a device first, then the smallest share of
         a GPU (on a new device that picks the kind holding the most such replicas per GPU), best
-        fit, future slots lost, and cost only as the tie-break.
+        fit, future slots lost, and cost, stranding and same-model replicas as the tie-breaks.
         """
         if self.objective == "gpus":
-            return (opens, fraction, free_after, loss, cost, same)
-        return (cost, opens, free_after, loss, same)
+            return (opens, fraction, free_after, loss, cost, strand, same)
+        return (cost, opens, free_after, loss, strand, same)
 
     @staticmethod
     def _whole(inv: Inventory, node: NodeSpec, gpu: GpuModel, req: SlotRequest) -> Slot | None:
         if req.memory_gib is not None and gpu.memory_gib * req.gpus < req.memory_gib:
             return None
         idle = [i for i in range(node.gpu_count) if inv.device(node.name, i).idle]
-        if len(idle) < req.gpus:
+        if len(idle) < req.gpus or not inv.host_fits(node.name, req.cpu_millis, req.host_memory_gib):
             return None
         # Highest indices: partial slots fill a node's low indices first, so whole GPUs taken from
         # the top keep the two apart and leave the low idle devices for partial slots.
-        return Slot.whole(node.name, idle[-req.gpus :], gpu)
+        return Slot.whole(node.name, idle[-req.gpus :], gpu).with_host(req.cpu_millis, req.host_memory_gib)
 
     # -- anti-affinity ------------------------------------------------------------------------
     @staticmethod
@@ -812,6 +911,35 @@ class CostAwarePacker:
 
 
 _MISSING = object()
+
+
+class _HostView:
+    """One placement's host resources: the request's CPU/memory, the learned ratio (``per``, None: no tie-break),
+    and per node, computed once, whether the request fits and its free GPU capacity."""
+
+    __slots__ = ("_fits", "_free", "cpu", "inv", "mem", "per")
+
+    def __init__(self, inv: Inventory, req: SlotRequest, per: HostPerGpu | None) -> None:
+        self.inv, self.per = inv, per
+        self.cpu, self.mem = req.cpu_millis, req.host_memory_gib
+        self._fits: dict[str, bool] = {}
+        self._free: dict[str, float] = {}
+
+    def fits(self, node: str) -> bool:
+        hit = self._fits.get(node)
+        if hit is None:
+            hit = self._fits[node] = self.inv.host_fits(node, self.cpu, self.mem)
+        return hit
+
+    def delta(self, node: str, taken: float) -> float:
+        """:func:`~sharing.host_resources.stranding_delta` of taking ``taken`` GPUs and the request's host
+        resources on ``node``."""
+        if self.per is None or not self.inv.nodes[node].host_accounted:
+            return 0.0
+        free = self._free.get(node)
+        if free is None:
+            free = self._free[node] = node_free_gpus(self.inv, node)
+        return stranding_delta(self.inv, node, taken, self.cpu, self.mem, self.per, free)
 
 
 def _scan_model_counts(inv: Inventory, model: str) -> dict[tuple[str, int], int]:

@@ -66,6 +66,10 @@ class Slot:
     start: int | None  # MIG placement start (memory-slice index)
     memory_gib: float  # memory this slot gives the replica
     compute_fraction: float  # fraction of one GPU's compute (n for a whole slot of n GPUs)
+    # The pod's host requests (CPU in millicores, host memory in GiB), accounted once per slot against its node's
+    # capacity (NodeSpec.cpu_millis / host_memory_gib) when the node declares one. 0 = nothing asked.
+    cpu_millis: int = 0
+    host_memory_gib: float = 0.0
 
     def __post_init__(self) -> None:
         # Malformed slots fail here; slots that are well-formed but illegal for a cluster state
@@ -86,6 +90,17 @@ class Slot:
             raise ValueError(f"memory_gib must be positive, got {self.memory_gib!r}")
         if not (math.isfinite(self.compute_fraction) and self.compute_fraction > 0):
             raise ValueError(f"compute_fraction must be positive, got {self.compute_fraction!r}")
+        _check_host(self.cpu_millis, self.host_memory_gib, "slot")
+
+    def with_host(self, cpu_millis: int, host_memory_gib: float) -> Slot:
+        """This slot carrying a pod's host requests (the same slot when they are already these)."""
+        if cpu_millis == self.cpu_millis and host_memory_gib == self.host_memory_gib:
+            return self
+        return replace(self, cpu_millis=cpu_millis, host_memory_gib=host_memory_gib)
+
+    @property
+    def asks_host(self) -> bool:
+        return self.cpu_millis > 0 or self.host_memory_gib > 0
 
     # -- constructors that get the derived numbers right ------------------------------------
     @classmethod
@@ -140,15 +155,20 @@ class Slot:
         match self.kind:
             case SlotKind.WHOLE:
                 n = len(self.devices)
-                return f"{where} whole {f'{n}x' if n > 1 else ''}{self.gpu_model}"
+                return f"{where} whole {f'{n}x' if n > 1 else ''}{self.gpu_model}" + self._host_text()
             case SlotKind.MIG:
-                return f"{where} mig {self.profile_name()}@{self.start}"
+                return f"{where} mig {self.profile_name()}@{self.start}" + self._host_text()
             case _:
                 inside = f" in {self.profile_name()}@{self.start}" if self.profile is not None else ""
                 return (
                     f"{where} share {_fmt_gib(self.memory_gib)} "
                     f"compute {self.compute_fraction:.3g}{inside} ({self.gpu_model})"
-                )
+                ) + self._host_text()
+
+    def _host_text(self) -> str:
+        if not self.asks_host:
+            return ""
+        return f" host {self.cpu_millis}m cpu {_fmt_gib(self.host_memory_gib)}"
 
     def sort_key(self) -> tuple:
         return (
@@ -159,20 +179,40 @@ class Slot:
             -1 if self.start is None else self.start,
             self.memory_gib,
             self.compute_fraction,
+            self.cpu_millis,
+            self.host_memory_gib,
         )
+
+
+def _check_host(cpu_millis: int, host_memory_gib: float, what: str) -> None:
+    if isinstance(cpu_millis, bool) or not isinstance(cpu_millis, int) or cpu_millis < 0:
+        raise ValueError(f"{what}: cpu_millis must be a whole number >= 0, got {cpu_millis!r}")
+    if not (math.isfinite(host_memory_gib) and host_memory_gib >= 0):
+        raise ValueError(f"{what}: host_memory_gib must be >= 0, got {host_memory_gib!r}")
 
 
 @dataclass(frozen=True)
 class NodeSpec:
+    """A GPU node. ``cpu_millis`` / ``host_memory_gib``: the host CPU (millicores) and memory (GiB) available to
+    the slots on it (on Kubernetes the Node's allocatable); None = not accounted (no host check on that node)."""
+
     name: str
     gpu_model: str
     gpu_count: int
     mig_enabled: bool = False
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    cpu_millis: int | None = None
+    host_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, MappingProxyType):
             object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+        _check_host(0 if self.cpu_millis is None else self.cpu_millis,
+                    0.0 if self.host_memory_gib is None else self.host_memory_gib, f"node {self.name!r}")
+
+    @property
+    def host_accounted(self) -> bool:
+        return self.cpu_millis is not None or self.host_memory_gib is not None
 
 
 _KIND_VALUES = frozenset(k.value for k in SlotKind)
@@ -187,6 +227,8 @@ class SlotRequest:
     profile is only chosen if its compute share is at least that, so the default 1.0 admits only
     full-GPU instances; callers wanting small slices say how little compute they need.
     ``gpu_models`` optionally restricts GPU kinds (any accepted name); empty means any.
+    ``cpu_millis`` / ``host_memory_gib``: the pod's host requests (its containers' CPU and memory requests), which
+    the slot carries and its node must have room for (where the node declares host capacity).
     """
 
     model: str
@@ -195,6 +237,8 @@ class SlotRequest:
     gpus: int = 1
     kinds: tuple[str, ...] = ("whole", "mig", "share")
     gpu_models: tuple[str, ...] = ()
+    cpu_millis: int = 0
+    host_memory_gib: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kinds", tuple(str(k) for k in self.kinds))
@@ -207,6 +251,16 @@ class SlotRequest:
             raise ValueError(f"compute_fraction must be positive, got {self.compute_fraction!r}")
         if self.gpus < 1:
             raise ValueError(f"gpus must be >= 1, got {self.gpus}")
+        _check_host(self.cpu_millis, self.host_memory_gib, f"request of {self.model!r}")
+
+    @property
+    def asks_host(self) -> bool:
+        return self.cpu_millis > 0 or self.host_memory_gib > 0
+
+    @property
+    def gpu_fraction(self) -> float:
+        """GPUs one pod of this request takes: ``gpus`` for whole GPUs, else its compute fraction."""
+        return float(self.gpus) if self.whole_only else self.compute_fraction
 
     @property
     def whole_only(self) -> bool:
@@ -408,6 +462,7 @@ class Inventory:
         owner_models: dict[str, tuple[str, int]] | None = None,
         *,
         _index: tuple | None = None,
+        _host: tuple[dict[str, tuple[int, float]], tuple[int, float, float], bool] | None = None,
     ) -> None:
         # Use from_nodes or copy; this constructor trusts its arguments.
         self._nodes = nodes
@@ -438,6 +493,23 @@ class Inventory:
             self._model_devs,
             self._model_allocs,
         ) = _index
+        # Host CPU/memory the slots hold (derived from the entries, left out of __eq__): per node (cpu millis,
+        # memory GiB), only nodes where something is held; and over all allocations (cpu, memory, GPUs) -- what
+        # a packer learns the workload's host resources per GPU from (sharing/host_resources.py). Small: a copy
+        # copies the per-node dict.
+        if _host is None:
+            _host = self._build_host()
+        self._host_used, self._host_totals, self._host_on = _host
+
+    def _build_host(self) -> tuple[dict[str, tuple[int, float]], tuple[int, float, float], bool]:
+        used: dict[str, tuple[int, float]] = {}
+        cpu, mem, gpus = 0, 0.0, 0.0
+        for _, s in self.allocations():
+            if s.asks_host:
+                c, m = used.get(s.node, (0, 0.0))
+                used[s.node] = (c + s.cpu_millis, m + s.host_memory_gib)
+            cpu, mem, gpus = cpu + s.cpu_millis, mem + s.host_memory_gib, gpus + s.gpu_fraction
+        return used, (cpu, mem, gpus), any(n.host_accounted for n in self._nodes.values())
 
     def _build_index(self) -> tuple:
         pos: dict[tuple[str, int], int] = {}
@@ -524,6 +596,7 @@ class Inventory:
             self._oversub,
             dict(self._owner_models),
             _index=index,
+            _host=(dict(self._host_used), self._host_totals, self._host_on),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -642,6 +715,55 @@ class Inventory:
             return 0.0
         return sum(s.gpu_fraction for _, s in self.allocations()) / len(self._devices)
 
+    # -- host CPU and memory (per node, hard where the node declares them) --------------------------
+    @property
+    def host_accounted(self) -> bool:
+        """Some node declares host CPU or memory (else no slot is ever refused for them)."""
+        return self._host_on
+
+    def host_used(self, node: str) -> tuple[int, float]:
+        """(CPU millis, memory GiB) the slots on ``node`` hold."""
+        return self._host_used.get(node, (0, 0.0))
+
+    def host_free(self, node: str) -> tuple[float, float]:
+        """(CPU millis, memory GiB) still free on ``node``; ``inf`` for what it does not declare."""
+        spec = self._nodes[node]
+        c, m = self._host_used.get(node, (0, 0.0))
+        return (math.inf if spec.cpu_millis is None else spec.cpu_millis - c,
+                math.inf if spec.host_memory_gib is None else spec.host_memory_gib - m)
+
+    def host_totals(self) -> tuple[int, float, float]:
+        """Over every allocation: (CPU millis, host memory GiB, GPUs by ``gpu_fraction``) -- the workload held."""
+        return self._host_totals
+
+    def host_fits(self, node: str, cpu_millis: int, host_memory_gib: float) -> bool:
+        """Whether ``node`` has room for these host requests now (always, for what it does not declare)."""
+        return self._host_reason(node, cpu_millis, host_memory_gib) is None
+
+    def _host_reason(self, node: str, cpu_millis: int, host_memory_gib: float) -> str | None:
+        if cpu_millis <= 0 and host_memory_gib <= 0:
+            return None
+        spec = self._nodes[node]
+        c, m = self._host_used.get(node, (0, 0.0))
+        if spec.cpu_millis is not None and c + cpu_millis > spec.cpu_millis:
+            return f"CPU over-commit on node {node!r}: {c}m held + {cpu_millis}m asked > {spec.cpu_millis}m"
+        if spec.host_memory_gib is not None and m + host_memory_gib > spec.host_memory_gib + _EPS:
+            return (f"host memory over-commit on node {node!r}: {m:g} held + {host_memory_gib:g} asked > "
+                    f"{spec.host_memory_gib:g} GiB")
+        return None
+
+    def _host_add(self, slot: Slot, sign: int) -> None:
+        if slot.asks_host:
+            c, m = self._host_used.get(slot.node, (0, 0.0))
+            c, m = c + sign * slot.cpu_millis, m + sign * slot.host_memory_gib
+            if c or abs(m) > _EPS:
+                self._host_used[slot.node] = (c, m)
+            else:
+                self._host_used.pop(slot.node, None)
+        tc, tm, tg = self._host_totals
+        self._host_totals = (tc + sign * slot.cpu_millis, tm + sign * slot.host_memory_gib,
+                             tg + sign * slot.gpu_fraction)
+
     def mig_layout(self, node: str, device: int) -> tuple[tuple[str, int], ...]:
         """Current MIG instances on a device as ``(profile key, start)``, by start."""
         return self.device(node, device).instances()
@@ -749,7 +871,14 @@ class Inventory:
         return f"{p.name}@{start} would exceed {gpu.compute_slices_total} compute slices"
 
     def why_not(self, slot: Slot) -> str | None:
-        """Why ``slot`` cannot be allocated now, or None if it can."""
+        """Why ``slot`` cannot be allocated now, or None if it can: the GPU's rules, then the node's host CPU and
+        memory (:meth:`host_fits`)."""
+        reason = self._gpu_reason(slot)
+        if reason is None and slot.asks_host:
+            return self._host_reason(slot.node, slot.cpu_millis, slot.host_memory_gib)
+        return reason
+
+    def _gpu_reason(self, slot: Slot) -> str | None:
         node = self._nodes.get(slot.node)
         if node is None:
             return f"unknown node {slot.node!r}"
@@ -918,6 +1047,7 @@ class Inventory:
             if after != before:
                 self._move_owner(owner, before, after, slot)
         self._count_model(after, [(slot.node, i) for i in slot.devices], 1, 1)
+        self._host_add(slot, 1)
 
     def release(self, slot: Slot, owner: str) -> None:
         """Take ``slot`` back from ``owner``; raises KeyError if it is not allocated to them.
@@ -934,6 +1064,7 @@ class Inventory:
             entries.remove((owner, slot))
             self._put(d, entries=tuple(entries))
         self._count_model(before, keys, -1, -1)
+        self._host_add(slot, -1)
         known = self._owner_models.get(owner)
         if known is not None:
             if known[1] <= 1:
