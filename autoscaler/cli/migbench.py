@@ -12,7 +12,9 @@ to LB+AA, the others (first-fit, ``-noaa``) to LB. ``shipped`` is the packer as 
 (``prefer_open_nodes`` on), one replica at a time; ``exact`` is that packer with the batch placed
 by the per-device MILP (``sharing/mig_exact.py``; beyond 16 GPUs the aggregated layout-count MILP)
 within ``--exact-budget`` seconds, the heuristic's placement on a timeout or wherever the MILP's is
-not better; it counts as met only within its budget. A re-layout scenario (demand changes) reports
+not better; it counts as met only within its budget. ``controller`` is what the controller's tick does with the
+same demand (one ask per model through the decision core's arbitration, with the exact budget it ships,
+``CoreConfig.exact_budget_s``; it places exactly only on <= 16 MIG GPUs). A re-layout scenario (demand changes) reports
 moves, the exact re-layout beside the heuristic one. Results in docs/sharing.md.
 """
 

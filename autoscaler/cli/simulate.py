@@ -22,6 +22,7 @@ from typing import Any
 
 from autoscaler.api.spec import SpecError
 from autoscaler.decision.arbitration import ARBITRATION_MODES
+from autoscaler.decision.config import DEFAULT_EXACT_BUDGET_S
 from autoscaler.policies import POLICIES
 from autoscaler.sim.defaults import model_specs
 from autoscaler.sim.harness import (
@@ -76,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that arrived while their model had no routable replica (cold-started): judged "
                         "against the SLO like any other (count, the default) or left out of the SLO accounting "
                         "(exempt, as some platforms do)")
+    p.add_argument("--exact-budget", type=float, default=DEFAULT_EXACT_BUDGET_S, metavar="S",
+                   help="seconds a tick may spend placing its new replicas again exactly (MILP) on a small MIG "
+                        f"cluster, as the controller does (default {DEFAULT_EXACT_BUDGET_S}; 0: the packer only)")
     p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of load, replicas and latency vs SLO here")
     p.add_argument("--out", default=None,
@@ -322,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"slotwise: model {name} left unmanaged: {s}", file=sys.stderr)
     workload = build_workload(trace, specs, history_s=args.history_hours * 3600.0)
     cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, cold_start_slo=args.cold_start_slo,
-                    **lending)
+                    exact_budget_s=args.exact_budget, **lending)
     nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, cfg.tick_s)
     results, cards = run_policies(workload, nodes, names, cfg)
     gpus = sum(n.gpu_count for n in nodes)

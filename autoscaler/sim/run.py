@@ -33,7 +33,7 @@ from autoscaler.accounting.cost import UNKNOWN_TEAM, price_table
 from autoscaler.api.ports import Actuator, ClusterPort, MetricsPort
 from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationPolicy
-from autoscaler.decision.config import CoreConfig, build_core
+from autoscaler.decision.config import DEFAULT_EXACT_BUDGET_S, CoreConfig, build_core
 from autoscaler.decision.node_actions import NodeActionState
 from autoscaler.decision.state import fresh_state
 from autoscaler.decision.tick import plan_tick
@@ -144,6 +144,9 @@ class SimConfig:
     # How cold-started requests (issue 18: arrived while their model had no routable replica) are judged: "count"
     # (against the SLO like any other) or "exempt" (left out of the SLO accounting, as some platforms do).
     cold_start_slo: str = "count"
+    # Seconds a tick may spend placing its new replicas again exactly on a small MIG cluster (the controller's
+    # CoreConfig.exact_budget_s; issue 19); 0: the packer's placement only (measured side by side, benchmarks.md).
+    exact_budget_s: float = DEFAULT_EXACT_BUDGET_S
 
     def __post_init__(self) -> None:
         if self.cold_start_slo not in COLD_START_SLO:
@@ -299,7 +302,8 @@ def sim_core(policy: Policy, cfg: SimConfig) -> CoreConfig:
     return build_core(policy, lending=lending, arbitration=cfg.arbitration,
                       prefer_open_nodes=cfg.lending_prefer_open_nodes,
                       consolidate_removals=cfg.lending_consolidate_removals,
-                      device_anti_affinity=bool(cfg.lending_device_anti_affinity))
+                      device_anti_affinity=bool(cfg.lending_device_anti_affinity),
+                      exact_budget_s=cfg.exact_budget_s)
 
 
 def simulate(

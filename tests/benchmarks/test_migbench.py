@@ -30,6 +30,16 @@ def test_small_instance_against_milp() -> None:
     assert "exact" in SPREADING and e["within_budget"]
 
 
+def test_the_controllers_tick_places_at_the_optimum_where_the_packer_does_not() -> None:
+    # h100-8 seed 10: the packer one replica at a time opens 5 GPUs, the bound with anti-affinity is 4; the
+    # decision core's arbitration (the controller's tick, its own exact budget) reaches the bound.
+    row = run_instance("h100-8", 10)
+    c, ca = row["controller"], row["shipped"]
+    assert ca["gpus"] > row["bound_aa_gpus"]
+    assert c["unplaced"] == 0 and c["gpus"] == row["bound_aa_gpus"] and c["used"] == "exact"
+    assert c["anti_affinity_violations"] == 0 and c["meets_target"]
+
+
 def test_exact_on_large_is_aggregated_and_no_worse() -> None:
     row = run_instance("h100-128", 1)
     e, ca = row["exact"], row["shipped"]

@@ -61,6 +61,20 @@ def test_exact_batch_saves_the_gpu_the_packer_opens() -> None:
         assert len({s.devices for _, s in exact.placed[model]}) > 1
 
 
+def test_a_batch_the_packer_cannot_fit_is_placed_exactly() -> None:
+    # Seven 10 GiB and two 40 GiB replicas on 2 H100s: one at a time the packer spreads the small ones so that the
+    # second 40 GiB finds no 4-slice run left; the MILP lays both GPUs out as 3g.40gb + 4 x 1g.10gb.
+    asks = [ask("a", 10.0, 4, order=0), ask("b", 10.0, 3, order=1), ask("c", 40.0, 2, order=2)]
+    _, greedy = run(asks, 0.0, gpus=2)
+    inv, exact = run(asks, 0.5, gpus=2)
+    assert [(s.model, s.missing) for s in greedy.shortfalls] == [("c", 1)]
+    assert not exact.shortfalls
+    assert placed_counts(exact) == {"a": 4, "b": 3, "c": 2}
+    assert {o for o, _ in inv.allocations()} == {o for v in exact.placed.values() for o, _ in v}
+    for model in ("a", "b", "c"):
+        assert len({s.devices for _, s in exact.placed[model]}) > 1
+
+
 def test_a_team_limit_the_exact_slots_would_pass_keeps_the_packers_placement() -> None:
     # Four 40 GiB and two 20 GiB replicas on 4 H100s: the exact placement saves a GPU but charges more
     # GPU-equivalents (larger slices) than the packer's slots; at a limit of exactly what those charge it is refused.
@@ -102,12 +116,17 @@ SIZES = st.sampled_from([10.0, 20.0, 40.0])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(SIZES, st.integers(1, 3)), min_size=1, max_size=3), st.integers(2, 4))
-def test_exact_never_uses_more_gpus_and_places_the_same_replicas(spec: list[tuple[float, int]], gpus: int) -> None:
+@given(st.lists(st.tuples(SIZES, st.integers(1, 4)), min_size=1, max_size=3), st.integers(1, 4))
+def test_exact_never_places_fewer_replicas_nor_uses_more_gpus(spec: list[tuple[float, int]], gpus: int) -> None:
     asks = [ask(f"m{i}", mem, n, order=i) for i, (mem, n) in enumerate(spec)]
     greedy_inv, greedy = run(asks, 0.0, gpus)
     exact_inv, exact = run(asks, 0.3, gpus)
-    assert placed_counts(exact) == placed_counts(greedy)
-    assert exact_inv.gpus_in_use() <= greedy_inv.gpus_in_use()
-    assert len(exact.shortfalls) == len(greedy.shortfalls)
+    # Allocations and the result agree, and no device is over-committed (the Inventory checks every allocation).
     assert sum(1 for _ in exact_inv.allocations()) == sum(len(v) for v in exact.placed.values())
+    if not greedy.shortfalls:
+        assert not exact.shortfalls and placed_counts(exact) == placed_counts(greedy)
+        assert exact_inv.gpus_in_use() <= greedy_inv.gpus_in_use()
+    else:
+        assert sum(placed_counts(exact).values()) >= sum(placed_counts(greedy).values())
+        if exact.shortfalls:  # the MILP found no full placement: the ranked path's, exactly as without it
+            assert placed_counts(exact) == placed_counts(greedy)

@@ -125,6 +125,19 @@ class _Exact(CostAwarePacker):
         self.budget_s = budget_s
 
 
+class _Controller(CostAwarePacker):
+    """What the controller does with the same demand: one ask per model (its replicas wanted, in the arrival
+    order's model order) through the decision core's arbitration (:func:`~autoscaler.decision.arbitration.
+    arbitrate`), with the packer and the exact-placement budget :func:`~autoscaler.decision.config.build_core`
+    ships (``CoreConfig.exact_budget_s``, 1 s; not the bench's ``--exact-budget``)."""
+
+    name = "controller"
+    controller = True
+
+    def __init__(self) -> None:
+        super().__init__(prefer_open_nodes=True)
+
+
 PACKERS = (
     "first-fit",
     "cost-aware",
@@ -134,10 +147,11 @@ PACKERS = (
     "cost-aware-gpus+c",
     "shipped",
     "exact",
+    "controller",
 )
 # Packers that keep anti-affinity are held to the bound that includes it; the others (first-fit and
 # the "-noaa" ones) to the plain bin-packing bound. Both bounds are reported for every packer.
-SPREADING = frozenset({"cost-aware", "cost-aware-gpus", "cost-aware-gpus+c", "shipped", "exact"})
+SPREADING = frozenset({"cost-aware", "cost-aware-gpus", "cost-aware-gpus+c", "shipped", "exact", "controller"})
 # The issue's targets: small instances within the MILP optimum + 5%, large within the LP bound + 5%.
 TARGET = {True: 1.05, False: 1.05}
 ORDERS = ("model", "decreasing")
@@ -235,6 +249,10 @@ def pack(
 ) -> dict[str, Any]:
     inv = Inventory.from_nodes(nodes, cat)
     t0 = time.perf_counter()
+    if getattr(packer, "controller", False):
+        unplaced, exact_used, secs = _through_arbitration(inv, models, order)
+        return {"inventory": inv, **measure(inv), "unplaced": unplaced, "moves": 0,
+                "seconds": secs, "used": "exact" if exact_used else "heuristic"}
     if getattr(packer, "exact", False):
         arr = arrivals(models, order)
         outcome: list[BatchOutcome] = []
@@ -275,6 +293,39 @@ def pack(
     unplaced = len(missed)
     secs = time.perf_counter() - t0
     return {"inventory": inv, **measure(inv), "unplaced": unplaced, "moves": moves, "seconds": secs}
+
+
+def _through_arbitration(inv: Inventory, models: Sequence[ModelShape], order: str) -> tuple[int, bool, float]:
+    """Place ``models`` on ``inv`` as the controller's decision core would in one tick (:class:`_Controller`):
+    the replicas left unplaced, whether the exact placement replaced the packer's (the same tick without it is
+    run on a copy to tell), and the seconds the controller's own arbitration took."""
+    from autoscaler.decision.arbitration import ArbitrationPolicy, ArbitrationState, Ask, arbitrate
+    from autoscaler.decision.config import build_core
+    from autoscaler.policies import make_policy
+
+    core = build_core(make_policy("slotwise"))
+    seen: list[ModelShape] = []
+    for m, _ in arrivals(models, order):
+        if m not in seen:
+            seen.append(m)
+    asks = [Ask(m.name, "bench", 0, _request(m), float(m.replicas), 0, m.replicas, 0.0, None, 0.95, order=i)
+            for i, m in enumerate(seen)]
+    counter = iter(range(1, 1 << 30))
+    greedy = inv.copy()
+    secs = 0.0
+    for target, budget in ((greedy, 0.0), (inv, core.exact_budget_s)):
+        t0 = time.perf_counter()
+        result = arbitrate(asks, target, core.packer, ArbitrationPolicy(), 0.0, team_of={m.name: "bench" for m in seen},
+                           held={}, views=lambda: ({}, []), freeing=[], state=ArbitrationState(),
+                           name_replica=lambda model: f"{model}-{next(counter)}", exact_budget_s=budget)
+        secs = time.perf_counter() - t0
+    placed = sum(len(v) for v in result.placed.values())
+    unplaced = sum(m.replicas for m in models) - placed
+    return unplaced, (inv.gpus_in_use(), unplaced) != (greedy.gpus_in_use(), _unplaced(greedy, models)), secs
+
+
+def _unplaced(inv: Inventory, models: Sequence[ModelShape]) -> int:
+    return sum(m.replicas for m in models) - sum(1 for _ in inv.allocations())
 
 
 def measure(inv: Inventory) -> dict[str, Any]:
@@ -361,6 +412,7 @@ def run_instance(
         _FewestGpusConsolidated(),
         _Shipped(),
         _Exact(exact_budget_s),
+        _Controller(),
     ]
     results = {}
     for p in packers:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from autoscaler.api.plan import Shortfall, ShortfallCause
 from autoscaler.decision.arbitration.damage import EPS
-from autoscaler.decision.arbitration.exact import Placed, reseat_exact
+from autoscaler.decision.arbitration.exact import Placed, place_all_exact, reseat_exact
 from autoscaler.decision.arbitration.ordering import Progress
 from autoscaler.decision.arbitration.policy import ArbitrationPolicy
 from autoscaler.decision.arbitration.preemption import preempt_for
@@ -57,39 +57,46 @@ def arbitrate(
 
 def _serve_in_order(t: Tick, asks: list[Ask], exact_budget_s: float) -> bool:
     """Every ask in full, in the order given, or nothing (False, the inventory as it was): when all fit, the
-    order does not matter and no ranking is paid for (most ticks of a cluster that is not full). The batch placed
-    may then be placed again exactly (:func:`~autoscaler.decision.arbitration.exact.reseat_exact`)."""
-    log: list[Placed] = []
+    order does not matter and no ranking is paid for (most ticks of a cluster that is not full). On a small MIG
+    cluster the batch is then placed again exactly when that saves a GPU, or placed exactly when the packer's
+    one-at-a-time placement does not fit it all (:mod:`~autoscaler.decision.arbitration.exact`)."""
     gpus_before = t.inv.gpus_in_use()
-    ok = True
+    log, ok = _place_in_order(t, asks)
+    if ok:
+        log = reseat_exact(t, log, exact_budget_s, gpus_before)
+    else:
+        for _a, owner, slots in reversed(log):
+            for slot in reversed(slots):
+                t.inv.release(slot, owner)
+        t.usage = dict(t.held)
+        exact = place_all_exact(t, asks, exact_budget_s)
+        if exact is None:
+            return False
+        log = exact
+    for a, owner, slots in log:
+        _record_placed(t, a.model, owner, slots)
+    return True
+
+
+def _place_in_order(t: Tick, asks: list[Ask]) -> tuple[list[Placed], bool]:
+    """Each ask's replicas placed and allocated one at a time with the packer, in order, until one does not fit
+    (or would pass its team's limit): what was allocated, and whether every ask got all it asked for."""
+    log: list[Placed] = []
     for a in asks:
         p = Progress(a, ask_fraction(a))
-        while ok and p.remaining() > 0:
+        while p.remaining() > 0:
             slots = t.place(t.inv, a)
             if slots is None or t.over_limit(a.team, group_fraction(slots)):
-                ok = False
-                break
+                return log, False
             owner = t.name_replica(a.model)
             allocate_group(t.inv, slots, owner, model=a.model)
             t.usage[a.team] = t.usage.get(a.team, 0.0) + group_fraction(slots)
             log.append((a, owner, slots))
             p.placed += 1
             p.units += 1.0 if a.speed is None else a.speed(slots[0])
-        if ok and math.ceil(a.wanted - p.units - EPS) > 0:
-            ok = False  # slower slots and max replicas reached: say so on the ranked path
-        if not ok:
-            break
-    if not ok:
-        for a, owner, slots in reversed(log):
-            for slot in reversed(slots):
-                t.inv.release(slot, owner)
-            t.usage[a.team] -= group_fraction(slots)
-        t.usage = dict(t.held)
-        return False
-    log = reseat_exact(t, log, exact_budget_s, gpus_before)
-    for a, owner, slots in log:
-        _record_placed(t, a.model, owner, slots)
-    return True
+        if math.ceil(a.wanted - p.units - EPS) > 0:
+            return log, False  # slower slots and max replicas reached: say so on the ranked path
+    return log, True
 
 
 def _record_placed(t: Tick, model: str, owner: str, slots: tuple[Slot, ...]) -> None:
