@@ -72,7 +72,7 @@ from sharing.mig_exact_model import (
     spread_violations,
 )
 from sharing.packer import Packer, batch_owner, charged_fraction, place_batch
-from sharing.slots import Inventory, Slot, SlotRequest
+from sharing.slots import AllocationError, Inventory, Slot, SlotRequest
 
 __all__ = [
     "DEFAULT_BUDGET_S",
@@ -125,11 +125,13 @@ def solve_exact(
     spread = [m for m in counts if anti_affinity and total[m] >= 2]
     spread_set = set(spread)
     cl = group_classes(reqs, lambda r: (r.memory_gib, r.compute_fraction, tuple(sorted(r.kinds)),
-                                        tuple(r.gpu_models), r.model if r.model in spread_set else None))
+                                        tuple(r.gpu_models), r.cpu_millis, r.host_memory_gib,
+                                        r.model if r.model in spread_set else None))
     model = Milp()
     ev = _exact_variables(model, inv, devs, cl, spread, len(reqs), prefer_open_nodes)
     _device_rows(model, devs, ev, len(cl.first))
     _demand_rows(model, inv, devs, ev, cl, spread, total, node_anti_affinity)
+    _host_rows(model, inv, devs, ev, cl)
     _pruning_rows(model, inv, devs, ev, no_worse_than, min_devices_used)
     # A gap below what separates one device from the tie-breaks (those sum below 0.65), on the largest objective
     # possible, proves the device count (and every count before it).
@@ -267,6 +269,24 @@ def _demand_rows(m: Milp, inv: Inventory, devs: Sequence[Device], ev: _ExactVars
             m.row([(ev.u_of[di], 1.0), (ev.n_of[d.key[0]], -1.0)], -math.inf, 0.0)
 
 
+def _host_rows(m: Milp, inv: Inventory, devs: Sequence[Device], ev: _ExactVars, cl: Classes) -> None:
+    """A node's host CPU and memory (where it declares them): the pods placed there ask at most what is free."""
+    if not inv.host_accounted or not any(r.asks_host for r in cl.first):
+        return
+    by_node: dict[str, set[int]] = {}
+    for di, d in enumerate(devs):
+        by_node.setdefault(d.key[0], set()).add(di)
+    for node, members in by_node.items():
+        free = inv.host_free(node)
+        for i, need in enumerate((lambda r: float(r.cpu_millis), lambda r: r.host_memory_gib)):
+            if math.isinf(free[i]):
+                continue
+            es = [(j, need(cl.first[c])) for (c, di, _), j in ev.a_of.items()
+                  if di in members and need(cl.first[c]) > 0]
+            if es:
+                m.row(es, -math.inf, max(0.0, free[i]) + 1e-9)
+
+
 def _pruning_rows(m: Milp, inv: Inventory, devs: Sequence[Device], ev: _ExactVars,
                   no_worse_than: tuple[int, int, int] | None, min_devices_used: int | None) -> None:
     """Cuts that leave the optimum as it is: no worse than a placement in hand, a known floor on the devices,
@@ -366,7 +386,9 @@ def place_batch_exact(
     if hkey[0] or hkey[1] or hkey[2] > inv.gpus_in_use():
         t0 = time.perf_counter()
         floor = None
-        if len(candidate_devices(inv)) <= max_devices:
+        # The layout-count models know no node's CPU/memory: only the per-device MILP does (its host rows).
+        host_bound = inv.host_accounted and any(r.asks_host for r in reqs)
+        if len(candidate_devices(inv)) <= max_devices and not host_bound:
             # The layout-count model per node, exact for anti-affinity too (idle clusters only; mostly well under
             # a second here): realised with every spread kept, it is optimal as it stands; else its optimum is a
             # floor that lets the per-device solve stop as soon as it reaches it.
@@ -390,17 +412,25 @@ def place_batch_exact(
                                 prefer_open_nodes=open_nodes,
                                 min_devices_used=floor)
         left = budget_s - (time.perf_counter() - t0)
-        if exact is None and left > 0 and len(candidate_devices(inv)) > max_devices:
+        if exact is None and left > 0 and len(candidate_devices(inv)) > max_devices and not host_bound:
             exact = solve_aggregated(inv, reqs, left, anti_affinity=aa, node_anti_affinity=node_aa,
                                      prefer_open_nodes=open_nodes)
         secs = time.perf_counter() - t0
     chosen = heur
     if exact is not None:
+        # The MILPs lay out GPU slices only: each slot gets its pod's host requests here, and a placement whose
+        # node lacks the CPU/memory for them (where the node accounts host capacity) is not taken.
+        ex_slots = [None if sl is None else sl.with_host(r.cpu_millis, r.host_memory_gib)
+                    for r, sl in zip(reqs, exact.slots, strict=True)]
         ex_inv = inv.copy()
-        _allocate(ex_inv, reqs, exact.slots, owners)
-        ekey = _key(ex_inv, exact.slots, models, node_aa)
-        if ekey <= hkey:  # lexicographic: fewer unplaced first, then fewer spreads broken, then fewer devices
-            chosen = list(exact.slots)
+        try:
+            _allocate(ex_inv, reqs, ex_slots, owners)
+        except AllocationError:
+            ex_slots = None
+        if ex_slots is not None:
+            ekey = _key(ex_inv, ex_slots, models, node_aa)
+            if ekey <= hkey:  # lexicographic: fewer unplaced first, then fewer spreads broken, then fewer devices
+                chosen = ex_slots
     if chosen is heur:
         place_batch(packer, inv, reqs, owners, decreasing=decreasing)
     else:

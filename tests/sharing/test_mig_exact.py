@@ -197,3 +197,16 @@ def test_beyond_the_exact_path() -> None:
     small = Inventory.from_nodes([NodeSpec("h", "H100-80GB", 2, True)], CAT)
     assert solve_exact(small, [SlotRequest("w", None, kinds=("whole",))]) is None  # not a MIG slot
     assert solve_exact(small, []) is not None
+
+
+def test_exact_slots_carry_the_pods_host_requests_and_respect_host_capacity() -> None:
+    # The MILP lays out GPU slices only; the slots it returns carry each pod's CPU/memory requests, and a node's
+    # host capacity is never over-committed (here 3 pods' CPU fits, a 4th does not: one stays unplaced).
+    node = NodeSpec("n0", "H100-80GB", 2, True, cpu_millis=3000, host_memory_gib=64.0)
+    inv = Inventory.from_nodes([node])
+    reqs = [SlotRequest(f"m{i % 2}", 20.0, 0.1, 1, ("mig",), cpu_millis=1000, host_memory_gib=8.0) for i in range(4)]
+    slots = place_batch_exact(CostAwarePacker(prefer_open_nodes=True), inv, reqs, 1.0)
+    placed = [s for s in slots if s is not None]
+    assert len(placed) == 3
+    assert all(s.cpu_millis == 1000 and s.host_memory_gib == 8.0 for s in placed)
+    assert inv.host_used("n0") == (3000, 24.0)
