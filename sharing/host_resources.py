@@ -52,12 +52,7 @@ def learn_per_gpu(inv: Inventory, req: SlotRequest | None = None,
 
 def node_free_gpus(inv: Inventory, node: str) -> float:
     """The GPU capacity still free on ``node``: each device's free memory over its memory (an idle GPU is 1)."""
-    spec = inv.nodes[node]
-    total = 0.0
-    for i in range(spec.gpu_count):
-        d = inv.device(node, i)
-        total += 1.0 if d.idle else inv.free_memory_of(d) / d.memory_gib
-    return total
+    return inv.free_gpu_capacity(node)
 
 
 def stranded(free_gpus: float, free_cpu: float, free_mem: float, per: HostPerGpu) -> float:

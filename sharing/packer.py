@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from sharing.catalog import GpuModel, MigProfile
-from sharing.host_resources import HostPerGpu, learn_per_gpu, node_free_gpus, stranding_delta
+from sharing.host_resources import HostPerGpu, learn_per_gpu, stranding_delta
 from sharing.slots import DeviceSignature, DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
 
 
@@ -553,6 +553,7 @@ class CostAwarePacker:
         # The group's best slot is a property of the device state alone: found without the host requests, which
         # are checked per member (the template's node is only the group's first device's).
         bare = replace(req, cpu_millis=0, host_memory_gib=0.0) if req.asks_host else req
+        pending: list[tuple[tuple, int, Slot, DeviceSignature, Sequence[int], str]] = []  # host: groups to scan
         for kind in kinds:
             for sig, members in inv.device_groups(kind).items():
                 hit = memo.get(sig, _MISSING)
@@ -562,9 +563,7 @@ class CostAwarePacker:
                     continue
                 head, start, tmpl = hit
                 if host is not None:
-                    taken = charged_fraction(tmpl, sig.gpu)
-                    for p, strand in self._host_members(inv, members, used, leave, open_nodes, sig.idle, host, taken):
-                        cands.append(((*head, strand, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+                    pending.append((head, start, tmpl, sig, members, kind))
                     continue
                 reps: list[int] = []
                 if not used:
@@ -594,6 +593,23 @@ class CostAwarePacker:
                             break
                 for p in reps:
                     cands.append(((*head, 0.0, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+        if host is not None:
+            # Without filters or prefixes (no replica of the model, no open-node preference, no reservation) a group
+            # whose head is beaten by a candidate found in a better group can never rank first: scan the groups by
+            # head, and stop after the first head level that gave a candidate.
+            lazy = not used and open_nodes is None and self._expected is None
+            if lazy:
+                pending.sort(key=lambda g: g[0])
+            level: tuple | None = None
+            for head, start, tmpl, sig, members, kind in pending:
+                if lazy and level is not None and head != level:
+                    break
+                taken = charged_fraction(tmpl, sig.gpu)
+                found = self._host_members(inv, members, used, leave, open_nodes, sig.idle, host, taken)
+                for p, strand in found:
+                    cands.append(((*head, strand, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+                if found and level is None:
+                    level = head
 
     @staticmethod
     def _host_members(inv: Inventory, members: Sequence[int], used: dict[int, int], leave: tuple[int, int],
@@ -605,8 +621,16 @@ class CostAwarePacker:
         has room for the request's host CPU/memory -- what the reference's minimum over every device picks."""
         lo, hi = leave
         best: dict[tuple[bool, bool, bool], tuple[float, int, int]] = {}
+        # With no class to tell apart, a node's first member beats its others (same stranding, lower position).
+        one_class = not used and lo < 0 and (open_nodes is None or not idle)
+        prev = -1
         for p in members:
-            node = inv.device_at(p).node
+            if one_class:
+                nd = inv.node_ordinal(p)
+                if nd == prev:
+                    continue
+                prev = nd
+            node = inv.node_at(p)
             if not host.fits(node):
                 continue
             cls = (lo <= p < hi, p in used, open_nodes is not None and idle and inv.node_ordinal(p) in open_nodes)
@@ -703,26 +727,19 @@ class CostAwarePacker:
                                host: _HostView) -> None:
         """Whole-slot candidates when host resources count: every node of ``kind`` with ``req.gpus`` idle GPUs and
         room for the request's host CPU/memory, each ranked with its stranding delta (the reference's set)."""
-        groups = inv.device_groups(kind)
-        idle = [members for sig, members in groups.items() if sig.idle]
-        if not idle:
+        nodes = inv.kind_nodes(kind)
+        if not nodes:
             return
-        gpu = inv.device_at(idle[0][0]).gpu
+        gpu = inv.gpu_of(nodes[0])
         if req.memory_gib is not None and gpu.memory_gib * req.gpus < req.memory_gib:
             return
         cost = round(slot_cost(Slot.whole("-", tuple(range(req.gpus)), gpu), gpu), _COST_DIGITS)
-        cur, n = -1, 0
-        for p in idle[0] if len(idle) == 1 else heapq.merge(*idle):
-            nd = inv.node_ordinal(p)
-            if nd != cur:
-                cur, n = nd, 0
-            n += 1
-            if n == req.gpus:
-                d = inv.device_at(p)
-                if host.fits(d.node):
-                    rank = self._rank(cost, 1, float(req.gpus), 0.0, 0, 0, host.delta(d.node, float(req.gpus)))
-                    q = p - d.index
-                    cands.append(((*rank, q, -1, 0), q, None, kind, True, req.gpus))
+        taken = float(req.gpus)
+        for node in nodes:
+            if inv.idle_gpus(node) >= req.gpus and host.fits(node):
+                rank = self._rank(cost, 1, taken, 0.0, 0, 0, host.delta(node, taken))
+                q = inv.position(node, 0)
+                cands.append(((*rank, q, -1, 0), q, None, kind, True, req.gpus))
 
     def _reserve_fast(self, inv: Inventory, req: SlotRequest, cands: list) -> list:
         """:meth:`_reserve` on the fast path's candidates (held replicas from the Inventory's index)."""
@@ -915,15 +932,17 @@ _MISSING = object()
 
 class _HostView:
     """One placement's host resources: the request's CPU/memory, the learned ratio (``per``, None: no tie-break),
-    and per node, computed once, whether the request fits and its free GPU capacity."""
+    and per node, computed once, whether the request fits there and its stranding delta (per GPU share taken).
+    Nodes in the same host state (free GPU capacity, free CPU, free memory) share one delta."""
 
-    __slots__ = ("_fits", "_free", "cpu", "inv", "mem", "per")
+    __slots__ = ("_by_state", "_deltas", "_fits", "cpu", "inv", "mem", "per")
 
     def __init__(self, inv: Inventory, req: SlotRequest, per: HostPerGpu | None) -> None:
         self.inv, self.per = inv, per
         self.cpu, self.mem = req.cpu_millis, req.host_memory_gib
         self._fits: dict[str, bool] = {}
-        self._free: dict[str, float] = {}
+        self._deltas: dict[tuple[str, float], float] = {}
+        self._by_state: dict[tuple, float] = {}
 
     def fits(self, node: str) -> bool:
         hit = self._fits.get(node)
@@ -934,12 +953,22 @@ class _HostView:
     def delta(self, node: str, taken: float) -> float:
         """:func:`~sharing.host_resources.stranding_delta` of taking ``taken`` GPUs and the request's host
         resources on ``node``."""
-        if self.per is None or not self.inv.nodes[node].host_accounted:
+        if self.per is None:
             return 0.0
-        free = self._free.get(node)
-        if free is None:
-            free = self._free[node] = node_free_gpus(self.inv, node)
-        return stranding_delta(self.inv, node, taken, self.cpu, self.mem, self.per, free)
+        hit = self._deltas.get((node, taken))
+        if hit is None:
+            inv = self.inv
+            if not inv.nodes[node].host_accounted:
+                hit = 0.0
+            else:
+                free = inv.free_gpu_capacity(node)
+                state = (free, *inv.host_free(node), taken)
+                hit = self._by_state.get(state)
+                if hit is None:
+                    hit = self._by_state[state] = stranding_delta(inv, node, taken, self.cpu, self.mem, self.per,
+                                                                  free)
+            self._deltas[(node, taken)] = hit
+        return hit
 
 
 def _scan_model_counts(inv: Inventory, model: str) -> dict[tuple[str, int], int]:

@@ -462,7 +462,7 @@ class Inventory:
         owner_models: dict[str, tuple[str, int]] | None = None,
         *,
         _index: tuple | None = None,
-        _host: tuple[dict[str, tuple[int, float]], tuple[int, float, float], bool] | None = None,
+        _host: tuple | None = None,
     ) -> None:
         # Use from_nodes or copy; this constructor trusts its arguments.
         self._nodes = nodes
@@ -493,15 +493,20 @@ class Inventory:
             self._model_devs,
             self._model_allocs,
         ) = _index
-        # Host CPU/memory the slots hold (derived from the entries, left out of __eq__): per node (cpu millis,
-        # memory GiB), only nodes where something is held; and over all allocations (cpu, memory, GPUs) -- what
-        # a packer learns the workload's host resources per GPU from (sharing/host_resources.py). Small: a copy
-        # copies the per-node dict.
+        # Host CPU/memory held per node (cpu millis, memory GiB; only nodes where something is held): by the slots
+        # (derived from the entries) plus _host_held, what pods without a GPU slot hold (:meth:`hold_host`); and
+        # the slots' totals (cpu, memory, GPUs by gpu_fraction) -- what a packer learns the GPU workload's host
+        # resources per GPU from (sharing/host_resources.py). Small: a copy copies the per-node dicts.
         if _host is None:
             _host = self._build_host()
-        self._host_used, self._host_totals, self._host_on = _host
+        self._host_used, self._host_totals, self._host_on, self._host_held = _host
+        # node -> free GPU capacity (:meth:`free_gpu_capacity`), filled on demand, dropped when a device of the
+        # node changes (derived data).
+        self._node_free: dict[str, float] = {}
+        self._node_idle: dict[str, int] = {}  # node -> idle GPUs, the same way
+        self._kind_lists: dict[str, tuple[str, ...]] | None = None  # kind -> its nodes in order (static)
 
-    def _build_host(self) -> tuple[dict[str, tuple[int, float]], tuple[int, float, float], bool]:
+    def _build_host(self) -> tuple:
         used: dict[str, tuple[int, float]] = {}
         cpu, mem, gpus = 0, 0.0, 0.0
         for _, s in self.allocations():
@@ -509,7 +514,7 @@ class Inventory:
                 c, m = used.get(s.node, (0, 0.0))
                 used[s.node] = (c + s.cpu_millis, m + s.host_memory_gib)
             cpu, mem, gpus = cpu + s.cpu_millis, mem + s.host_memory_gib, gpus + s.gpu_fraction
-        return used, (cpu, mem, gpus), any(n.host_accounted for n in self._nodes.values())
+        return used, (cpu, mem, gpus), any(n.host_accounted for n in self._nodes.values()), {}
 
     def _build_index(self) -> tuple:
         pos: dict[tuple[str, int], int] = {}
@@ -588,7 +593,7 @@ class Inventory:
             dict(self._model_devs),
             dict(self._model_allocs),
         )
-        return Inventory(
+        new = Inventory(
             self._nodes,
             dict(self._devices),
             self._catalog,
@@ -596,8 +601,10 @@ class Inventory:
             self._oversub,
             dict(self._owner_models),
             _index=index,
-            _host=(dict(self._host_used), self._host_totals, self._host_on),
+            _host=(dict(self._host_used), self._host_totals, self._host_on, dict(self._host_held)),
         )
+        new._kind_lists = self._kind_lists
+        return new
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Inventory):
@@ -607,6 +614,7 @@ class Inventory:
             and self._reserve == other._reserve
             and self._oversub == other._oversub
             and self._devices == other._devices
+            and self._host_held == other._host_held
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable
@@ -686,6 +694,41 @@ class Inventory:
     def device_at(self, position: int) -> DeviceState:
         return self._devices[self._keys[position]]
 
+    def node_at(self, position: int) -> str:
+        """The name of the device's node at ``position``."""
+        return self._keys[position][0]
+
+    def free_gpu_capacity(self, node: str) -> float:
+        """GPU capacity still free on ``node``: each device's free memory over its memory (an idle GPU counts 1).
+        Cached per node until one of its devices changes."""
+        hit = self._node_free.get(node)
+        if hit is None:
+            total = 0.0
+            for i in range(self._nodes[node].gpu_count):
+                d = self._devices[(node, i)]
+                total += 1.0 if not d.entries and not d.pinned else self._free_memory(d) / d.memory_gib
+            hit = self._node_free[node] = total
+        return hit
+
+    def idle_gpus(self, node: str) -> int:
+        """GPUs of ``node`` with no allocation and no MIG instance (what whole slots take). Cached like
+        :meth:`free_gpu_capacity`."""
+        hit = self._node_idle.get(node)
+        if hit is None:
+            hit = self._node_idle[node] = sum(1 for i in range(self._nodes[node].gpu_count)
+                                              if self._devices[(node, i)].idle)
+        return hit
+
+    def kind_nodes(self, gpu_model: str) -> tuple[str, ...]:
+        """The nodes with GPUs of ``gpu_model`` (canonical name), in inventory order."""
+        if self._kind_lists is None:
+            lists: dict[str, list[str]] = {}
+            for n in self._nodes.values():
+                if n.gpu_count:
+                    lists.setdefault(n.gpu_model, []).append(n.name)
+            self._kind_lists = {k: tuple(v) for k, v in lists.items()}
+        return self._kind_lists.get(gpu_model, ())
+
     def node_ordinal(self, position: int) -> int:
         """The position of the device's node in :attr:`nodes` order."""
         return self._node_of[position]
@@ -722,7 +765,7 @@ class Inventory:
         return self._host_on
 
     def host_used(self, node: str) -> tuple[int, float]:
-        """(CPU millis, memory GiB) the slots on ``node`` hold."""
+        """(CPU millis, memory GiB) held on ``node``: by its slots and by pods without one (:meth:`hold_host`)."""
         return self._host_used.get(node, (0, 0.0))
 
     def host_free(self, node: str) -> tuple[float, float]:
@@ -732,8 +775,13 @@ class Inventory:
         return (math.inf if spec.cpu_millis is None else spec.cpu_millis - c,
                 math.inf if spec.host_memory_gib is None else spec.host_memory_gib - m)
 
+    def host_held(self, node: str) -> tuple[int, float]:
+        """(CPU millis, memory GiB) held on ``node`` by pods without a GPU slot (:meth:`hold_host`)."""
+        return self._host_held.get(node, (0, 0.0))
+
     def host_totals(self) -> tuple[int, float, float]:
-        """Over every allocation: (CPU millis, host memory GiB, GPUs by ``gpu_fraction``) -- the workload held."""
+        """Over every allocation: (CPU millis, host memory GiB, GPUs by ``gpu_fraction``) -- the GPU workload held
+        (what :meth:`hold_host` holds is not in it: it asks for no GPU)."""
         return self._host_totals
 
     def host_fits(self, node: str, cpu_millis: int, host_memory_gib: float) -> bool:
@@ -752,17 +800,42 @@ class Inventory:
                     f"{spec.host_memory_gib:g} GiB")
         return None
 
+    def hold_host(self, node: str, cpu_millis: int, host_memory_gib: float) -> None:
+        """Account host CPU/memory that a pod without a GPU slot holds on ``node`` (a CPU-only pod, another
+        workload's pod): the slots get what is left. Refused (AllocationError, nothing changed) past the node's
+        capacity, like a slot."""
+        if node not in self._nodes:
+            raise AllocationError(f"unknown node {node!r}")
+        _check_host(cpu_millis, host_memory_gib, f"host held on {node!r}")
+        reason = self._host_reason(node, cpu_millis, host_memory_gib)
+        if reason is not None:
+            raise AllocationError(reason)
+        self._host_change(node, cpu_millis, host_memory_gib, 0.0, self._host_held)
+
+    def unhold_host(self, node: str, cpu_millis: int, host_memory_gib: float) -> None:
+        """Give back what :meth:`hold_host` held (ValueError, nothing changed, when more than is held)."""
+        c, m = self._host_held.get(node, (0, 0.0))
+        if cpu_millis > c or host_memory_gib > m + _EPS:
+            raise ValueError(f"node {node!r} holds {c}m CPU and {m:g} GiB for pods without slots, not "
+                             f"{cpu_millis}m and {host_memory_gib:g} GiB")
+        self._host_change(node, -cpu_millis, -host_memory_gib, 0.0, self._host_held)
+
     def _host_add(self, slot: Slot, sign: int) -> None:
-        if slot.asks_host:
-            c, m = self._host_used.get(slot.node, (0, 0.0))
-            c, m = c + sign * slot.cpu_millis, m + sign * slot.host_memory_gib
-            if c or abs(m) > _EPS:
-                self._host_used[slot.node] = (c, m)
-            else:
-                self._host_used.pop(slot.node, None)
-        tc, tm, tg = self._host_totals
-        self._host_totals = (tc + sign * slot.cpu_millis, tm + sign * slot.host_memory_gib,
-                             tg + sign * slot.gpu_fraction)
+        self._host_change(slot.node, sign * slot.cpu_millis, sign * slot.host_memory_gib, sign * slot.gpu_fraction)
+
+    def _host_change(self, node: str, cpu: int, mem: float, gpus: float,
+                     also: dict[str, tuple[int, float]] | None = None) -> None:
+        for per_node in (self._host_used,) if also is None else (self._host_used, also):
+            if cpu or mem:
+                c, m = per_node.get(node, (0, 0.0))
+                c, m = c + cpu, m + mem
+                if c or abs(m) > _EPS:
+                    per_node[node] = (c, m)
+                else:
+                    per_node.pop(node, None)
+        if also is None:  # the totals are the slots' (what GPU pods ask per GPU), not what pods without GPUs hold
+            tc, tm, tg = self._host_totals
+            self._host_totals = (tc + cpu, tm + mem, tg + gpus)
 
     def mig_layout(self, node: str, device: int) -> tuple[tuple[str, int], ...]:
         """Current MIG instances on a device as ``(profile key, start)``, by start."""
@@ -969,6 +1042,8 @@ class Inventory:
         key = (d.node, d.index)
         new = replace(d, **changes)  # type: ignore[arg-type]
         self._devices[key] = new
+        self._node_free.pop(d.node, None)
+        self._node_idle.pop(d.node, None)
         old_sig, new_sig = d.signature, new.signature
         if old_sig != new_sig:
             groups = self._groups[d.gpu_model]

@@ -44,7 +44,7 @@ def inventories(draw) -> Inventory:
 
 
 def recount(inv: Inventory) -> dict[str, tuple[int, float]]:
-    out: dict[str, tuple[int, float]] = {}
+    out: dict[str, tuple[int, float]] = {n: inv.host_held(n) for n in inv.nodes}
     for _, s in inv.allocations():
         c, m = out.get(s.node, (0, 0.0))
         out[s.node] = (c + s.cpu_millis, m + s.host_memory_gib)
@@ -79,7 +79,20 @@ def packers(draw) -> CostAwarePacker:
 def test_never_over_commits_host_and_release_restores(inv: Inventory, packer: CostAwarePacker, data) -> None:
     """And the fast path chooses what the reference chooses, with host resources in play."""
     for seq in range(data.draw(st.integers(3, 25))):
-        if data.draw(st.integers(0, 3)) == 0 and (allocs := list(inv.allocations())):
+        op = data.draw(st.integers(0, 5))
+        if op == 4:  # a pod without a GPU slot takes host CPU/memory (refused past capacity, changing nothing)
+            node = data.draw(st.sampled_from(sorted(inv.nodes)))
+            cpu, mem = data.draw(st.sampled_from([(1000, 0.0), (8000, 8.0), (0, 64.0)]))
+            before = inv.copy()
+            try:
+                inv.hold_host(node, cpu, mem)
+            except AllocationError:
+                assert inv == before
+        elif op == 5 and any(inv.host_held(n) != (0, 0.0) for n in inv.nodes):
+            node = next(n for n in sorted(inv.nodes) if inv.host_held(n) != (0, 0.0))
+            inv.unhold_host(node, *inv.host_held(node))
+            assert inv.host_held(node) == (0, 0.0)
+        elif op == 0 and (allocs := list(inv.allocations())):
             owner, slot = data.draw(st.sampled_from(allocs))
             before_used = {n: inv.host_used(n) for n in inv.nodes}
             inv.release(slot, owner)

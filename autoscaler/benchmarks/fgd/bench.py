@@ -16,6 +16,7 @@ import numpy as np
 from autoscaler.benchmarks.fgd import policies as P
 from autoscaler.benchmarks.fgd.metrics import REPORT_AT, alloc_curve, load_expected, unallocated_gpus
 from autoscaler.benchmarks.fgd.replay import has_replay, load_replay
+from autoscaler.benchmarks.fgd.shipped import ShippedPolicy
 from autoscaler.benchmarks.fgd.sim import Policy, simulate
 from autoscaler.benchmarks.fgd.slotwise import SlotwisePolicy
 from autoscaler.benchmarks.fgd.workload import (
@@ -29,7 +30,7 @@ from autoscaler.benchmarks.fgd.workload import (
     target_shapes,
 )
 
-POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "slotwise")
+POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "slotwise", "shipped", "shipped-nohost")
 
 
 def make_policy(name: str, shapes: TargetShapes) -> Policy:
@@ -41,6 +42,9 @@ def make_policy(name: str, shapes: TargetShapes) -> Policy:
         "bestfit": P.BestFitPolicy,
         "fgd": lambda: P.FGDPolicy(shapes),
         "slotwise": lambda: SlotwisePolicy(shapes),
+        # the product's CostAwarePacker through an adapter (shipped.py), with and without its host-aware tie-break
+        "shipped": ShippedPolicy,
+        "shipped-nohost": lambda: ShippedPolicy(host_aware=False),
     }
     if name not in makers:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
