@@ -14,8 +14,8 @@ by the per-device MILP (``sharing/mig_exact.py``; beyond 16 GPUs the aggregated 
 within ``--exact-budget`` seconds, the heuristic's placement on a timeout or wherever the MILP's is
 not better; it counts as met only within its budget. ``controller`` is what the controller's tick does with the
 same demand (one ask per model through the decision core's arbitration, with the exact budget it ships,
-``CoreConfig.exact_budget_s``; it places exactly only on <= 16 MIG GPUs). A re-layout scenario (demand changes) reports
-moves, the exact re-layout beside the heuristic one. Results in docs/sharing.md.
+``CoreConfig.exact_budget_s``; it places exactly only on <= 16 MIG GPUs or on an empty cluster). A re-layout
+scenario (demand changes) reports moves, the exact re-layout beside the heuristic one. Results in docs/sharing.md.
 """
 
 from __future__ import annotations

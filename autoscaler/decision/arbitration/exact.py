@@ -17,7 +17,8 @@ GPU-equivalents a team holds can change), or nothing changes. The MIG layout act
 (:func:`autoscaler.decision.node_actions.mig_layout_actions`, what the live controller and the simulator carry
 out) follow the placements, so the layout that is created is the one the MILP chose.
 
-The cost is paid only on clusters of at most ``DEFAULT_MAX_DEVICES`` (16) MIG-enabled GPUs, on ticks whose in-order
+The cost is paid only on clusters of at most ``DEFAULT_MAX_DEVICES`` (16) MIG-enabled GPUs, or of any size with
+nothing on them yet (the controller's first tick on a new cluster: the layout-count model), on ticks whose in-order
 placement opens a GPU or does not fit, and never beyond the budget.
 """
 
@@ -41,9 +42,10 @@ def eligible(asks: list[Ask]) -> bool:
     return bool(asks) and all(a.pods == 1 and a.speed is None and modelled(a.request) for a in asks)
 
 
-def _small(t: Tick) -> bool:
-    """Within the per-device MILP's size (beyond it the layout-count model needs an idle cluster)."""
-    return sum(1 for d in t.inv.devices.values() if d.mig_enabled) <= DEFAULT_MAX_DEVICES
+def _in_reach(t: Tick, gpus_in_use_before: int) -> bool:
+    """Within the per-device MILP's size, or a cluster with nothing on it before this tick (a batch planned from
+    scratch: the layout-count model, whose size does not grow with the cluster, places it)."""
+    return gpus_in_use_before == 0 or sum(1 for d in t.inv.devices.values() if d.mig_enabled) <= DEFAULT_MAX_DEVICES
 
 
 def reseat_exact(t: Tick, log: list[Placed], budget_s: float, gpus_in_use_before: int) -> list[Placed]:
@@ -53,7 +55,7 @@ def reseat_exact(t: Tick, log: list[Placed], budget_s: float, gpus_in_use_before
     changed."""
     if budget_s <= 0 or not eligible([a for a, _, _ in log]) or t.inv.gpus_in_use() <= gpus_in_use_before:
         return log  # (the last: the in-order placement opened no GPU, so none can be saved)
-    if not _small(t):
+    if not _in_reach(t, gpus_in_use_before):
         return log
     trial = t.inv.copy()
     for _a, owner, slots in reversed(log):
@@ -84,7 +86,7 @@ def place_all_exact(t: Tick, asks: list[Ask], budget_s: float) -> list[Placed] |
     """Every ask's replicas placed exactly on ``t.inv`` (as it was before the in-order path tried, whose packer
     did not fit them all): allocated under ``t.name_replica`` ids and returned, when the MILP places every one
     within the teams' limits; else None and nothing changed (the ranked path takes over)."""
-    if budget_s <= 0 or not eligible(asks) or not _small(t):
+    if budget_s <= 0 or not eligible(asks) or not _in_reach(t, t.inv.gpus_in_use()):
         return None
     wanted = [a for a in asks for _ in range(Progress(a, ask_fraction(a)).remaining())]
     if not wanted:
