@@ -121,14 +121,9 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
 def test_through_slotwise_main(
     requests_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    try:
-        from autoscaler.cli.main import main
-    except ImportError as e:  # the lead's cli may import modules still being written
-        pytest.skip(f"autoscaler.cli.main not importable yet: {e}")
-    try:
-        assert main(["trace", "info", str(requests_csv)]) == 0
-    except ImportError as e:
-        pytest.skip(f"autoscaler.cli.main not importable yet: {e}")
+    from autoscaler.cli.main import main
+
+    assert main(["trace", "info", str(requests_csv)]) == 0
     bad = tmp_path / "bad.csv"
     bad.write_text("t,model\n0,m\n-1,m\n")
     assert main(["trace", "info", str(bad)]) == 2

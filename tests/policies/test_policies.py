@@ -357,10 +357,7 @@ def test_oracle_sizes_for_the_future_rate(fake_slo: list[tuple[float, ServicePro
 
 def test_oracle_matches_the_real_capacity_model() -> None:
     p = OraclePolicy()
-    try:
-        expected = capacity.min_replicas_for_slo(42.0, PROFILE)
-    except NotImplementedError:
-        pytest.skip("capacity.min_replicas_for_slo not implemented yet")
+    expected = capacity.min_replicas_for_slo(42.0, PROFILE)
     assert p.decide(context(p, metrics(1.0, future_rate=42.0), current=1)).desired == expected
 
 

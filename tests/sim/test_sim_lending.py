@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from autoscaler.api.plan import LendGpus, PlaceReplica, Plan, ReclaimGpus, RemoveReplica
 from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.cli.main import main
-from autoscaler.decision.config import CoreConfig
 from autoscaler.policies import make_policy
 from autoscaler.sim.cluster import STATIC_TRAINING_MODEL, LendingViolation, SimCluster, static_owner
 from autoscaler.sim.lending import LendingStats, Reclaim
@@ -517,12 +516,6 @@ def test_cli_static_split_shows_the_lending_rows(tmp_path: Path, capsys: pytest.
     assert card["lending"]["static_training_gpus"] == 4 and card["training_goodput_gpu_hours"] > 0
 
 
-def _has_lend_stage() -> bool:
-    return "lending" in {f.name for f in dataclasses.fields(CoreConfig)}
-
-
-@pytest.mark.skipif(not _has_lend_stage(), reason="the decision core's lend stage (CoreConfig.lending, "
-                    "autoscaler/decision/lend.py) has not landed yet")
 def test_cli_simulate_with_lending_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "o.json"
     # (kueue mode lends single GPUs: on this small cluster pods mode, whole idle nodes only, may find none)
