@@ -8,10 +8,13 @@ Text grammar (whitespace around tokens ignored)::
     kind   := any name the catalog accepts (H100-80GB, H100, A30, T4, V100M32, ...)
     option := "mig"          MIG mode on (the kind must support MIG)
             | "gpn=" N       GPUs per node (default 8); the last node takes the remainder
+            | "cpu=" C       host CPU cores per node available to slots (default: not accounted)
+            | "mem=" G       host memory GiB per node available to slots (default: not accounted)
 
     "4xH100-80GB:mig,8xA100-40GB,2xL4"  ->  1 node of 4 H100 in MIG mode, 1 node of 8 A100-40GB,
                                              1 node of 2 L4
     "20xT4:gpn=4"                        ->  5 nodes of 4 T4
+    "16xH100:cpu=96:mem=1024"            ->  2 nodes of 8 H100, each 96 CPU cores and 1 TiB of host memory
 
 Dict form (what a YAML file parses to; this module imports no YAML library)::
 
@@ -19,8 +22,9 @@ Dict form (what a YAML file parses to; this module imports no YAML library)::
 
 Each entry: ``kind`` (required); either ``nodes`` (default 1) with ``gpus_per_node`` (default 8),
 or ``gpus`` (total, split into nodes of up to ``gpus_per_node``); ``mig`` (default false);
-optional ``name`` (node-name prefix) and ``labels``. A mapping with a ``nodes`` or ``cluster``
-list is accepted too.
+optional ``name`` (node-name prefix), ``labels``, and ``cpu`` (cores) / ``memory_gib`` per node: the host
+capacity slots may use (:class:`~sharing.slots.NodeSpec`; absent = not accounted, as before). A mapping with a
+``nodes`` or ``cluster`` list is accepted too.
 
 Node names are ``<prefix>-<i>``, prefix = the kind's canonical name in lower case, numbered on
 across items of the same prefix. Nodes carry GFD-style labels (``nvidia.com/gpu.product`` etc.).
@@ -38,7 +42,7 @@ from sharing.slots import NodeSpec
 
 _DEFAULT_GPN = 8
 _ITEM = re.compile(r"^(?:(?P<count>\d+)\s*[xX*]\s*)?(?P<kind>[^:]+?)\s*(?P<opts>(?::[^:]*)*)$")
-_ENTRY_KEYS = frozenset({"kind", "nodes", "gpus_per_node", "gpus", "mig", "name", "labels"})
+_ENTRY_KEYS = frozenset({"kind", "nodes", "gpus_per_node", "gpus", "mig", "name", "labels", "cpu", "memory_gib"})
 
 
 class ClusterSpecError(ValueError):
@@ -72,6 +76,7 @@ class _Builder:
         mig: bool,
         prefix: str | None = None,
         labels: Mapping[str, str] | None = None,
+        host: tuple[int | None, float | None] = (None, None),
     ) -> None:
         try:
             gpu = self.catalog.get(kind)
@@ -83,7 +88,25 @@ class _Builder:
         for size in sizes:
             i = self.counters.get(pre, 0)
             self.counters[pre] = i + 1
-            self.nodes.append(NodeSpec(f"{pre}-{i}", gpu.name, size, mig, _labels(gpu, size, mig, labels or {})))
+            self.nodes.append(NodeSpec(f"{pre}-{i}", gpu.name, size, mig, _labels(gpu, size, mig, labels or {}),
+                                       cpu_millis=host[0], host_memory_gib=host[1]))
+
+
+def _host_number(v: Any, what: str, where: str) -> float:
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise ClusterSpecError(f"{where}: {what} must be a number >= 0, got {v!r}") from None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= 0 and v != float("inf")):
+        raise ClusterSpecError(f"{where}: {what} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+def _host(cpu: Any, mem: Any, where: str) -> tuple[int | None, float | None]:
+    """(cpu millis, memory GiB) from cores and GiB as written (None: not given)."""
+    return (None if cpu is None else round(_host_number(cpu, "cpu", where) * 1000),
+            None if mem is None else _host_number(mem, "memory_gib", where))
 
 
 def _split(total: int, per_node: int) -> list[int]:
@@ -105,9 +128,15 @@ def _parse_text(text: str, b: _Builder) -> None:
         if count < 1:
             raise ClusterSpecError(f"{tok!r}: GPU count must be >= 1")
         mig, gpn = False, _DEFAULT_GPN
+        cpu: str | None = None
+        mem: str | None = None
         for opt in (o.strip().lower() for o in m["opts"].split(":")[1:]):
             if opt == "mig":
                 mig = True
+            elif opt.startswith("cpu="):
+                cpu = opt[4:]
+            elif opt.startswith("mem="):
+                mem = opt[4:]
             elif opt.startswith("gpn="):
                 try:
                     gpn = int(opt[4:])
@@ -116,8 +145,8 @@ def _parse_text(text: str, b: _Builder) -> None:
                 if gpn < 1:
                     raise ClusterSpecError(f"{tok!r}: bad option {opt!r} (gpn=N, N >= 1)")
             else:
-                raise ClusterSpecError(f"{tok!r}: unknown option {opt!r} (options: mig, gpn=N)")
-        b.add(repr(tok), m["kind"].strip(), _split(count, gpn), mig)
+                raise ClusterSpecError(f"{tok!r}: unknown option {opt!r} (options: mig, gpn=N, cpu=C, mem=G)")
+        b.add(repr(tok), m["kind"].strip(), _split(count, gpn), mig, host=_host(cpu, mem, repr(tok)))
 
 
 def _int(entry: Mapping[str, Any], key: str, default: int, where: str) -> int:
@@ -159,7 +188,7 @@ def _parse_entries(entries: Sequence[Any], b: _Builder) -> None:
         prefix = entry.get("name")
         if prefix is not None and (not isinstance(prefix, str) or not prefix):
             raise ClusterSpecError(f"{where}: name must be a non-empty string, got {prefix!r}")
-        b.add(where, kind, sizes, mig, prefix, labels)
+        b.add(where, kind, sizes, mig, prefix, labels, _host(entry.get("cpu"), entry.get("memory_gib"), where))
 
 
 def nodes_from_spec(

@@ -418,6 +418,7 @@ class CostAwarePacker:
         # The host-resource tie-break (key 6 above); False ranks as before host resources existed (still hard).
         self.host_aware = host_aware
         self._expected: dict[str, tuple[SlotRequest, int]] | None = None
+        self._host_asks: dict[str, tuple[SlotRequest, int]] | None = None
         self._fit_cache: dict[tuple, dict[str, float]] = {}
         self._memo: dict[tuple, dict] = {}  # request shape -> DeviceSignature -> best slot (place)
         self._whole_heads: dict[tuple, tuple] = {}
@@ -442,6 +443,20 @@ class CostAwarePacker:
             big = r if prev is None or (r.memory_gib or 0.0) > (prev[0].memory_gib or 0.0) else prev[0]
             exp[r.model] = (big, (prev[1] if prev else 0) + 1)
         self._expected = exp
+
+    def host_workload(self, reqs: Sequence[SlotRequest] | None) -> None:
+        """Tell the packer the asks it is about to place (None clears), for the host-resource tie-break only: the
+        CPU and memory per GPU it weighs are learned from the slots the inventory holds, the request being placed
+        and these asks not yet held (per model, ``count - held``). Unlike :meth:`expect` nothing is reserved.
+        Without it (and without :meth:`expect`) the ratio is the slots' and the request's."""
+        if reqs is None:
+            self._host_asks = None
+            return
+        asks: dict[str, tuple[SlotRequest, int]] = {}
+        for r in reqs:
+            prev = asks.get(r.model)
+            asks[r.model] = (r, (prev[1] if prev else 0) + 1)
+        self._host_asks = asks
 
     def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
         """The best legal slot for ``req`` (the ranking above), or None; ``inv`` is not changed.
@@ -529,10 +544,12 @@ class CostAwarePacker:
         return _HostView(inv, req, per)
 
     def _expected_asks(self, inv: Inventory) -> list[tuple[SlotRequest, int]]:
-        """The announced demand (:meth:`expect`) not yet held: part of the workload the host ratio is learned from."""
-        if self._expected is None:
+        """The announced asks (:meth:`host_workload`, else :meth:`expect`'s demand) not yet held: part of the
+        workload the host ratio is learned from."""
+        asks = self._host_asks if self._host_asks is not None else self._expected
+        if asks is None:
             return []
-        return [(r, n - inv.model_allocation_count(m)) for m, (r, n) in self._expected.items()
+        return [(r, n - inv.model_allocation_count(m)) for m, (r, n) in asks.items()
                 if n > inv.model_allocation_count(m)]
 
     # -- the fast path's pieces -------------------------------------------------------------------

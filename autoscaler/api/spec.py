@@ -85,6 +85,10 @@ class ModelSpec:
     # pods per replica, each with gpus_per_replica GPUs, placed together (all or none): a LeaderWorkerSet's group
     # size. Not an annotation: read from the workload (autoscaler/live/kube/workloads.py); 1 for other kinds.
     pods_per_replica: int = 1
+    # host CPU (millicores) and memory (GiB) each pod asks for: not annotations either, read from the workload's pod
+    # template (its containers' requests, autoscaler/live/kube/translate.py); 0: none asked (not accounted)
+    cpu_millis: int = 0
+    host_memory_gib: float = 0.0
     slot_kinds: tuple[str, ...] = SLOT_KINDS
     slot_speeds: tuple[tuple[str, float], ...] = ()  # (slot-kind key or pattern, relative speed > 0)
     team: str = "default"
@@ -491,6 +495,8 @@ def slot_request(spec: ModelSpec) -> SlotRequest:
         compute_fraction=spec.gpu_compute_share,
         gpus=spec.gpus_per_replica,
         kinds=spec.slot_kinds,
+        cpu_millis=spec.cpu_millis,
+        host_memory_gib=spec.host_memory_gib,
     )
 
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharing.catalog import load_catalog
+from sharing.cluster import ClusterSpecError, nodes_from_spec
 from sharing.host_resources import HostPerGpu, learn_per_gpu, stranded, stranding_delta
 from sharing.packer import CostAwarePacker, FirstFitPacker, _reference_place
 from sharing.slots import AllocationError, Inventory, NodeSpec, Slot, SlotRequest
@@ -194,3 +195,33 @@ def test_bad_host_values_are_refused() -> None:
         SlotRequest("m", None, cpu_millis=-1)
     with pytest.raises(ValueError, match="host_memory_gib"):
         NodeSpec("n", "L4-24GB", 1, host_memory_gib=float("nan"))
+
+
+def test_cluster_specs_may_declare_host_capacity() -> None:
+    (a, b) = nodes_from_spec("16xH100:cpu=96:mem=1024")
+    assert (a.cpu_millis, a.host_memory_gib) == (96000, 1024.0) == (b.cpu_millis, b.host_memory_gib)
+    (c,) = nodes_from_spec([{"kind": "L4", "gpus": 4, "cpu": 7.5, "memory_gib": "64"}])
+    assert (c.cpu_millis, c.host_memory_gib) == (7500, 64.0)
+    (d,) = nodes_from_spec("2xL4")
+    assert (d.cpu_millis, d.host_memory_gib) == (None, None) and not d.host_accounted
+    for bad in ("2xL4:cpu=abc", "2xL4:mem=-1"):
+        with pytest.raises(ClusterSpecError, match="must be a number"):
+            nodes_from_spec(bad)
+    with pytest.raises(ClusterSpecError, match="cpu"):
+        nodes_from_spec([{"kind": "L4", "cpu": True}])
+
+
+def test_the_asks_announced_change_the_learned_ratio_only() -> None:
+    """host_workload: the tick's asks weigh in the CPU per GPU (a CPU-heavy demand makes the CPU-short node's GPUs
+    count as stranded), and reserve nothing."""
+    nodes = [NodeSpec("rich", "L4-24GB", 2, cpu_millis=64000), NodeSpec("short", "L4-24GB", 2, cpu_millis=4000)]
+    inv = Inventory.from_nodes(nodes)
+    light = SlotRequest("light", None, cpu_millis=500)
+    plain = CostAwarePacker()
+    assert plain.place(inv, light).node == "rich"  # type: ignore[union-attr]  # ratio 500m/GPU: nothing stranded
+    told = CostAwarePacker()
+    told.host_workload([SlotRequest("heavy", None, cpu_millis=16000)] * 3 + [light])
+    assert told.place(inv, light).node == "short"  # type: ignore[union-attr]
+    assert told.place(inv, light) == _reference_place(told, inv, light)
+    told.host_workload(None)
+    assert told.place(inv, light).node == "rich"  # type: ignore[union-attr]

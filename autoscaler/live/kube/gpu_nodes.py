@@ -9,6 +9,10 @@
 - MIG layouts are not visible in the API, only counts per profile: :func:`lay_out` rebuilds them as a mig-parted
   ``devices: all`` config lays them out (:func:`sharing.mig_layout.lay_out_mig_node`); :func:`mig_layout` shows
   the result for one node.
+- :func:`host_quantities` reads a Node's ``status.allocatable`` CPU and memory (the host capacity its slots may
+  use; :class:`~sharing.slots.NodeSpec` ``cpu_millis`` / ``host_memory_gib``), :func:`pod_host_requests` a pod's
+  CPU and memory requests as the scheduler counts them; :func:`cpu_millis` and :func:`memory_gib` parse
+  Kubernetes quantities ("500m", "2", "16Gi", "1G") and name the field they came from when one is not.
 - :func:`pod_gpu_requests` reads what GPU resources a pod asks for, as the scheduler counts them, and
   :func:`find_slot` which free device or instance of a laid-out node such a request takes (the first that fits:
   the device plugin does not say which it picked).
@@ -19,7 +23,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from autoscaler.live.kube.fields import condition, metadata, parse_count
@@ -39,6 +44,99 @@ from sharing.slots import Inventory, NodeSpec, Slot
 NVIDIA_LABEL_PREFIX = "nvidia.com/"
 _MIG_OFF_CONFIGS = frozenset({"", "all-disabled"})
 _SINGLE_MIG = re.compile(r"-MIG-(?P<profile>[^-]+)$", re.IGNORECASE)
+
+
+# -- host CPU and memory: Kubernetes quantities -----------------------------------------------------------------
+# resource.Quantity's suffixes (k8s.io/apimachinery/pkg/api/resource): binary, decimal SI, or a decimal exponent.
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+                       r"(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_GIB = Decimal(2**30)
+
+
+def quantity_value(value: Any, field_name: str) -> Decimal:
+    """A Kubernetes quantity ("500m", "2", "16Gi", "1G", "1e3", or a plain number) exactly; ValueError naming
+    ``field_name`` when it is not one or is negative."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"{field_name}: {value!r} is not a Kubernetes quantity")
+    text = str(value).strip()
+    m = _QUANTITY.match(text)
+    if m is None:
+        raise ValueError(f"{field_name}: {value!r} is not a Kubernetes quantity (e.g. '500m', '2', '16Gi', '1G')")
+    try:
+        number = Decimal(m[1])
+    except InvalidOperation:
+        raise ValueError(f"{field_name}: {value!r} is not a Kubernetes quantity") from None
+    suffix = m[2] or ""
+    if suffix in _BINARY:
+        number *= Decimal(1024) ** _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        number = number.scaleb(_DECIMAL[suffix])
+    else:  # a decimal exponent, "e3"
+        number = number.scaleb(int(suffix[1:]))
+    if number < 0:
+        raise ValueError(f"{field_name}: {value!r} is negative")
+    return number
+
+
+def cpu_millis(value: Any, field_name: str) -> int:
+    """CPU in millicores, rounded up as Kubernetes does (``MilliValue``): "500m" -> 500, "2" -> 2000."""
+    return int((quantity_value(value, field_name) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def memory_gib(value: Any, field_name: str) -> float:
+    """Memory in GiB: "16Gi" -> 16.0, "1G" -> 0.931..., "1073741824" -> 1.0."""
+    return float(quantity_value(value, field_name) / _GIB)
+
+
+def host_quantities(resources: Mapping[str, Any], where: str) -> tuple[int | None, float | None]:
+    """(cpu millis, memory GiB) of a resource map (a Node's allocatable, a container's requests); None for what it
+    does not give. ValueError naming ``where.cpu`` / ``where.memory`` on a malformed quantity."""
+    cpu = resources.get("cpu")
+    mem = resources.get("memory")
+    return (None if cpu is None else cpu_millis(cpu, f"{where}.cpu"),
+            None if mem is None else memory_gib(mem, f"{where}.memory"))
+
+
+def pod_host_requests(pod_spec: Mapping[str, Any], where: str = "spec") -> tuple[int, float]:
+    """(CPU millis, memory GiB) a pod asks for, as the scheduler counts it: per container its ``requests`` (else
+    its ``limits``, which a missing request defaults to), summed; the larger of that and any one init container's
+    (init containers run one by one; restartable sidecars are counted like init containers, a simplification);
+    plus the pod's ``overhead``. ValueError naming the field on a malformed quantity."""
+    def one(c: Mapping[str, Any], at: str) -> tuple[int, float]:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        cpu = req.get("cpu", lim.get("cpu"))
+        mem = req.get("memory", lim.get("memory"))
+        return (0 if cpu is None else cpu_millis(cpu, f"{at}.resources.{'requests' if 'cpu' in req else 'limits'}.cpu"),
+                0.0 if mem is None else memory_gib(
+                    mem, f"{at}.resources.{'requests' if 'memory' in req else 'limits'}.memory"))
+
+    cpu, mem = 0, 0.0
+    for i, c in enumerate(pod_spec.get("containers") or ()):
+        a, b = one(c, f"{where}.containers[{i}]")
+        cpu, mem = cpu + a, mem + b
+    for i, c in enumerate(pod_spec.get("initContainers") or ()):
+        a, b = one(c, f"{where}.initContainers[{i}]")
+        cpu, mem = max(cpu, a), max(mem, b)
+    oc, om = host_quantities(pod_spec.get("overhead") or {}, f"{where}.overhead")
+    return cpu + (oc or 0), mem + (om or 0.0)
+
+
+def with_allocatable(spec: NodeSpec, node: Mapping[str, Any], problems: list[str]) -> NodeSpec:
+    """``spec`` with the Node's ``status.allocatable`` CPU and memory as its host capacity (what the kubelet admits
+    pods against; the translation then holds what pods without a GPU slot request there). A malformed quantity is
+    a problem line and leaves that node's host resources not accounted."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu, mem = host_quantities(allocatable, f"node {spec.name}: status.allocatable")
+    except ValueError as e:
+        problems.append(f"{e}; its host CPU/memory are not accounted")
+        return spec
+    if cpu is None and mem is None:
+        return spec
+    return replace(spec, cpu_millis=cpu, host_memory_gib=mem)
 
 
 # -- what a pod asks for -------------------------------------------------------------------------------------

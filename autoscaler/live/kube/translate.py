@@ -79,6 +79,7 @@ from autoscaler.live.kube.dra import DraInventory, DraNode, dra_slot, index_clai
 from autoscaler.live.kube.dra_claims import template_claims, with_claimed_resources
 from autoscaler.live.kube.fields import condition, grace_s, metadata, parse_count, parse_time
 from autoscaler.live.kube.gpu_nodes import GpuNode, find_slot, is_gpu_node, lay_out, out_of_service, read_gpu_node
+from autoscaler.live.kube.host import hold_host, node_with_host, slot_with_host, spec_with_host
 from autoscaler.live.kube.objects import (
     LENT_LABEL,
     LENT_SINCE_ANNOTATION,
@@ -174,6 +175,7 @@ def build_view(
         gn = gpu_nodes.get(name)
         if gn is not None:
             _allocate_lent(inventory, gn, since, lent, problems)
+    hold_host(inventory, live, slots, problems)  # what pods without a slot request on the nodes (host.py)
 
     observations = with_routing(_observations(models, slots, down), models.models, endpoint_slices)
     snapshot = ClusterSnapshot(now=now, models=observations, inventory=inventory,
@@ -225,6 +227,8 @@ def _read_nodes(
         if isinstance(got, str):
             problems.append(got)
             continue
+        # the host capacity its slots may use: the Node's allocatable CPU/memory (device-plugin and DRA nodes alike)
+        got = node_with_host(got, node)
         problems.extend(got.problems)
         if not (node.get("spec") or {}).get("unschedulable") and why is None and republishing is None:
             gpu_nodes[name] = got
@@ -377,6 +381,7 @@ def _read_models(deployments: Iterable[Mapping[str, Any]], live: Sequence[LivePo
             spec = parse_annotations(key, meta.get("annotations") or {}, namespace=ns)
             size = out.models[key].group_size
             out.specs[key] = replace(spec, pods_per_replica=size) if size != spec.pods_per_replica else spec
+            out.specs[key] = spec_with_host(out.specs[key], kind, obj, template, key, problems)
         except SpecError as e:
             out.specs[key] = None
             out.errors[key] = SpecError(key, e.problems)  # parse_annotations would name it "<ns>/<ns>/<name>"
@@ -583,10 +588,11 @@ def _allocate_pods(
                 inventory.allocate(Slot.whole(p.node, dev, gn.gpu), lent_owner(p.node, dev), LENT_MODEL)
                 lent[(p.node, dev)] = started if started is not None else p.created
             continue
+        hosted = slot_with_host(inventory, got, p, problems)  # with the pod's host CPU/memory requests
         try:
-            inventory.allocate(got, p.key, model if model is not None else UNMANAGED_MODEL_PREFIX + p.key)
+            inventory.allocate(hosted, p.key, model if model is not None else UNMANAGED_MODEL_PREFIX + p.key)
         except ValueError as e:
             problems.append(f"pod {p.key} on {p.node}: {e}; no slot recorded")
             continue
-        slots[p.key] = got
+        slots[p.key] = hosted
     return slots
