@@ -511,7 +511,8 @@ class CostAwarePacker:
                 if host is None:
                     self._whole_candidates(inv, req, kind, lo, hi, cands, open_nodes)
                 else:
-                    self._whole_candidates_host(inv, req, kind, cands, host)
+                    self._whole_candidates_host(inv, req, kind, cands, host,
+                                                only_best=not same and open_nodes is None and self._expected is None)
         if not cands:
             return None
         if open_nodes is not None:
@@ -741,9 +742,10 @@ class CostAwarePacker:
                     return
 
     def _whole_candidates_host(self, inv: Inventory, req: SlotRequest, kind: str, cands: list,
-                               host: _HostView) -> None:
+                               host: _HostView, only_best: bool = False) -> None:
         """Whole-slot candidates when host resources count: every node of ``kind`` with ``req.gpus`` idle GPUs and
-        room for the request's host CPU/memory, each ranked with its stranding delta (the reference's set)."""
+        room for the request's host CPU/memory, each ranked with its stranding delta (the reference's set).
+        ``only_best`` (no filter or prefix will tell the nodes apart): only the least (stranding, node)."""
         nodes = inv.kind_nodes(kind)
         if not nodes:
             return
@@ -752,11 +754,23 @@ class CostAwarePacker:
             return
         cost = round(slot_cost(Slot.whole("-", tuple(range(req.gpus)), gpu), gpu), _COST_DIGITS)
         taken = float(req.gpus)
+        best: tuple[float, str] | None = None
         for node in nodes:
             if inv.idle_gpus(node) >= req.gpus and host.fits(node):
-                rank = self._rank(cost, 1, taken, 0.0, 0, 0, host.delta(node, taken))
-                q = inv.position(node, 0)
-                cands.append(((*rank, q, -1, 0), q, None, kind, True, req.gpus))
+                strand = host.delta(node, taken)
+                if only_best:
+                    if best is None or strand < best[0]:  # nodes come in order: the first of equals stays
+                        best = (strand, node)
+                    continue
+                self._add_whole(inv, kind, cands, cost, taken, strand, node, req.gpus)
+        if best is not None:
+            self._add_whole(inv, kind, cands, cost, taken, best[0], best[1], req.gpus)
+
+    def _add_whole(self, inv: Inventory, kind: str, cands: list, cost: float, taken: float, strand: float,
+                   node: str, gpus: int) -> None:
+        rank = self._rank(cost, 1, taken, 0.0, 0, 0, strand)
+        q = inv.position(node, 0)
+        cands.append(((*rank, q, -1, 0), q, None, kind, True, gpus))
 
     def _reserve_fast(self, inv: Inventory, req: SlotRequest, cands: list) -> list:
         """:meth:`_reserve` on the fast path's candidates (held replicas from the Inventory's index)."""
