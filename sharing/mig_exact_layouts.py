@@ -22,17 +22,17 @@ from sharing.mig_exact_model import (
     ExactResult,
     Milp,
     Solution,
+    allocated_copy,
     allowed_models,
     candidate_devices,
     eligible_node_names,
     fits,
-    fresh_owner,
     group_classes,
     modelled,
     slice_mask,
     spread_violations,
 )
-from sharing.slots import AllocationError, Inventory, Slot, SlotRequest
+from sharing.slots import Inventory, Slot, SlotRequest
 
 # GPU model name -> its maximal layouts (they depend on the model only, and are costly to enumerate).
 _LAYOUTS: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {}
@@ -262,12 +262,8 @@ def _best_realisation(inv: Inventory, reqs: Sequence[SlotRequest], sol: Solution
         placed, spare = slots
         if anti_affinity:
             _repair_spread(inv, reqs, placed, spare, node_anti_affinity)
-        trial = inv.copy()
-        try:
-            for r, sl in zip(reqs, placed, strict=True):
-                if sl is not None:
-                    trial.allocate(sl, fresh_owner(trial, r.model), model=r.model)
-        except AllocationError:
+        trial = allocated_copy(inv, reqs, placed)
+        if trial is None:
             continue
         broken = spread_violations(trial, models, node_anti_affinity) if anti_affinity else 0
         if best is None or broken < best[0]:

@@ -198,9 +198,9 @@ def fresh_owner(inv: Inventory, model: str) -> str:
     return f"{model}/x{n}"
 
 
-def checked_gpus_in_use(inv: Inventory, reqs: Sequence[SlotRequest], slots: Sequence[Slot | None]) -> int | None:
-    """The GPUs in use once ``slots`` are allocated on a copy of ``inv``; None if the Inventory (the authority
-    on legality) refuses one of them."""
+def allocated_copy(inv: Inventory, reqs: Sequence[SlotRequest], slots: Sequence[Slot | None]) -> Inventory | None:
+    """A copy of ``inv`` with ``slots`` allocated (fresh owners); None if the Inventory (the authority on legality)
+    refuses one of them."""
     trial = inv.copy()
     try:
         for r, s in zip(reqs, slots, strict=True):
@@ -208,4 +208,10 @@ def checked_gpus_in_use(inv: Inventory, reqs: Sequence[SlotRequest], slots: Sequ
                 trial.allocate(s, fresh_owner(trial, r.model), model=r.model)
     except AllocationError:
         return None
-    return trial.gpus_in_use()
+    return trial
+
+
+def checked_gpus_in_use(inv: Inventory, reqs: Sequence[SlotRequest], slots: Sequence[Slot | None]) -> int | None:
+    """The GPUs in use once ``slots`` are allocated on a copy of ``inv``; None if the Inventory refuses one."""
+    trial = allocated_copy(inv, reqs, slots)
+    return None if trial is None else trial.gpus_in_use()
