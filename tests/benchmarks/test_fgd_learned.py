@@ -162,3 +162,15 @@ def test_slotwise_sees_every_arrival_placed_or_not() -> None:
     res = simulate(cl, pods, Arrival(np.arange(4), np.arange(2), 0), pol)
     assert seen == [0, 1, 2, 3]
     assert res.failed == 1  # one whole-GPU pod finds no free GPU; the mix still learned it
+
+
+def test_keep_prior_keeps_the_rare_prior_shapes_in_the_cut() -> None:
+    # The prior is already FGD's cut; a second cut would drop its rarest shape (one 8-GPU pod in 40).
+    pods = _pods([(4000, 0, 1, 500, "")] * 39 + [(120000, 0, 8, 1000, "")])
+    prior = target_shapes(pods, coverage=1.0)
+    for keep, expect in ((False, False), (True, True)):
+        lw = LearnedWorkload(prior, half_life=100.0, coverage=0.95, keep_prior=keep)
+        sh = lw.shapes()
+        assert (8 in sh.num_gpu.tolist()) is expect
+        keys = zip(sh.cpu.tolist(), sh.gpu_milli.tolist(), sh.num_gpu.tolist(), sh.spec, strict=True)
+        assert len(sh) == len(set(keys))  # no shape twice

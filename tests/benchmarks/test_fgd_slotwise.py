@@ -155,3 +155,20 @@ def test_synthetic_cpu_memory_and_multigpu_mixes():
     req = [int(r["num_gpu"]) * int(r["gpu_milli"]) for r in out["multigpu70s"]]
     multi = [q for q, r in zip(req, out["multigpu70s"], strict=True) if int(r["num_gpu"]) > 1]
     assert sum(multi) >= 0.70 * sum(req)
+
+
+def _two_node_state() -> tuple[State, Pods]:
+    # Node 0: 8 GPUs, 128 cores (the only node a 120-core 8-GPU pod fits); node 1: 8 GPUs, 96 cores.
+    cl = Cluster.from_columns(["a", "b"], [128000, 96000], [10**6, 10**6], [8, 8], ["V100M32", "V100M32"])
+    pods = Pods.from_columns(["p0", "p1", "p2"], [120000, 8000, 4000], [1000, 1000, 1000], [8, 1, 0],
+                             [1000, 500, 0], ["", "", ""])
+    return State(cl, pods), pods
+
+
+def test_node_need_global_is_the_demand_weighted_ratio() -> None:
+    from autoscaler.benchmarks.fgd.slotwise import node_need
+
+    state, pods = _two_node_state()
+    sh = target_shapes(pods, coverage=1.0)
+    cpm, mpm = node_need(state, sh.cpu, np.zeros_like(sh.cpu), sh.num_gpu, sh.gpu_milli, sh.counts)
+    assert np.allclose(cpm, (120000 + 8000) / (8000 + 500)) and np.allclose(mpm, 0.0)

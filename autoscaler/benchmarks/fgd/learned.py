@@ -8,7 +8,9 @@ A live fleet has no trace file, and on mixes where CPU or memory runs out before
 - :class:`LearnedWorkload` is a decayed histogram of the shapes that *arrive* (cpu, gpu milli,
   GPU count, spec), each with the decayed mean memory of its pods. A prior (e.g. FGD's own target
   shapes) seeds it so the first pods are not placed blind; arrivals outweigh it within a few
-  half-lives. :meth:`LearnedWorkload.shapes` gives FGD's top-95% cut of the current histogram.
+  half-lives. :meth:`LearnedWorkload.shapes` gives FGD's top-95% cut of the current histogram
+  (with ``keep_prior``, plus every prior shape: the prior is a cut already, and cutting it again
+  drops its rarest shapes, often the big multi-GPU ones).
 - :class:`ResourceFrag` is F_n = sum_t w_t frag_n(t) over those shapes, where frag_n(t) is all idle
   GPU milli of node n when t is CPU-only, its model is not accepted, its GPU request does not fit,
   **or its CPU or its memory does not fit in the node's free CPU / memory**; otherwise the idle milli
@@ -70,8 +72,9 @@ class LearnedWorkload:
     """
 
     def __init__(self, prior: TargetShapes | None = None, half_life: float = 2000.0, prior_weight: float = 500.0,
-                 coverage: float = TARGET_COVERAGE, mem_mean: str = "arith") -> None:
+                 coverage: float = TARGET_COVERAGE, mem_mean: str = "arith", keep_prior: bool = False) -> None:
         self.mem_mean = mem_mean
+        self.prior_keys: set[tuple[int, int, int, str]] = set()
         if half_life <= 0:
             raise ValueError("half_life must be > 0")
         self.growth = 2.0 ** (1.0 / half_life)
@@ -84,7 +87,10 @@ class LearnedWorkload:
         if prior is not None and len(prior):
             p = prior.counts.astype(np.float64) / max(float(prior.counts.sum()), 1.0)
             for j in range(len(prior)):
-                k = self._bin((int(prior.cpu[j]), int(prior.gpu_milli[j]), int(prior.num_gpu[j]), prior.spec[j]))
+                key = (int(prior.cpu[j]), int(prior.gpu_milli[j]), int(prior.num_gpu[j]), prior.spec[j])
+                if keep_prior:
+                    self.prior_keys.add(key)
+                k = self._bin(key)
                 self.count[k] += prior_weight * float(p[j])
 
     def _bin(self, key: tuple[int, int, int, str]) -> int:
@@ -128,6 +134,9 @@ class LearnedWorkload:
             acc += self.count[self.index[key]]
             if total > 0 and acc / total >= self.coverage:
                 break
+        # The prior is already a cut (FGD's): cutting it again drops its rarest shapes, which are
+        # often the large ones (8-GPU pods that only the biggest nodes fit).
+        kept += sorted(k for k in self.prior_keys - set(kept) if self.count[self.index[k]] > 0)
         ks = [self.index[key] for key in kept]
         w = np.array([self.count[k] for k in ks], dtype=np.float64)
         w = np.maximum(np.round(w / w.sum() * WEIGHT_SCALE), 1.0) if len(w) else w

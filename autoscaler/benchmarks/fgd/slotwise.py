@@ -18,7 +18,14 @@ shapes of the original trace) and places each shared pod against that plan:
 2. **CPU stranding, in the same unit.** A node's idle GPUs need CPU to be used; the target workload
    says how much per GPU milli (``cpu_per_milli``). The CPU deficit max(0, idle x cpu_per_milli -
    CPU left) a placement adds, divided by cpu_per_milli, is GPU milli that can no longer be served.
-   For shared pods the primary cost is 1000 x loss + that stranded milli (both GPU milli).
+   For shared pods the primary cost is 1000 x loss + that stranded milli (both GPU milli)
+   **+ 0.3 x the expected fragmentation the placement adds** (dF / total of item 3, also GPU milli).
+   The plan prices only shared-GPU gaps; dF also sees whole nodes that multi-GPU shapes need and
+   GPUs a shape's CPU no longer fits. Measured: without it cpu200s seed 46 was 1.03x FGD's
+   unallocated GPUs at 130% (0.85x with it), cpu250s seed 45 1.007x (0.94x); it costs cpu050 /
+   default about 0.07 / 0.05 of ratio. Weight 1.0, or only dF's CPU/memory part, was worse on
+   average (gpushare40 0.92x, cpu050 0.81x); dF's CPU/memory part alone at weight 1 put shared pods
+   on fresh 8-GPU nodes: multigpu70s seed 44 at 100% arrival went to 11x FGD.
    **Model scarcity, in the same unit.** Where target shapes accept only some GPU models
    (``gpu_spec``), rho_m = the share of model m's GPUs those shapes claim while the cluster fills
    (their demand spread over the models they accept by GPU count). A pod taking g milli on model m
@@ -26,17 +33,22 @@ shapes of the original trace) and places each shared pod against that plan:
    the models the pod accepts. Added to the shared cost, and ahead of FGD's score for whole-GPU
    pods. Without it the stranding term sent shared pods to the CPU-rich T4/P100 nodes the
    constrained pods need: gpuspec10 at 100% arrival was 1.04x FGD's unallocated GPUs.
-3. **FGD's integer score, over a CPU- and memory-aware measure of a learned workload**
+3. **FGD's integer score, over FGD's CPU-aware measure of a learned workload**
    (:mod:`autoscaler.benchmarks.fgd.learned`) orders equal costs (and is the primary key for
    CPU-only pods, and for whole-GPU pods after model scarcity: their planned loss is always 0).
-   The measure is FGD's F with two changes: a shape whose CPU *or memory* no longer fits the node
-   counts all its idle GPUs as fragmented (FGD ignores memory), and the shapes and their weights are
-   a decayed histogram of what has *arrived* (half-life 8,000 arrivals, seeded by the trace's shapes),
-   rebuilt every 200 arrivals, with each shape's memory the decayed mean of its pods. CPU and memory
-   per GPU milli for the stranding cost come from the same histogram. Ranking by the raw dF, or by
-   the plan alone, was measured worse: the coarse score spreads load across nodes, which matters at
-   100% arrival. Measured (seed 42): on ``mem250s`` (35% of pods with 2.5x memory) slotwise went from
-   1.20x FGD's unallocated GPUs to 0.36x; memory in the stranding cost alone gave 0.69x.
+   The measure is FGD's F (a shape whose CPU no longer fits the node counts all its idle GPUs as
+   fragmented) over shapes and weights from a decayed histogram of what has *arrived* (half-life
+   8,000 arrivals, seeded by the trace's shapes), rebuilt every 200 arrivals. The prior is FGD's
+   cut already, so every prior shape stays in the cut (``keep_prior``): cutting it again dropped
+   the rare 120-core 8-GPU shape that only the 128-core nodes fit, CPU-only pods then filled those
+   nodes, and multigpu45s seed 42 at 100% arrival was 1.40x FGD (under 0.87x kept). CPU and memory per
+   GPU milli for the stranding cost come from the same histogram, each shape's memory the decayed
+   mean of its pods: that is where memory enters. Memory in the measure's fit as well
+   (``frag="learned"``) was measured worse: a node's first small pod makes the memory-heavy 8-GPU
+   shapes stop fitting, after which the measure no longer protects the whole node (multigpu70s at
+   100% arrival 1.14x FGD on seeds 44-45, 0.92x without); ``mem250s`` is 0.35x FGD either way
+   (it was 1.20x before memory entered the stranding cost). Ranking by the raw dF, or by the plan
+   alone, was measured worse: the coarse score spreads load across nodes, which matters at 100%.
 4. **Then the old tie-breaks:** the Sum-of-Squares gap balance (Csirik et al., JACM 2006) plus the
    node's CPU deficit after the placement, then the seeded node order and the lowest GPU index.
    CPU-only and whole-GPU pods instead break FGD-score ties by the GPU milli they strand (CPU or
@@ -45,12 +57,15 @@ shapes of the original trace) and places each shared pod against that plan:
    ones. On ``cpu300s`` (3x CPU-only pods, seed 42) that took slotwise from 1.01x FGD to 0.94x.
    Measured without it for whole-GPU pods (``rest="bestfit_cpu"``, seeds 42-51): cpu200s / cpu250s /
    cpu300s 1.21 / 1.09 / 1.05x FGD at 130% arrival. With it, ``multigpu45s`` at 100% arrival is
-   above FGD (1.13x, seeds 42-43) though 0.82x at 130%.
+   above FGD (1.13x, seeds 42-43) though 0.82x at 130% -- that was the double cut of item 3.
+   Worst fit on the spare room for CPU-only pods fixed multigpu45s too but cpu200s rose to 1.10x.
 
 Nothing here reads the trace being replayed beyond FGD's own input (the target shapes from the
 original pod list, used only as the learned histogram's prior) and the arrivals seen so far, so it
-carries over to unseen variants. The ablation switches (``frag="fgd"`` FGD's fixed CPU-only measure,
-``strand="cpu"``, ``rest="deficit"``) reproduce the earlier policy's pieces.
+carries over to unseen variants. The ablation switches (``frag="fgd"`` FGD's fixed measure, ``frag="learned"``
+memory in the fit too, ``blend=0``, ``keep_prior=False``, ``strand="cpu"``, ``rest="deficit"``,
+``scarcity="node"``: scarcity also from CPU, memory and GPU count, measured worse) reproduce the
+earlier policy's pieces.
 """
 
 from __future__ import annotations
@@ -63,7 +78,7 @@ import numpy as np
 from autoscaler.benchmarks.fgd.learned import LearnedWorkload, ResourceFrag
 from autoscaler.benchmarks.fgd.policies import FragModel, _Base, shared_candidates
 from autoscaler.benchmarks.fgd.sim import PodView, State
-from autoscaler.benchmarks.fgd.workload import MILLI, TargetShapes
+from autoscaler.benchmarks.fgd.workload import MILLI, TARGET_COVERAGE, TargetShapes
 
 GAP_STEP = 10  # milli per gap level; trace requests are multiples of 10
 _EPS = 1e-9
@@ -144,8 +159,14 @@ class SlotwisePolicy(_Base):
     name = "slotwise"
 
     def __init__(self, shapes: TargetShapes, ss_weight: float = 1.0, cpu_weight: float = 1.0,
-                 frag: str = "learned", strand: str = "cpumem", half_life: float = 8000.0,
-                 refresh_every: int = 200, rest: str = "bestfit", mem_mean: str = "arith") -> None:
+                 frag: str = "learned_cpu", strand: str = "cpumem", half_life: float = 8000.0,
+                 refresh_every: int = 200, rest: str = "bestfit", mem_mean: str = "arith",
+                 blend: float = 0.3, coverage: float = TARGET_COVERAGE, keep_prior: bool = True,
+                 scarcity: str = "model") -> None:
+        self.blend = blend
+        self.coverage = coverage
+        self.keep_prior = keep_prior
+        self.scarcity = scarcity
         self.mem_mean = mem_mean
         self.rest = rest
         self.shapes = shapes
@@ -171,35 +192,18 @@ class SlotwisePolicy(_Base):
     def bind(self, state: State, rng: np.random.Generator) -> None:
         super().bind(state, rng)
         self.state = state
-        self.work = LearnedWorkload(self.shapes, half_life=self.half_life, mem_mean=self.mem_mean)
+        self.work = LearnedWorkload(self.shapes, half_life=self.half_life, mem_mean=self.mem_mean,
+                                    coverage=self.coverage, keep_prior=self.keep_prior)
         self.since = 0
-        if self.frag_kind in ("learned", "learned_nomem"):
+        if self.frag_kind in ("learned", "learned_cpu"):
             self.frag = ResourceFrag(self.work.shapes(), state.cluster.models)
         else:
             self.frag = FragModel(self.shapes, state.cluster.models)
         self.frag.bind(state)
-        # Model scarcity: the share of each GPU model's capacity that model-constrained target shapes
-        # (e.g. T4-only pods) will claim while the cluster fills. Each constrained shape's GPU demand
-        # is spread over the models it accepts in proportion to their GPUs; arrivals up to 100% equal
-        # the capacity, so demand is scaled to it. rho_m >= 1: every milli another pod takes there
-        # is a milli a constrained pod will miss. 0 everywhere for traces without gpu_spec.
         sh = self.shapes
-        models = state.cluster.models
-        acc = sh.access(models)  # (models, shapes)
-        cap = np.bincount(state.model, weights=state.gpus, minlength=len(models)).astype(np.float64)
-        dem = (sh.counts * sh.num_gpu * sh.gpu_milli).astype(np.float64)
-        load = np.zeros(len(models))
-        if dem.sum() > 0:
-            dem = dem / dem.sum() * cap.sum()
-            for j in np.flatnonzero(~acc.all(0) & (sh.num_gpu > 0)):
-                ca = cap[acc[:, j]].sum()
-                if ca > 0:
-                    load[acc[:, j]] += dem[j] * cap[acc[:, j]] / ca
-        self.node_rho = np.where(cap > 0, load / np.maximum(cap, 1.0), 0.0)[state.model]
-        gpu = sh.num_gpu > 0
-        demand = float((sh.counts[gpu] * sh.gpu_milli[gpu] * sh.num_gpu[gpu]).sum())
-        self.cpu_per_milli = float((sh.counts[gpu] * sh.cpu[gpu]).sum()) / demand if demand else 0.0
-        self.mem_per_milli = 0.0  # learned from arrivals (the target shapes carry no memory)
+        self.node_rho = node_scarcity(state, sh.cpu, np.zeros_like(sh.cpu), sh.num_gpu, sh.gpu_milli,
+                                      sh.access(state.cluster.models), sh.counts, self.scarcity == "node")
+        self.cpm, self.mpm = node_need(state, sh.cpu, np.zeros_like(sh.cpu), sh.num_gpu, sh.gpu_milli, sh.counts)
         # N(h) per GPU model: gaps on a T4 cannot serve a pod pinned to G2, so counts are per model.
         self.levels = MILLI // GAP_STEP + 1
         k = state.gpu_left.shape[1]
@@ -220,13 +224,13 @@ class SlotwisePolicy(_Base):
 
     def _relearn(self, state: State) -> None:
         ls = self.work.shapes()
-        gpu = ls.num_gpu > 0
-        demand = float((ls.weight[gpu] * ls.gpu_milli[gpu] * ls.num_gpu[gpu]).sum())
-        if demand > 0:
-            self.cpu_per_milli = float((ls.weight[gpu] * ls.cpu[gpu]).sum()) / demand
-            self.mem_per_milli = float((ls.weight[gpu] * ls.mem[gpu]).sum()) / demand
-        if self.frag_kind in ("learned", "learned_nomem"):
-            if self.frag_kind == "learned_nomem":
+        if (ls.num_gpu > 0).any():
+            self.cpm, self.mpm = node_need(state, ls.cpu, ls.mem, ls.num_gpu, ls.gpu_milli, ls.weight)
+        if self.scarcity == "node":  # ablation: also CPU, memory and GPU count (measured worse)
+            self.node_rho = node_scarcity(state, ls.cpu, ls.mem, ls.num_gpu, ls.gpu_milli,
+                                          ls.access(state.cluster.models), ls.weight, True)
+        if self.frag_kind in ("learned", "learned_cpu"):
+            if self.frag_kind == "learned_cpu":
                 ls = replace(ls, mem=np.zeros_like(ls.mem))
             self.frag = ResourceFrag(ls, state.cluster.models)
             self.frag.bind(state)
@@ -238,26 +242,28 @@ class SlotwisePolicy(_Base):
     def _surplus(self, state: State, nodes: np.ndarray, pod: PodView) -> np.ndarray:
         """GPU milli the node's CPU and memory left after the pod could still serve, minus its idle GPUs."""
         idle = state.gpu_sum[nodes] - pod.gpu_total
-        room = (state.cpu_left[nodes] - pod.cpu) / max(self.cpu_per_milli, _EPS)
-        if self.mem_per_milli > 0:
-            room = np.minimum(room, (state.mem_left[nodes] - pod.mem) / self.mem_per_milli)
+        cpm, mpm = self.cpm[nodes], self.mpm[nodes]
+        room = (state.cpu_left[nodes] - pod.cpu) / np.maximum(cpm, _EPS)
+        room = np.where(mpm > 0, np.minimum(room, (state.mem_left[nodes] - pod.mem) / np.maximum(mpm, _EPS)), room)
         return np.minimum(room - idle, 1e6)
 
     def _cpu_deficit(self, state: State, nodes: np.ndarray, pod: PodView) -> np.ndarray:
         """CPU (milli) the node's idle GPUs would need beyond what is left, after the pod."""
         idle = state.gpu_sum[nodes] - pod.gpu_total
-        return np.maximum(idle * self.cpu_per_milli - (state.cpu_left[nodes] - pod.cpu), 0.0)
+        return np.maximum(idle * self.cpm[nodes] - (state.cpu_left[nodes] - pod.cpu), 0.0)
 
     def choose(self, state: State, pod: PodView, feas: np.ndarray) -> tuple[int, np.ndarray]:
         if pod.shared:
             ri, ci, v = shared_candidates(state, pod, feas)
             nodes = feas[ri]
-            score = self._fgd_score(nodes, self._after(nodes, v, pod.gpu_milli, 1, pod))
+            after = self._after(nodes, v, pod.gpu_milli, 1, pod)
+            score = self._fgd_score(nodes, after)
             second = 1000.0 * self.ss_weight * self._d_ss(state.model[nodes], v, pod.gpu_milli)
             deficit = self._cpu_deficit(state, nodes, pod)
             second += self.cpu_weight * deficit
             cost = self.planned_loss(v, pod.gpu_milli) * MILLI + self._stranded(state, nodes, deficit, pod, v)
             cost += self._displaced(state, nodes, pod)
+            cost += self.blend * (after - self.frag.F[nodes]) / self.frag.total  # expected fragmentation added
             # Lexicographic: least cost (integer milli) first, then FGD's score (0..100).
             score = score - 1000 * np.round(cost).astype(np.int64)
             k = _lex_first(score, second)  # candidates are in (node order, GPU index): first = tie rule
@@ -299,6 +305,9 @@ class SlotwisePolicy(_Base):
         """GPU milli of constrained pods the placement is expected to crowd out: the pod's GPU milli
         times how much scarcer the node's model is than the least scarce model the pod accepts."""
         ok = state.node_access[pod.spec] & (state.gpus > 0)
+        if self.scarcity == "node":
+            cl = state.cluster
+            ok &= (cl.cpu >= pod.cpu) & (cl.mem >= pod.mem) & (state.gpus >= pod.num_gpu)
         base = float(self.node_rho[ok].min()) if ok.any() else 0.0
         return pod.gpu_total * np.clip(self.node_rho[nodes] - base, 0.0, 1.0)
 
@@ -310,18 +319,16 @@ class SlotwisePolicy(_Base):
             before = fm.F[nodes] - fm.gpu_only(nodes)
             after = self._after(nodes, v, pod.gpu_milli, 1, pod) - fm.after(nodes, v, pod.gpu_milli, 1, pod, False)
             return (after - before) / fm.total
-        out = np.zeros(len(nodes))
-        if self.cpu_per_milli > 0:
-            before = np.maximum(state.gpu_sum[nodes] * self.cpu_per_milli - state.cpu_left[nodes], 0.0)
-            out = (deficit_after - before) / self.cpu_per_milli
-        if self.strand_kind == "cpumem" and self.mem_per_milli > 0:
-            idle = state.gpu_sum[nodes]
-            mb = np.maximum(idle * self.mem_per_milli - state.mem_left[nodes], 0.0)
-            ma = np.maximum((idle - pod.gpu_total) * self.mem_per_milli - (state.mem_left[nodes] - pod.mem), 0.0)
-            cb = np.maximum(idle * self.cpu_per_milli - state.cpu_left[nodes], 0.0) / max(self.cpu_per_milli, _EPS)
-            ca = deficit_after / max(self.cpu_per_milli, _EPS)
-            out = np.maximum(ca, ma / self.mem_per_milli) - np.maximum(cb, mb / self.mem_per_milli)
-        return out
+        cpm, mpm = np.maximum(self.cpm[nodes], _EPS), self.mpm[nodes]
+        idle = state.gpu_sum[nodes]
+        cb = np.maximum(idle * cpm - state.cpu_left[nodes], 0.0) / cpm
+        ca = deficit_after / cpm
+        if self.strand_kind != "cpumem" or not (mpm > 0).any():
+            return ca - cb
+        m = np.maximum(mpm, _EPS)
+        mb = np.maximum(idle * mpm - state.mem_left[nodes], 0.0) / m
+        ma = np.maximum((idle - pod.gpu_total) * mpm - (state.mem_left[nodes] - pod.mem), 0.0) / m
+        return np.maximum(ca, ma) - np.maximum(cb, mb)
 
     def _d_ss(self, model: np.ndarray, v: np.ndarray, g: int) -> np.ndarray:
         """Change of sum_h N(h)^2 over partial gaps when a GPU goes from ``v`` to ``v - g`` free."""
@@ -346,6 +353,50 @@ class SlotwisePolicy(_Base):
                 self.gap_count[m, o] -= 1
                 self.gap_count[m, nw] += 1
         self.node_levels[node] = new
+
+
+def node_scarcity(state: State, cpu: np.ndarray, mem: np.ndarray, num_gpu: np.ndarray, gpu_milli: np.ndarray,
+                  access: np.ndarray, weight: np.ndarray, resources: bool) -> np.ndarray:
+    """rho_n: the share of node n's GPUs that target shapes able to run on only some nodes will claim.
+
+    Shape j's GPU demand (weight x GPUs x milli, all shapes' demand scaled to the cluster's GPUs:
+    arrivals up to 100% equal the capacity) is spread over the nodes A_j it fits, in proportion to
+    their GPUs, so every node of A_j gets dem_j / G(A_j) per GPU. A_j: the GPU model is accepted
+    (``access``, models x shapes) and, with ``resources``, the empty node has the GPUs, CPU and
+    memory the shape asks for. Shapes that fit every GPU node add nothing.
+    """
+    cl = state.cluster
+    gpu_nodes = state.gpus > 0
+    gj = num_gpu > 0
+    fit = access[state.model][:, gj]  # (nodes, GPU shapes)
+    if resources:
+        fit = fit & (state.gpus[:, None] >= num_gpu[gj][None, :]) & (cl.cpu[:, None] >= cpu[gj][None, :])
+        fit &= cl.mem[:, None] >= mem[gj][None, :]
+    fit &= gpu_nodes[:, None]
+    dem = (weight[gj] * num_gpu[gj] * gpu_milli[gj]).astype(np.float64)
+    if dem.sum() <= 0:
+        return np.zeros(len(state.gpus))
+    dem = dem / dem.sum() * float(state.gpus.sum())
+    g_acc = state.gpus.astype(np.float64) @ fit
+    constrained = (fit.sum(0) < gpu_nodes.sum()) & (g_acc > 0)
+    per_gpu = np.where(constrained, dem / np.maximum(g_acc, 1.0), 0.0)
+    return fit.astype(np.float64) @ per_gpu
+
+
+def node_need(state: State, cpu: np.ndarray, mem: np.ndarray, num_gpu: np.ndarray, gpu_milli: np.ndarray,
+              weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CPU and memory per GPU milli the target GPU shapes ask for (sum w cpu / sum w milli), per node.
+
+    The same for every node. Measured: spreading each shape over the nodes whose capacity fits it
+    and taking each node's own ratio changed nothing (multigpu45s, cpu200s-300s, seeds 42, 46).
+    """
+    gj = num_gpu > 0
+    w = weight[gj].astype(np.float64)
+    d = float((w * num_gpu[gj] * gpu_milli[gj]).sum())
+    c = float((w * cpu[gj]).sum()) / d if d > 0 else 0.0
+    me = float((w * mem[gj]).sum()) / d if d > 0 else 0.0
+    n = len(state.gpus)
+    return np.full(n, c), np.full(n, me)
 
 
 def _lex_first(score: np.ndarray, second: np.ndarray) -> int:
