@@ -130,3 +130,27 @@ def test_exact_never_places_fewer_replicas_nor_uses_more_gpus(spec: list[tuple[f
         assert sum(placed_counts(exact).values()) >= sum(placed_counts(greedy).values())
         if exact.shortfalls:  # the MILP found no full placement: the ranked path's, exactly as without it
             assert placed_counts(exact) == placed_counts(greedy)
+
+
+class AnnouncingPacker(CostAwarePacker):
+    """Records what the tick announced to the host-aware tie-break."""
+
+    def __init__(self) -> None:
+        super().__init__(prefer_open_nodes=True)
+        self.announced: list[list[SlotRequest] | None] = []
+
+    def host_workload(self, reqs):  # type: ignore[no-untyped-def]
+        self.announced.append(None if reqs is None else list(reqs))
+        super().host_workload(reqs)
+
+
+def test_the_tick_announces_its_asks_to_the_host_tie_break_and_clears_them() -> None:
+    inv = Inventory.from_nodes([NodeSpec("n0", "H100-80GB", 4, True, cpu_millis=64_000, host_memory_gib=512.0)])
+    packer = AnnouncingPacker()
+    asks = [ask("a", 20.0, 2, order=0), ask("b", 40.0, 1, order=1)]
+    arbitrate(asks, inv, packer, ArbitrationPolicy(), NOW, team_of={"a": "t", "b": "t"}, held={},
+              views=lambda: ({}, []), freeing=[], state=ArbitrationState(),
+              name_replica=lambda m: f"{m}-x{len(list(inv.allocations()))}")
+    first, last = packer.announced[0], packer.announced[-1]
+    assert first is not None and sorted(r.model for r in first) == ["a", "a", "b"]
+    assert last is None  # nothing of this tick is left for the next caller

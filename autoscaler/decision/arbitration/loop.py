@@ -48,8 +48,18 @@ def arbitrate(
     spend placing its batch again exactly (:mod:`~autoscaler.decision.arbitration.exact`; 0: never)."""
     _remember_borrowing(state, held, policy, now)
     t = Tick(inventory, packer, policy, now, team_of, held, views, freeing, state, name_replica)
-    if not _serve_in_order(t, asks, exact_budget_s):
-        _ranked(t, asks)
+    # The tick's asks count in the CPU/memory per GPU a host-aware packer learns (sharing/host_resources.py): each
+    # model's replicas after the tick (its current ones and the new ones; the packer counts those not yet held). It
+    # reserves nothing, and is cleared after the tick so no other caller sees this tick's asks.
+    announce = getattr(packer, "host_workload", None)
+    if announce is not None:
+        announce([a.request for a in asks for _ in range(a.current + Progress(a, ask_fraction(a)).remaining())])
+    try:
+        if not _serve_in_order(t, asks, exact_budget_s):
+            _ranked(t, asks)
+    finally:
+        if announce is not None:
+            announce(None)
     for team in t.caps:
         t.result.team_gpus[team] = t.usage.get(team, 0.0)
     return t.result
