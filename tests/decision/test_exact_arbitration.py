@@ -16,13 +16,16 @@ from sharing.packer import CostAwarePacker
 from sharing.slots import Inventory, NodeSpec, SlotRequest
 from tests.decision.test_arbitration import NOW, PROFILE
 
+SIZES = st.sampled_from([10.0, 20.0, 40.0])
+
 
 def mig_request(model: str, memory_gib: float) -> SlotRequest:
     return SlotRequest(model, memory_gib, 0.1, 1, ("mig",))
 
 
-def ask(model: str, memory_gib: float, n: int, team: str = "t", order: int = 0) -> Ask:
-    return Ask(model, team, 0, mig_request(model, memory_gib), float(n), 0, 100, 0.0, PROFILE, 0.95, order=order)
+def ask(model: str, memory_gib: float, n: int, team: str = "t", order: int = 0, speed=None) -> Ask:  # type: ignore[no-untyped-def]
+    return Ask(model, team, 0, mig_request(model, memory_gib), float(n), 0, 100, 0.0, PROFILE, 0.95, order=order,
+               speed=speed)
 
 
 def run(asks: list[Ask], budget_s: float, gpus: int = 4, policy: ArbitrationPolicy | None = None):
@@ -44,7 +47,7 @@ def test_exact_batch_saves_the_gpu_the_packer_opens() -> None:
     # fits on 2 (per GPU: 4g.40gb + 2g.20gb ... laid out by the MILP at legal starts).
     asks = [ask("a", 20.0, 4, order=0), ask("b", 40.0, 2, order=1)]
     greedy_inv, greedy = run(asks, 0.0)
-    exact_inv, exact = run(asks, 0.5)
+    exact_inv, exact = run(asks, 2.0)
     assert greedy_inv.gpus_in_use() == 3
     assert exact_inv.gpus_in_use() == 2
     assert placed_counts(exact) == placed_counts(greedy) == {"a": 4, "b": 2}
@@ -61,12 +64,38 @@ def test_exact_batch_saves_the_gpu_the_packer_opens() -> None:
         assert len({s.devices for _, s in exact.placed[model]}) > 1
 
 
+def test_asks_with_a_slot_speed_are_placed_exactly_too() -> None:
+    # The slotwise policy always sets a slot speed (what a replica on that slot is worth): the exact step runs for
+    # it, and saves the GPU when every slot is worth one replica.
+    asks = [ask("a", 20.0, 4, order=0, speed=lambda s: 1.0), ask("b", 40.0, 2, order=1, speed=lambda s: 1.0)]
+    greedy_inv, _ = run(asks, 0.0)
+    exact_inv, exact = run(asks, 2.0)
+    assert (greedy_inv.gpus_in_use(), exact_inv.gpus_in_use()) == (3, 2) and not exact.shortfalls
+
+
+def unit_of(slot) -> float:  # type: ignore[no-untyped-def]
+    """A speed that depends on where the slice sits: the MILP, which knows no speeds, may pick a slower one."""
+    return 1.0 if (slot.start or 0) % 4 == 0 else 0.6
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(SIZES, st.integers(1, 3)), min_size=1, max_size=3), st.integers(2, 4))
+def test_the_exact_placement_never_gives_a_model_less_capacity(spec: list[tuple[float, int]], gpus: int) -> None:
+    asks = [ask(f"m{i}", mem, n, order=i, speed=unit_of) for i, (mem, n) in enumerate(spec)]
+    _, greedy = run(asks, 0.0, gpus)
+    _, exact = run(asks, 0.3, gpus)
+    for a in asks:
+        had = sum(unit_of(s) for _, s in greedy.placed.get(a.model, []))
+        got = sum(unit_of(s) for _, s in exact.placed.get(a.model, []))
+        assert got >= min(had, a.wanted) - 1e-9
+
+
 def test_a_batch_the_packer_cannot_fit_is_placed_exactly() -> None:
     # Seven 10 GiB and two 40 GiB replicas on 2 H100s: one at a time the packer spreads the small ones so that the
     # second 40 GiB finds no 4-slice run left; the MILP lays both GPUs out as 3g.40gb + 4 x 1g.10gb.
     asks = [ask("a", 10.0, 4, order=0), ask("b", 10.0, 3, order=1), ask("c", 40.0, 2, order=2)]
     _, greedy = run(asks, 0.0, gpus=2)
-    inv, exact = run(asks, 0.5, gpus=2)
+    inv, exact = run(asks, 2.0, gpus=2)
     assert [(s.model, s.missing) for s in greedy.shortfalls] == [("c", 1)]
     assert not exact.shortfalls
     assert placed_counts(exact) == {"a": 4, "b": 3, "c": 2}
@@ -80,11 +109,11 @@ def test_a_team_limit_the_exact_slots_would_pass_keeps_the_packers_placement() -
     # GPU-equivalents (larger slices) than the packer's slots; at a limit of exactly what those charge it is refused.
     asks = [ask("a", 40.0, 4, order=0), ask("b", 20.0, 2, order=1)]
     greedy_inv, greedy = run(asks, 0.0)
-    free_inv, free = run(asks, 0.5)
+    free_inv, free = run(asks, 2.0)
     charged = greedy.team_gpus["t"]
     assert free_inv.gpus_in_use() < greedy_inv.gpus_in_use() and free.team_gpus["t"] > charged + 1e-9
     policy = ArbitrationPolicy(teams=(TeamQuota("t", guaranteed_gpus=charged, borrowing_limit_gpus=0.0),))
-    inv, result = run(asks, 0.5, policy=policy)
+    inv, result = run(asks, 2.0, policy=policy)
     assert placed_counts(result) == {"a": 4, "b": 2} and not result.shortfalls
     assert result.team_gpus["t"] <= charged + 1e-9
     assert inv.gpus_in_use() == greedy_inv.gpus_in_use()
@@ -95,7 +124,7 @@ def test_the_packers_placement_stands_when_the_exact_one_saves_nothing() -> None
     # nothing to save, so the packer's slots stand (the exact placement may lay them out otherwise).
     asks = [ask("a", 10.0, 2, order=0), ask("b", 10.0, 1, order=1)]
     greedy_inv, greedy = run(asks, 0.0)
-    exact_inv, exact = run(asks, 0.5)
+    exact_inv, exact = run(asks, 2.0)
     assert exact.placed == greedy.placed
     assert exact_inv.gpus_in_use() == greedy_inv.gpus_in_use() == 2
 
@@ -111,8 +140,6 @@ def test_the_shipped_core_has_the_exact_step_on() -> None:
     else:
         raise AssertionError("a negative budget was accepted")
 
-
-SIZES = st.sampled_from([10.0, 20.0, 40.0])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

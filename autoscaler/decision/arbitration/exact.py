@@ -24,6 +24,8 @@ placement opens a GPU or does not fit, and never beyond the budget.
 
 from __future__ import annotations
 
+import math
+
 from autoscaler.decision.arbitration.damage import EPS
 from autoscaler.decision.arbitration.ordering import Progress
 from autoscaler.decision.arbitration.tick import Tick
@@ -37,9 +39,17 @@ Placed = tuple[Ask, str, tuple[Slot, ...]]  # an ask, the replica's owner id, it
 
 
 def eligible(asks: list[Ask]) -> bool:
-    """Asks whose replicas the exact placement can place: single pods, one MIG slot of a known size, one replica
-    each whatever the slot."""
-    return bool(asks) and all(a.pods == 1 and a.speed is None and modelled(a.request) for a in asks)
+    """Asks whose replicas the exact placement can place: single pods, one MIG slot of a known size."""
+    return bool(asks) and all(a.pods == 1 and modelled(a.request) for a in asks)
+
+
+def _units(asks: list[Ask], slots: list[Slot]) -> dict[str, float]:
+    """Capacity per model of replicas on ``slots``, in the replicas its policy sized for (a slot of another speed
+    counts for ``speed(slot)``): the MILP knows no speeds, so its placement must give every model as much."""
+    out: dict[str, float] = {}
+    for a, slot in zip(asks, slots, strict=True):
+        out[a.model] = out.get(a.model, 0.0) + (1.0 if a.speed is None else a.speed(slot))
+    return out
 
 
 def _in_reach(t: Tick, gpus_in_use_before: int) -> bool:
@@ -71,6 +81,10 @@ def reseat_exact(t: Tick, log: list[Placed], budget_s: float, gpus_in_use_before
     after = (spread_violations(trial, models, node_level), trial.gpus_in_use())
     if not (after[0] <= before[0] and after[1] < before[1]):
         return log
+    had = _units(asks, [slots[0] for _, _, slots in log])
+    got = _units(asks, new)
+    if any(got[m] < had[m] - EPS for m in had):
+        return log  # a replica moved to a slower slot: the exact placement serves less
     usage = dict(t.usage)
     for (a, _, slots), slot in zip(log, new, strict=True):
         usage[a.team] = usage.get(a.team, 0.0) - group_fraction(slots) + group_fraction((slot,))
@@ -95,6 +109,9 @@ def place_all_exact(t: Tick, asks: list[Ask], budget_s: float) -> list[Placed] |
     new = _exact_slots(t, trial, wanted, [f"{a.model}/(exact-{i})" for i, a in enumerate(wanted)], budget_s)
     if new is None:
         return None
+    got = _units(wanted, new)
+    if any(math.ceil(a.wanted - got[a.model] - EPS) > 0 for a in asks if a.model in got):
+        return None  # slower slots than sized for: the ranked path says so
     usage = dict(t.usage)
     for a, slot in zip(wanted, new, strict=True):
         usage[a.team] = usage.get(a.team, 0.0) + group_fraction((slot,))

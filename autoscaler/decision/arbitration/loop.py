@@ -71,15 +71,17 @@ def _serve_in_order(t: Tick, asks: list[Ask], exact_budget_s: float) -> bool:
     cluster the batch is then placed again exactly when that saves a GPU, or placed exactly when the packer's
     one-at-a-time placement does not fit it all (:mod:`~autoscaler.decision.arbitration.exact`)."""
     gpus_before = t.inv.gpus_in_use()
-    log, ok = _place_in_order(t, asks)
-    if ok:
+    log, stop = _place_in_order(t, asks)
+    if stop is None:
         log = reseat_exact(t, log, exact_budget_s, gpus_before)
     else:
         for _a, owner, slots in reversed(log):
             for slot in reversed(slots):
                 t.inv.release(slot, owner)
         t.usage = dict(t.held)
-        exact = place_all_exact(t, asks, exact_budget_s)
+        # Only a batch the packer found no room for can be placed exactly (not a team at its limit, not slots
+        # slower than sized for): on those ticks the solve would be thrown away.
+        exact = place_all_exact(t, asks, exact_budget_s) if stop == "no room" else None
         if exact is None:
             return False
         log = exact
@@ -88,16 +90,19 @@ def _serve_in_order(t: Tick, asks: list[Ask], exact_budget_s: float) -> bool:
     return True
 
 
-def _place_in_order(t: Tick, asks: list[Ask]) -> tuple[list[Placed], bool]:
-    """Each ask's replicas placed and allocated one at a time with the packer, in order, until one does not fit
-    (or would pass its team's limit): what was allocated, and whether every ask got all it asked for."""
+def _place_in_order(t: Tick, asks: list[Ask]) -> tuple[list[Placed], str | None]:
+    """Each ask's replicas placed and allocated one at a time with the packer, in order, until one does not fit,
+    would pass its team's limit, or the ask's replicas are too slow: what was allocated, and why it stopped (None:
+    every ask got all it asked for; "no room", "limit", "slow")."""
     log: list[Placed] = []
     for a in asks:
         p = Progress(a, ask_fraction(a))
         while p.remaining() > 0:
             slots = t.place(t.inv, a)
-            if slots is None or t.over_limit(a.team, group_fraction(slots)):
-                return log, False
+            if slots is None:
+                return log, "no room"
+            if t.over_limit(a.team, group_fraction(slots)):
+                return log, "limit"
             owner = t.name_replica(a.model)
             allocate_group(t.inv, slots, owner, model=a.model)
             t.usage[a.team] = t.usage.get(a.team, 0.0) + group_fraction(slots)
@@ -105,8 +110,8 @@ def _place_in_order(t: Tick, asks: list[Ask]) -> tuple[list[Placed], bool]:
             p.placed += 1
             p.units += 1.0 if a.speed is None else a.speed(slots[0])
         if math.ceil(a.wanted - p.units - EPS) > 0:
-            return log, False  # slower slots and max replicas reached: say so on the ranked path
-    return log, True
+            return log, "slow"  # slower slots and max replicas reached: say so on the ranked path
+    return log, None
 
 
 def _record_placed(t: Tick, model: str, owner: str, slots: tuple[Slot, ...]) -> None:
