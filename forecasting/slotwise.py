@@ -129,6 +129,8 @@ class SlotwiseBatch:
     ) -> None:
         self.n_series = int(n_series)
         self.zero_aware = bool(zero_aware)
+        if not float(blend_power) >= 0.0:
+            raise ValueError(f"blend_power must be >= 0 (inf: the argmin), got {blend_power!r}")
         self.blend_power = float(blend_power)
 
         self.horizon = max(1, int(horizon))
@@ -457,17 +459,24 @@ class SlotwiseBatch:
         blend_power = inf is the argmin. Measured (protocol, shipped batch): ServeGen m-small wQL@0.9
         0.1269 -> 0.1225, Azure 500 0.0497 -> 0.0481 (power 1 / 2 / 10: 0.1260 / 0.1234 / 0.1239 and
         0.0523 / 0.0498 / 0.0484)."""
-        ql = np.where(ok[..., None], self.qloss_, np.inf)
+        ql = np.where(ok[..., None] & ~np.isnan(self.qloss_), self.qloss_, np.inf)
         qsel = np.argmin(ql, axis=0)  # (M, h, Q)
         self._qsel = qsel
+        picked = np.take_along_axis(cand, qsel[None], axis=0)[0]
         if not math.isfinite(self.blend_power):
-            return np.take_along_axis(cand, qsel[None], axis=0)[0]
+            return picked
         best = np.take_along_axis(ql, qsel[None], axis=0)
         with np.errstate(divide="ignore", invalid="ignore"):
             wts = np.where(np.isfinite(ql), (best / ql) ** self.blend_power, 0.0)
         # A loss of 0 (an idle series every candidate forecasts exactly): equal weight on the exact ones.
         wts = np.where(best > 0, wts, (ql == best).astype(float))
-        return (wts * cand).sum(axis=0) / wts.sum(axis=0)
+        # Weight 0 means no say, even for a candidate whose forecast is not finite (0 * inf would be NaN).
+        with np.errstate(invalid="ignore"):
+            num = np.where(wts > 0, wts * cand, 0.0).sum(axis=0)
+            tot = wts.sum(axis=0)
+            out = num / tot
+        # No finite loss anywhere (every candidate unscored or infinite): the argmin's pick, as before the blend.
+        return np.where((tot > 0) & np.isfinite(out), out, picked)
 
     def _spread(self, buf: np.ndarray, init: np.ndarray | float) -> np.ndarray:
         """Empirical quantiles (M, h, Q) of the recent errors in ``buf``; ``init`` while few."""

@@ -52,3 +52,27 @@ def test_blend_is_the_shipped_default() -> None:
     from autoscaler.estimation.forecast import FleetForecaster
 
     assert FleetForecaster(step_s=60.0, horizon_s=600.0).new_batch(3).blend_power == 4.0
+
+
+def test_non_finite_losses_and_forecasts_never_make_the_blend_nan() -> None:
+    # An ineligible candidate whose forecast is inf, all-infinite eligible losses, a NaN loss: the blend stays
+    # finite (0 weight means no say; with no finite loss the argmin's pick stands).
+    b = _batch(4.0)
+    cand = np.full(SHAPE, 5.0)
+    cand[2] = np.inf
+    ok = np.ones(SHAPE[:3], dtype=bool)
+    ok[2] = False
+    b.qloss_ = np.ones(SHAPE)
+    assert np.all(np.isfinite(b._combine(cand, ok)))
+    b.qloss_ = np.full(SHAPE, np.inf)
+    assert np.all(b._combine(np.full(SHAPE, 5.0), np.ones(SHAPE[:3], dtype=bool)) == 5.0)
+    b.qloss_ = np.ones(SHAPE)
+    b.qloss_[1] = np.nan
+    assert np.all(np.isfinite(b._combine(np.full(SHAPE, 5.0), np.ones(SHAPE[:3], dtype=bool))))
+
+
+def test_a_negative_blend_power_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="blend_power"):
+        _batch(-1.0)
