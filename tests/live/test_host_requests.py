@@ -25,7 +25,7 @@ def test_memory_quantities(text: str, gib: float) -> None:
     assert memory_gib(text, "memory") == pytest.approx(gib)
 
 
-@pytest.mark.parametrize("bad", ["abc", "1Gb", "-1", "", "1.2.3", True, "Gi"])
+@pytest.mark.parametrize("bad", ["abc", "1Gb", "-1", "", "1.2.3", True, "Gi", "1e999999", "1e999999999", "9Ei"])
 def test_a_bad_quantity_names_its_field(bad) -> None:
     with pytest.raises(ValueError, match=r"spec\.containers\[0\]\.resources\.requests\.cpu"):
         pod_host_requests({"containers": [{"resources": {"requests": {"cpu": bad}}}]})
@@ -38,6 +38,27 @@ def test_pod_requests_as_the_scheduler_counts_them() -> None:
             "overhead": {"memory": "512Mi"}}
     assert pod_host_requests(spec) == (4000, 3.5)
     assert pod_host_requests({}) == (0, 0.0)
+
+
+def test_sidecars_add_up_as_the_scheduler_counts_them() -> None:
+    # KEP-753: a restartable init container (a sidecar) keeps running, so its requests add to the containers' and
+    # to every init container started after it: max(1 + 1, 1 + 3) + 0.25 overhead.
+    spec = {"containers": [{"resources": {"requests": {"cpu": "1"}}}],
+            "initContainers": [{"restartPolicy": "Always", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+                               {"resources": {"requests": {"cpu": "3"}}}],
+            "overhead": {"cpu": "250m"}}
+    assert pod_host_requests(spec) == (4250, 1.0)
+
+
+def test_the_pods_cache_keeps_what_the_host_requests_need() -> None:
+    from autoscaler.live.kube.pods import slim_pod
+
+    full = {"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}],
+                     "initContainers": [{"name": "s", "restartPolicy": "Always",
+                                         "resources": {"requests": {"cpu": "1"}}}],
+                     "overhead": {"cpu": "250m"}}}
+    assert pod_host_requests(slim_pod(full)["spec"]) == pod_host_requests(full["spec"]) == (2250, 0.0)
 
 
 def test_allocatable_template_requests_and_pods_without_slots() -> None:

@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from autoscaler.live.kube.fields import condition, metadata, parse_count
@@ -53,6 +53,7 @@ _QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _GIB = Decimal(2**30)
+_MAX_QUANTITY = Decimal(2**63 - 1)  # resource.Quantity's int64 range: larger is no host's CPU or memory
 
 
 def quantity_value(value: Any, field_name: str) -> Decimal:
@@ -64,17 +65,19 @@ def quantity_value(value: Any, field_name: str) -> Decimal:
     m = _QUANTITY.match(text)
     if m is None:
         raise ValueError(f"{field_name}: {value!r} is not a Kubernetes quantity (e.g. '500m', '2', '16Gi', '1G')")
-    try:
-        number = Decimal(m[1])
-    except InvalidOperation:
-        raise ValueError(f"{field_name}: {value!r} is not a Kubernetes quantity") from None
     suffix = m[2] or ""
-    if suffix in _BINARY:
-        number *= Decimal(1024) ** _BINARY[suffix]
-    elif suffix in _DECIMAL:
-        number = number.scaleb(_DECIMAL[suffix])
-    else:  # a decimal exponent, "e3"
-        number = number.scaleb(int(suffix[1:]))
+    try:  # Overflow / InvalidOperation (an exponent past the decimal context) are ArithmeticErrors
+        number = Decimal(m[1])
+        if suffix in _BINARY:
+            number *= Decimal(1024) ** _BINARY[suffix]
+        elif suffix in _DECIMAL:
+            number = number.scaleb(_DECIMAL[suffix])
+        else:  # a decimal exponent, "e3"
+            number = number.scaleb(int(suffix[1:]))
+    except (ArithmeticError, ValueError):
+        raise ValueError(f"{field_name}: {value!r} is out of range for a Kubernetes quantity") from None
+    if not number.is_finite() or number > _MAX_QUANTITY:
+        raise ValueError(f"{field_name}: {value!r} is out of range for a Kubernetes quantity")
     if number < 0:
         raise ValueError(f"{field_name}: {value!r} is negative")
     return number
@@ -101,9 +104,10 @@ def host_quantities(resources: Mapping[str, Any], where: str) -> tuple[int | Non
 
 def pod_host_requests(pod_spec: Mapping[str, Any], where: str = "spec") -> tuple[int, float]:
     """(CPU millis, memory GiB) a pod asks for, as the scheduler counts it: per container its ``requests`` (else
-    its ``limits``, which a missing request defaults to), summed; the larger of that and any one init container's
-    (init containers run one by one; restartable sidecars are counted like init containers, a simplification);
-    plus the pod's ``overhead``. ValueError naming the field on a malformed quantity."""
+    its ``limits``, which a missing request defaults to), summed, plus every restartable (sidecar, ``restartPolicy:
+    Always``) init container's; the larger of that and any one plain init container's with the sidecars started
+    before it (init containers run one by one, sidecars keep running: the scheduler's rule, KEP-753); plus the pod's
+    ``overhead``. ValueError naming the field on a malformed quantity."""
     def one(c: Mapping[str, Any], at: str) -> tuple[int, float]:
         res = c.get("resources") or {}
         req, lim = res.get("requests") or {}, res.get("limits") or {}
@@ -117,9 +121,15 @@ def pod_host_requests(pod_spec: Mapping[str, Any], where: str = "spec") -> tuple
     for i, c in enumerate(pod_spec.get("containers") or ()):
         a, b = one(c, f"{where}.containers[{i}]")
         cpu, mem = cpu + a, mem + b
+    side_cpu, side_mem, init_cpu, init_mem = 0, 0.0, 0, 0.0
     for i, c in enumerate(pod_spec.get("initContainers") or ()):
         a, b = one(c, f"{where}.initContainers[{i}]")
-        cpu, mem = max(cpu, a), max(mem, b)
+        if c.get("restartPolicy") == "Always":
+            side_cpu, side_mem = side_cpu + a, side_mem + b
+            init_cpu, init_mem = max(init_cpu, side_cpu), max(init_mem, side_mem)
+        else:
+            init_cpu, init_mem = max(init_cpu, side_cpu + a), max(init_mem, side_mem + b)
+    cpu, mem = max(cpu + side_cpu, init_cpu), max(mem + side_mem, init_mem)
     oc, om = host_quantities(pod_spec.get("overhead") or {}, f"{where}.overhead")
     return cpu + (oc or 0), mem + (om or 0.0)
 

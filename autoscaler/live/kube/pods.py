@@ -27,7 +27,8 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _META_KEEP = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp",
               "ownerReferences")
 # resourceClaims / resourceClaimStatuses: which DRA claims the pod holds (live/kube/dra.py reads the device from them)
-_SPEC_KEEP = ("nodeName", "terminationGracePeriodSeconds", "resourceClaims")
+# overhead: part of what the scheduler counts against a node's allocatable (live/kube/host.py)
+_SPEC_KEEP = ("nodeName", "terminationGracePeriodSeconds", "resourceClaims", "overhead")
 _STATUS_KEEP = ("phase", "conditions", "startTime", "resourceClaimStatuses")
 
 
@@ -39,8 +40,9 @@ def _slim_containers(containers: Any) -> list[dict[str, Any]]:
         if not isinstance(c, Mapping):
             continue
         slim: dict[str, Any] = {}
-        if "name" in c:
-            slim["name"] = c["name"]
+        for k in ("name", "restartPolicy"):  # restartPolicy Always: a sidecar init container (its requests add up)
+            if k in c:
+                slim[k] = c[k]
         res = c.get("resources")
         if isinstance(res, Mapping):
             slim["resources"] = {k: res[k] for k in ("limits", "requests") if k in res}
