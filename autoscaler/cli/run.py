@@ -150,6 +150,9 @@ def build_settings(args: argparse.Namespace) -> ControllerSettings:
     kv = data.get("kv_saturation")
     if kv is not None and (isinstance(kv, bool) or not isinstance(kv, (int, float)) or not 0.0 < kv <= 1.0):
         raise ValueError(f"kv_saturation: expected a KV-cache fraction in (0, 1] or null (off), got {kv!r}")
+    eb = data.get("exact_budget_s")
+    if eb is not None and (isinstance(eb, bool) or not isinstance(eb, (int, float)) or not 0.0 <= eb <= 60.0):
+        raise ValueError(f"exact_budget_s: expected seconds in [0, 60] (0: the packer's placement only), got {eb!r}")
     if args.dry_run:
         actuator = replace(actuator, dry_run=True)
     if args.report:

@@ -19,9 +19,10 @@ from autoscaler.policies.base import Policy
 from sharing.lending import LendingPolicy
 from sharing.packer import CostAwarePacker, Packer
 
-# One second: on the mig-bench's small clusters (<= 16 GPUs) the controller's path reaches the bound + 5 % on every
-# instance with it, 0.5 s misses 2 of 10 on mixed-16 (docs/sharing.md, "Exact placement"). Only a tick that opens a
-# GPU, or whose batch the packer cannot fit, on a cluster of <= 16 MIG GPUs pays it (the decision blocks meanwhile).
+# Two seconds: on the mig-bench's clusters the controller's path reaches the bound + 5 % on every instance with it;
+# 0.5 s / 1 s missed 2 / 1-2 of 10 on mixed-16 on a loaded machine (docs/sharing.md, "Exact placement"). Only a tick
+# that opens a GPU, or whose batch the packer finds no room for, on a cluster of <= 16 MIG GPUs (or an empty one)
+# pays it (the decision blocks meanwhile; the controller's `exact_budget_s` setting, 0: off).
 DEFAULT_EXACT_BUDGET_S = 2.0
 
 

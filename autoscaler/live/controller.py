@@ -45,7 +45,7 @@ from autoscaler.api.ports import AsyncMetricsPort, ViewPort
 from autoscaler.api.snapshot import STALE_METRICS, MetricsWindow, SlotTemplate
 from autoscaler.api.spec import SpecLimits
 from autoscaler.decision.arbitration import ArbitrationPolicy
-from autoscaler.decision.config import build_core
+from autoscaler.decision.config import DEFAULT_EXACT_BUDGET_S, build_core
 from autoscaler.decision.node_actions import NodeActionState, gpu_resources
 from autoscaler.decision.scaledown import DEFAULT_KV_SATURATION
 from autoscaler.decision.state import ControllerState, fresh_state
@@ -110,6 +110,9 @@ class ControllerSettings:
     limits: SpecLimits = field(default_factory=SpecLimits)
     # the engines' KV-cache use (a fraction) at which no model scales down (None: the rail is off; docs/metrics.md)
     kv_saturation: float | None = DEFAULT_KV_SATURATION
+    # seconds a tick may spend placing its new replicas exactly (MILP) on a small MIG cluster (0: the packer only;
+    # decision/arbitration/exact.py); the tick blocks meanwhile
+    exact_budget_s: float = DEFAULT_EXACT_BUDGET_S
     # USD per GPU-hour by GPU kind (any catalog name or GFD product label), overriding the catalog's rough
     # defaults: the price table cost attribution uses
     prices: dict = field(default_factory=dict)
@@ -268,7 +271,7 @@ class Controller:
         self.core = build_core(make_policy(settings.policy, **settings.policy_knobs), lending=settings.lending,
                                arbitration=settings.arbitration, metric_lag_s=settings.metrics_step_s,
                                report_every_decision=True, limits=settings.limits,
-                               kv_saturation=settings.kv_saturation)
+                               kv_saturation=settings.kv_saturation, exact_budget_s=settings.exact_budget_s)
         self.state: ControllerState = fresh_state()
         self.node_state = NodeActionState()  # the time-slicing config last planned
         self.ticks = 0

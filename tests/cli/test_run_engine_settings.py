@@ -42,6 +42,19 @@ def test_a_bad_kv_saturation_names_the_key(tmp_path: Path, bad: str) -> None:
         build_settings(_args("--config", str(cfg)))
 
 
+def test_the_exact_placement_budget_is_a_setting_and_0_turns_it_off(tmp_path: Path) -> None:
+    from autoscaler.decision.config import DEFAULT_EXACT_BUDGET_S
+
+    assert Controller(object(), build_settings(_args())).core.exact_budget_s == DEFAULT_EXACT_BUDGET_S
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("exact_budget_s: 0\n")
+    assert Controller(object(), build_settings(_args("--config", str(cfg)))).core.exact_budget_s == 0.0
+    for bad in ("-1", "'fast'", "true", "100"):
+        cfg.write_text(f"exact_budget_s: {bad}\n")
+        with pytest.raises(ValueError, match="exact_budget_s"):
+            build_settings(_args("--config", str(cfg)))
+
+
 def test_the_coexistence_mode_is_an_actuator_setting(tmp_path: Path) -> None:
     assert build_settings(_args()).actuator.coexistence == "hands-off"
     cfg = tmp_path / "s.yaml"

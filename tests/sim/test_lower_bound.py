@@ -170,9 +170,10 @@ def test_more_replicas_never_lower_the_within_share(seed: int, request_log: bool
                                                     extra: list[int]) -> None:
     """What the construction rests on: from any state, one more replica for a tick does not lower that tick's
     within-SLO count, nor its count completed within the timeout (the knee's second test); and the other models are
-    untouched (the engine is per-model independent). Exact for rate series (up to rounding). For request logs, from the current count
-    up, within 1 pp of the tick's requests (measured: 9 of 9,000 random cases lower, by at most 0.5 pp): the burst
-    model's allowance is not exactly monotone. Below the current count it is not monotone at all (next test)."""
+    untouched (the engine is per-model independent). Exact for rate series (up to rounding). For request logs, from
+    the current count up, within 1 pp of the tick's requests (measured: 9 of 9,000 random cases lower, by at most
+    0.5 pp): the burst model's allowance is not exactly monotone. Below the current count it is not monotone at all
+    (next test)."""
     _, engine, last = _random_state(seed, request_log, warm_ticks)
     n = last + np.array(extra, dtype=float)
     now = warm_ticks * 10.0

@@ -129,7 +129,7 @@ class _Controller(CostAwarePacker):
     """What the controller does with the same demand: one ask per model (its replicas wanted, in the arrival
     order's model order) through the decision core's arbitration (:func:`~autoscaler.decision.arbitration.
     arbitrate`), with the packer and the exact-placement budget :func:`~autoscaler.decision.config.build_core`
-    ships (``CoreConfig.exact_budget_s``, 1 s; not the bench's ``--exact-budget``)."""
+    ships (``CoreConfig.exact_budget_s``, 2 s; not the bench's ``--exact-budget``)."""
 
     name = "controller"
     controller = True
