@@ -3,13 +3,14 @@ or instead when the packer's one-at-a-time placement does not fit them all.
 
 The in-order path places one replica at a time with the packer, which on a handful of MIG GPUs often opens one GPU
 more than the batch needs (one GPU is +11-20% there), or finds no room for the last replicas of a batch that a
-better layout fits. When every replica is one MIG-capable pod of a known memory size that counts for one replica
-whatever its slot (no ``speed``), the batch is handed to :func:`sharing.mig_exact.place_batch_exact` (the
-per-device MILP within ``budget_s``, every running replica and lent GPU fixed where it is):
+better layout fits. When every replica is one MIG-capable pod of a known memory size, the batch is handed to
+:func:`sharing.mig_exact.place_batch_exact` (the per-device MILP within ``budget_s``, every running replica and lent
+GPU fixed where it is). The MILP knows no slot speeds, so its placement is taken only if every model gets at least
+the capacity (in the replicas its policy sized for, ``Ask.speed``) it needs:
 
 - :func:`reseat_exact`: after the packer placed everything, the MILP's placement replaces it only when it breaks
   no more spreads and uses strictly fewer GPUs;
-- :func:`place_all_exact`: after the packer could not place everything, the MILP's placement is taken when it
+- :func:`place_all_exact`: after the packer found no room for everything, the MILP's placement is taken when it
   places every replica; else the ranked path decides who gets what, as before.
 
 Either way no team may pass its limit with the slots it gets (a MIG slice is charged by its size, so the
