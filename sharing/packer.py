@@ -357,6 +357,16 @@ def _layout_state(d: DeviceState, extra: tuple[str, int] | None = None) -> tuple
     return mask, compute, tuple(sorted(counts.items()))
 
 
+def _count_by_model(reqs: Sequence[SlotRequest], keep: Callable[[SlotRequest, SlotRequest], SlotRequest]
+                    ) -> dict[str, tuple[SlotRequest, int]]:
+    """Per model: the request ``keep(kept so far, next)`` chooses among its requests, and how many it has."""
+    out: dict[str, tuple[SlotRequest, int]] = {}
+    for r in reqs:
+        prev = out.get(r.model)
+        out[r.model] = (r, 1) if prev is None else (keep(prev[0], r), prev[1] + 1)
+    return out
+
+
 class CostAwarePacker:
     """The cheapest legal slot across GPU kinds, spread for anti-affinity, placement-aware for MIG.
 
@@ -437,12 +447,9 @@ class CostAwarePacker:
         if reqs is None:
             self._expected = None
             return
-        exp: dict[str, tuple[SlotRequest, int]] = {}
-        for r in reqs:
-            prev = exp.get(r.model)
-            big = r if prev is None or (r.memory_gib or 0.0) > (prev[0].memory_gib or 0.0) else prev[0]
-            exp[r.model] = (big, (prev[1] if prev else 0) + 1)
-        self._expected = exp
+        # per model its largest request (what must fit) and its count
+        self._expected = _count_by_model(
+            reqs, lambda prev, r: r if (r.memory_gib or 0.0) > (prev.memory_gib or 0.0) else prev)
 
     def host_workload(self, reqs: Sequence[SlotRequest] | None) -> None:
         """Tell the packer the asks it is about to place (None clears), for the host-resource tie-break only: the
@@ -452,11 +459,7 @@ class CostAwarePacker:
         if reqs is None:
             self._host_asks = None
             return
-        asks: dict[str, tuple[SlotRequest, int]] = {}
-        for r in reqs:
-            prev = asks.get(r.model)
-            asks[r.model] = (r, (prev[1] if prev else 0) + 1)
-        self._host_asks = asks
+        self._host_asks = _count_by_model(reqs, lambda prev, r: r)  # per model its last request and its count
 
     def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
         """The best legal slot for ``req`` (the ranking above), or None; ``inv`` is not changed.

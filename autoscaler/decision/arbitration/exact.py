@@ -44,6 +44,11 @@ def eligible(asks: list[Ask]) -> bool:
     return bool(asks) and all(a.pods == 1 and modelled(a.request) for a in asks)
 
 
+def may_apply(asks: list[Ask], budget_s: float) -> bool:
+    """Whether the exact placement can apply to this tick's asks at all (those with replicas to place)."""
+    return budget_s > 0 and eligible([a for a in asks if Progress(a, ask_fraction(a)).remaining() > 0])
+
+
 def _units(asks: list[Ask], slots: list[Slot]) -> dict[str, float]:
     """Capacity per model of replicas on ``slots``, in the replicas its policy sized for (a slot of another speed
     counts for ``speed(slot)``): the MILP knows no speeds, so its placement must give every model as much."""
@@ -59,13 +64,15 @@ def _in_reach(t: Tick, gpus_in_use_before: int) -> bool:
     return gpus_in_use_before == 0 or sum(1 for d in t.inv.devices.values() if d.mig_enabled) <= DEFAULT_MAX_DEVICES
 
 
-def reseat_exact(t: Tick, log: list[Placed], budget_s: float, gpus_in_use_before: int) -> list[Placed]:
+def reseat_exact(t: Tick, log: list[Placed], budget_s: float, gpus_in_use_before: int | None) -> list[Placed]:
     """``log`` (what the in-order path allocated on ``t.inv``, which had ``gpus_in_use_before`` GPUs in use before
-    it), placed again by the exact batch placement when that uses fewer GPUs by the rules of the module docstring:
-    ``t.inv`` and ``t.usage`` changed to match, and the new log returned; else ``log`` as it was and nothing
-    changed."""
-    if budget_s <= 0 or not eligible([a for a, _, _ in log]) or t.inv.gpus_in_use() <= gpus_in_use_before:
-        return log  # (the last: the in-order placement opened no GPU, so none can be saved)
+    it; None: not counted, the exact placement does not apply), placed again by the exact batch placement when that
+    uses fewer GPUs by the rules of the module docstring: ``t.inv`` and ``t.usage`` changed to match, and the new
+    log returned; else ``log`` as it was and nothing changed."""
+    if gpus_in_use_before is None or budget_s <= 0 or not eligible([a for a, _, _ in log]):
+        return log
+    if t.inv.gpus_in_use() <= gpus_in_use_before:
+        return log  # the in-order placement opened no GPU, so none can be saved
     if not _in_reach(t, gpus_in_use_before):
         return log
     trial = t.inv.copy()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from autoscaler.api.plan import Shortfall, ShortfallCause
 from autoscaler.decision.arbitration.damage import EPS
-from autoscaler.decision.arbitration.exact import Placed, place_all_exact, reseat_exact
+from autoscaler.decision.arbitration.exact import Placed, may_apply, place_all_exact, reseat_exact
 from autoscaler.decision.arbitration.ordering import Progress
 from autoscaler.decision.arbitration.policy import ArbitrationPolicy
 from autoscaler.decision.arbitration.preemption import preempt_for
@@ -50,8 +50,9 @@ def arbitrate(
     t = Tick(inventory, packer, policy, now, team_of, held, views, freeing, state, name_replica)
     # The tick's asks count in the CPU/memory per GPU a host-aware packer learns (sharing/host_resources.py): each
     # model's replicas after the tick (its current ones and the new ones; the packer counts those not yet held). It
-    # reserves nothing, and is cleared after the tick so no other caller sees this tick's asks.
-    announce = getattr(packer, "host_workload", None)
+    # reserves nothing, and is cleared after the tick so no other caller sees this tick's asks. Only an inventory
+    # that accounts host capacity has the tie-break at all (CostAwarePacker._host_view): else nothing is built.
+    announce = getattr(packer, "host_workload", None) if inventory.host_accounted else None
     if announce is not None:
         announce([a.request for a in asks for _ in range(a.current + Progress(a, ask_fraction(a)).remaining())])
     try:
@@ -70,7 +71,8 @@ def _serve_in_order(t: Tick, asks: list[Ask], exact_budget_s: float) -> bool:
     order does not matter and no ranking is paid for (most ticks of a cluster that is not full). On a small MIG
     cluster the batch is then placed again exactly when that saves a GPU, or placed exactly when the packer's
     one-at-a-time placement does not fit it all (:mod:`~autoscaler.decision.arbitration.exact`)."""
-    gpus_before = t.inv.gpus_in_use()
+    # Counting the GPUs in use walks every device: only when the exact placement can apply.
+    gpus_before = t.inv.gpus_in_use() if may_apply(asks, exact_budget_s) else None
     log, stop = _place_in_order(t, asks)
     if stop is None:
         log = reseat_exact(t, log, exact_budget_s, gpus_before)
