@@ -5,8 +5,8 @@ al., ATC'23) counts a node's idle GPUs as fragmented for a target shape whose CP
 that idea for the product packer (:class:`sharing.packer.CostAwarePacker`), in the form it can afford per
 candidate: the target workload is summarised as host CPU and memory **per GPU**, learned from the requests seen
 (what the inventory's slots hold, :meth:`~sharing.slots.Inventory.host_totals`, plus the request being placed and
-the demand a caller announced with ``CostAwarePacker.expect``), and a node's free GPU capacity beyond what its free
-CPU / memory can feed at that ratio is *stranded*:
+the asks a caller announced with ``CostAwarePacker.host_workload``, else its ``expect`` demand), and a node's free
+GPU capacity beyond what its free CPU / memory can feed at that ratio is *stranded*:
 
     stranded(node) = max(0, free_gpus - min(free_cpu / cpu_per_gpu, free_mem / mem_per_gpu))
 
@@ -50,11 +50,6 @@ def learn_per_gpu(inv: Inventory, req: SlotRequest | None = None,
     return HostPerGpu(max(cpu, 0) / gpus, max(mem, 0.0) / gpus)
 
 
-def node_free_gpus(inv: Inventory, node: str) -> float:
-    """The GPU capacity still free on ``node``: each device's free memory over its memory (an idle GPU is 1)."""
-    return inv.free_gpu_capacity(node)
-
-
 def stranded(free_gpus: float, free_cpu: float, free_mem: float, per: HostPerGpu) -> float:
     """GPUs of ``free_gpus`` that ``free_cpu`` / ``free_mem`` cannot feed at ``per`` (infinite = not declared)."""
     usable = free_gpus
@@ -69,11 +64,11 @@ def stranding_delta(inv: Inventory, node: str, gpus: float, cpu_millis: int, hos
                     per: HostPerGpu | None, free_gpus: float | None = None) -> float:
     """How much placing a pod that takes ``gpus`` of GPU capacity and these host requests on ``node`` raises its
     stranded GPU capacity (:func:`stranded`), rounded; 0 without ``per`` or on a node that declares no host
-    capacity. ``free_gpus``: :func:`node_free_gpus` when the caller has it."""
+    capacity. ``free_gpus``: ``inv.free_gpu_capacity(node)`` when the caller has it."""
     if per is None or not inv.nodes[node].host_accounted:
         return 0.0
     fc, fm = inv.host_free(node)
-    g = node_free_gpus(inv, node) if free_gpus is None else free_gpus
+    g = inv.free_gpu_capacity(node) if free_gpus is None else free_gpus
     before = stranded(g, fc, fm, per)
     after = stranded(max(g - gpus, 0.0), fc - cpu_millis, fm - host_memory_gib, per)
     return round(after - before, _DIGITS)
