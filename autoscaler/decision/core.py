@@ -22,8 +22,10 @@ status with a false condition naming the error (an Event), keeps its replicas, a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from autoscaler.api.plan import (
     GRANTS,
@@ -35,7 +37,7 @@ from autoscaler.api.plan import (
     Shortfall,
     UpdateStatus,
 )
-from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindow, ModelObservation
+from autoscaler.api.snapshot import STALE_METRICS, ClusterSnapshot, MetricsWindow, ModelMetrics, ModelObservation
 from autoscaler.api.spec import ModelSpec, slot_request
 from autoscaler.decision import scaledown, zero
 from autoscaler.decision.admission import admit
@@ -54,6 +56,7 @@ from autoscaler.estimation.capacity import predicted_latency_s, profile_from_spe
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.idle_times import IdleTimes, fleet_pool, merge_into
 from autoscaler.estimation.model_learning import ModelLearning
+from autoscaler.estimation.work import offered_rate, work_unit
 from autoscaler.policies.base import Forecast, PolicyContext
 from autoscaler.policies.keepalive import histogram_range_s
 from sharing.slots import Inventory, Slot
@@ -69,7 +72,7 @@ class Decision:
 
 
 def _forecast(
-    forecaster: FleetForecaster, name: str, cold_start_s: float, now: float, config: CoreConfig
+    forecaster: FleetForecaster, name: str, cold_start_s: float, now: float, config: CoreConfig, unit: float = 1.0
 ) -> Forecast | None:
     # Lead time: a replica asked for now serves only after its cold start, and the next chance to
     # correct comes one tick later; metrics arrive late by the metric lag.
@@ -77,7 +80,8 @@ def _forecast(
     values = forecaster.quantiles(name, now, horizon_s)
     if values is None:
         return None
-    return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s)
+    # (a learning model's forecast is of offered work: read in requests/s of the profile it is sized with)
+    return Forecast(quantiles=forecaster.levels, values=values if unit == 1.0 else values / unit, horizon_s=horizon_s)
 
 
 def _update_forecaster(
@@ -99,8 +103,19 @@ def _update_forecaster(
         priors = {n: o.spec.expected_rps for n, o in snapshot.models.items() if o.spec is not None}
         forecaster.sync(sorted(valid), priors)
         state.forecast_models = valid
-    forecaster.observe(snapshot.now, metrics)
+    forecaster.observe(snapshot.now, metrics, _work_signal(snapshot, state) if config.policy.learns else None)
     return forecaster
+
+
+def _work_signal(snapshot: ClusterSnapshot, state: ControllerState) -> Callable[[str, ModelMetrics], np.ndarray]:
+    """What the forecaster forecasts for a model that learns: its offered work (autoscaler/estimation/work.py)."""
+    def signal(name: str, m: ModelMetrics) -> np.ndarray:
+        ms = state.models.get(name)
+        obs = snapshot.models.get(name)
+        if ms is None or ms.learning is None or obs is None:
+            return m.rate
+        return offered_rate(m, obs.ready_replicas, ms.learning.capacity, ms.work_unit, ms.arrival_scv)
+    return signal
 
 
 @dataclass
@@ -235,6 +250,12 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
     if learning is not None:
         learning.observe(obs, m, now, policy.tick_s, metrics.step_s)
         cold_start_s = learning.cold_start.lead_s
+    profile = ms.profile()
+    work_rate = None
+    if learning is not None:
+        ms.work_unit = unit = work_unit(learning.capacity, profile.mean_s)
+        if not m.stale:
+            work_rate = offered_rate(m, obs.ready_replicas, learning.capacity, unit, ms.arrival_scv) / unit
     ctx = PolicyContext(
         now=now,
         spec=spec,
@@ -242,11 +263,13 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
         ready_replicas=obs.ready_replicas,
         metrics=m,
         metrics_step_s=metrics.step_s,
-        forecast=None if m.stale or forecaster is None else _forecast(forecaster, obs.name, cold_start_s, now, config),
-        capacity=ms.profile(),
+        forecast=None if m.stale or forecaster is None else _forecast(forecaster, obs.name, cold_start_s, now, config,
+                                                                      ms.work_unit),
+        capacity=profile,
         state=ms.policy_state,
         sizing_quantile=None if learning is None else learning.quantile.quantile,
         burn=0.0 if learning is None else learning.quantile.burn,
+        work_rate=work_rate,
     )
     scaled = scaledown.normalize(policy, ctx, ms.scale_down, config.kv_saturation)
     ms.policy_state, ms.scale_down = scaled.state, scaled.scale_down

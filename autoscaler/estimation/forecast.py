@@ -16,12 +16,12 @@ median recent load of the others -- under a wide spread until its own samples ar
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoscaler.api.snapshot import MetricsWindow
+from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
 from forecasting.slotwise import DEFAULT_LEVELS, REPLAY, SlotwiseBatch, season_steps
 
 
@@ -181,9 +181,14 @@ class FleetForecaster:
 
     # ----------------------------------------------------------------- online
 
-    def observe(self, now: float, metrics: MetricsWindow) -> bool:
+    def observe(self, now: float, metrics: MetricsWindow,
+                signal: Callable[[str, ModelMetrics], np.ndarray] | None = None) -> bool:
         """Fold in the steps completed since each shard's last one (each model's mean rate over each step,
         from its metrics window; NaN where stale or missing). Returns True when a shard was updated.
+
+        ``signal``: the series to forecast for a model, aligned with its ``rate`` samples (the decision core's
+        offered work, :mod:`autoscaler.estimation.work`); None: the request rate. Asked only for the models of a
+        shard due this call.
 
         The shards due are spread over the ticks of a step (at most ``ceil(shards / ticks per step)`` per
         call, the longest-waiting first), so that no tick pays for the whole fleet: a shard's forecast is
@@ -216,7 +221,8 @@ class FleetForecaster:
                 m = metrics.models.get(name)
                 if m is None or m.stale or m.rate.size == 0 or m.partial is not None:  # missing, not halved
                     continue
-                rate = m.rate[: m.rate.size - offset] if offset else m.rate
+                rate = m.rate if signal is None else signal(name, m)
+                rate = rate[: rate.size - offset] if offset else rate
                 y[i] = aggregate(rate, per, d)
             shard.batch.update(y)
             _set_quantiles(shard, shard.batch.predict_quantiles(self.horizon, self.levels))

@@ -214,6 +214,8 @@ class CapacityLearner:
         scv = round(prior.scv, 9)
         self._y_tab, self._x_tab = _in_flight_table(prior.concurrency, scv)
         self._x_max = self._x_tab[-1]
+        self._y_np: np.ndarray | None = None  # the same table as arrays, for offered_work (built on first use)
+        self._x_np: np.ndarray | None = None
         self._scv = scv
         self._h_tab: list[float] | None = None  # latency table, built on the first latency reading
         self._hx_tab: list[float] = []
@@ -280,6 +282,25 @@ class CapacityLearner:
             self._profiles[kind] = (key, prof)
         self._answers[kind] = (self._version, prof)
         return prof
+
+    def offered_work(self, in_flight: np.ndarray, ready: int) -> np.ndarray:
+        """Per sample, the load the in-flight count implies, in requests/s of the prior's mean service time (the
+        offered Erlangs over ``prior.mean_s``): the same inversion as :meth:`observe`'s (Little's law through the
+        queueing model, the batch's own slowdown taken out), applied to each sample of a window with ``ready``
+        replicas. It counts work, not requests: a minute of many short requests and one of fewer long ones that
+        keep the same replicas as busy read the same. NaN where the sample is missing or saturated (beyond the
+        stable range: a growing queue says nothing about the offered load), and everywhere without a replica."""
+        if self._y_np is None or self._x_np is None:
+            self._y_np, self._x_np = np.asarray(self._y_tab), np.asarray(self._x_tab)
+        if ready < 1:
+            return np.full(np.shape(in_flight), np.nan)
+        y = np.asarray(in_flight, dtype=float) / ready
+        with np.errstate(invalid="ignore"):
+            x = np.interp(y, self._y_np, self._x_np, right=np.nan)
+            x[~(y >= 0.0)] = np.nan  # (NaN in, negative in)
+            if self._batch_k:
+                x = x / (1.0 + self._batch_k * np.minimum(x, self._c_1))
+        return x * (ready / self._mean)
 
     # -- learning -----------------------------------------------------------------------------
 

@@ -75,6 +75,10 @@ class PolicyContext:
     # corrected by error-budget burn) and the current burn rate (1 = spending the budget exactly).
     sizing_quantile: float | None = None
     burn: float = 0.0
+    # For policies that learn: the window's arrivals as the offered work they carry, in requests/s of
+    # ``capacity``'s mean service (aligned with ``metrics.rate``; autoscaler/estimation/work.py) -- the unit the
+    # forecast is in. None: the request rate is that unit.
+    work_rate: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

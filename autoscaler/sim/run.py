@@ -257,6 +257,8 @@ def _forecaster(
     history = workload.history
     if history is None or not policy.uses_forecast:
         return None
+    if policy.learns and workload.history_work is not None:
+        history = workload.history_work  # (a learning policy forecasts offered work: autoscaler/estimation/work.py)
     forecaster = factory()
     forecaster.warm_start({m: history.rates[i] for i, m in enumerate(history.models)}, history.step_s)
     return forecaster

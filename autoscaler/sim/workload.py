@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,6 +36,9 @@ class SimWorkload:
     # The trace's past, before the simulated part: the forecaster's warm start (the controller's
     # Prometheus history, in a live cluster). None = the controller starts with no history.
     history: RateSeries | None = None
+    # The same past as offered work (requests/s of each model's declared service time; autoscaler/estimation/work.py):
+    # what a learning policy's forecaster is warm-started from. None: no history, or a rate series (no requests).
+    history_work: RateSeries | None = None
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -78,12 +81,14 @@ def served_as(specs: Specs) -> dict[str, ModelSpec]:
 def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float = 0.0) -> SimWorkload:
     """The workload of ``trace``; with ``history_s`` > 0 its first ``history_s`` seconds are the
     controller's history (warm start) and only the rest is simulated."""
-    history = None
+    history = history_work = past = None
+    served = served_as(specs)
     if history_s > 0:
         from forecasting.traces.ops import split
 
+        past_log = trace
         history, trace = split(trace, history_s)
-    served = served_as(specs)
+        past = past_log if isinstance(past_log, RequestLog) else None
     ordered = [served[m] for m in trace.models]
     if isinstance(trace, RequestLog):
         queue = Workload.from_request_log(trace, ordered, seed=seed)
@@ -91,7 +96,26 @@ def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float =
         queue = Workload.from_rates(
             trace.models, trace.rates, trace.step_s, [profile_from_spec(s) for s in ordered], trace.start_s
         )
-    return SimWorkload(trace, specs, queue, history)
+    if past is not None and history is not None:
+        # (in the unit the controller's learner starts from: the profile the simulated part is served with)
+        means = np.array([queue.profile(i).mean_s for i in range(len(queue.models))])
+        history_work = _work_history(past, history, [served[m] for m in past.models], seed, means)
+    return SimWorkload(trace, specs, queue, history, history_work)
+
+
+def _work_history(log: RequestLog, history: RateSeries, specs: Sequence[ModelSpec], seed: int,
+                  means: np.ndarray) -> RateSeries:
+    """``history``'s steps as offered work: per model and step, the service its requests asked for (each request's
+    occupancy on one replica, as the simulator serves it) per second, over the declared mean service time -- what
+    a Prometheus history of the in-flight count says in steady state (Little's law)."""
+    end = history.rates.shape[1] * history.step_s
+    served = Workload.from_request_log(log, specs, seed=seed)  # (its arrays sorted by arrival)
+    assert served.t is not None and served.model_index is not None and served.occupancy_s is not None
+    keep = served.t < end
+    step = np.minimum((served.t[keep] // history.step_s).astype(np.int64), history.rates.shape[1] - 1)
+    work = np.zeros(history.rates.shape)
+    np.add.at(work, (served.model_index[keep], step), served.occupancy_s[keep])
+    return replace(history, rates=work / history.step_s / means[:, None])
 
 
 def expected_speeds(

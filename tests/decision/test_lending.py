@@ -500,7 +500,7 @@ class RampForecaster:
     def sync(self, names: object, priors: object) -> None:
         pass
 
-    def observe(self, now: float, metrics: object) -> bool:
+    def observe(self, now: float, metrics: object, signal: object = None) -> bool:
         return False
 
     def quantiles(self, name: str, now: float, lead_s: float) -> np.ndarray:

@@ -1086,3 +1086,56 @@ def test_a_quiet_window_lowers_the_burst_the_model_is_sized_for_only_slowly() ->
     forget = SloPolicy(burst_memory_s=1e-9)
     first = run(forget, context(forget, metrics(on_off), current=5, now=1000.0))
     assert run(forget, context(forget, metrics(50.0), current=5, now=1060.0, state=first.state)).arrival_scv == 1.0
+
+
+# -- over the lead time (issue 28) ---------------------------------------------------------------------------
+
+
+def test_a_backlog_the_replicas_in_place_serve_before_a_new_one_is_ready_asks_for_none(fake_slo: list[Any]) -> None:
+    # 4 replicas serve 40 req/s against 20 arriving: a backlog of 300 is gone in 15 s, long before a replica
+    # asked for now is Ready (the forecast's lead time, 60 s). Without that lead (no forecast) it drains at once.
+    p = SloPolicy()
+    rate, backlog, current = 20.0, 300.0, 4
+    m = _with_backlog(rate, backlog)
+    with_lead = run(p, context(p, m, current=current, fc=forecast((20.0, 24.0, 28.0)), state=SloState()))
+    assert with_lead.reason is not Reason.PANIC and with_lead.desired <= current
+    no_lead = run(p, context(p, m, current=current, state=SloState()))
+    assert (no_lead.reason, no_lead.desired) == (Reason.PANIC, fake_count(rate + backlog / SPEC.slo_latency_s))
+    # a backlog still there when the replica is Ready (2 replicas: 20 req/s, all taken by the arrivals) is drained
+    short = run(p, context(p, m, current=2, fc=forecast((20.0, 24.0, 28.0)), state=SloState()))
+    assert short.reason is Reason.PANIC and short.desired > 2
+
+
+def test_a_burst_is_charged_as_a_batch_on_the_expected_load_not_on_the_upper_quantile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[float, float]] = []
+    real = capacity.batch_replicas
+
+    def spy(rate: float, batch: float, profile: ServiceProfile) -> int:
+        seen.append((rate, batch))
+        return real(rate, batch, profile)
+
+    monkeypatch.setattr(capacity, "batch_replicas", spy)
+    p = SloPolicy()
+    bursty = [0.0] * 50 + [60.0] * 5 + [0.0] * 60 + [60.0] * 5  # 10-sample bursts: dispersion far above Poisson
+    fc = forecast((3.0, 20.0, 40.0))
+    run(p, context(p, metrics(bursty), current=3, fc=fc, state=SloState()))
+    stable = float(np.mean(bursty[-60:]))
+    rate, batch = seen[0]
+    assert batch > 2.0
+    assert rate == pytest.approx(max(3.0, stable)) and rate < fc.at(Q95)
+
+
+def test_scale_down_keeps_the_batch_of_the_largest_burst_within_the_burst_memory() -> None:
+    p = SloPolicy(scale_down_stabilization_s=0.0)
+    quiet = metrics(2.0)  # a window without a burst: measured dispersion 1, faded one low
+    fc = forecast((2.0, 2.5, 3.0))
+    faded = SloState(dispersion=4.0, dispersion_at=990.0, peak=1.0, peak_at=900.0)
+    held = SloState(dispersion=4.0, dispersion_at=990.0, peak=200.0, peak_at=900.0)
+    down = run(p, context(p, quiet, current=30, fc=fc, state=faded), SETTLED)
+    keep = run(p, context(p, quiet, current=30, fc=fc, state=held), SETTLED)
+    floor = capacity.batch_replicas(2.0, 200.0, PROFILE)
+    assert keep.desired >= min(floor, 30) > down.desired
+    # past the burst memory the peak is measured again: the window's own (no burst) replaces it
+    later = run(p, context(p, quiet, current=30, fc=fc, state=held, now=900.0 + p.burst_memory_s + 61.0), SETTLED)
+    assert later.desired == down.desired

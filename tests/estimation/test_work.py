@@ -1,0 +1,88 @@
+"""Offered work (autoscaler/estimation/work.py): what the slotwise forecaster forecasts for a model that learns."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autoscaler.api.snapshot import ModelMetrics
+from autoscaler.estimation.capacity import ServiceProfile, wait_params
+from autoscaler.estimation.learning import CapacityLearner
+from autoscaler.estimation.work import offered_rate, work_unit
+
+PRIOR = ServiceProfile(occupancy_s=np.full(8, 2.0), latency_part_s=np.full(8, 0.5), concurrency=8, slo_s=10.0,
+                       percentile=95.0)
+
+
+def in_flight_at(rate: float, ready: int, mean_s: float, profile: ServiceProfile = PRIOR) -> float:
+    """The queueing model's mean in system at ``rate`` on ``ready`` replicas whose mean service is ``mean_s``
+    (the forward model the learner inverts: busy servers + queue, Little's law)."""
+    x = rate / ready * mean_s
+    p_wait, decay = wait_params(np.array([x]), profile.concurrency, 1.0, round(profile.scv, 9))
+    return float(ready * x * (1.0 + p_wait[0] / decay[0]))
+
+
+@given(rate=st.floats(0.5, 20.0), ready=st.integers(1, 8), scale=st.floats(0.3, 3.0))
+def test_work_is_rate_times_the_service_the_requests_took(rate: float, ready: int, scale: float) -> None:
+    # Requests taking ``scale`` x the declared service: the in-flight count says so, whatever the learner has learned.
+    mean_s = PRIOR.mean_s * scale
+    if rate / ready * mean_s >= 0.95 * PRIOR.concurrency:
+        return  # beyond the stable range: no steady state to read (covered below)
+    learner = CapacityLearner(PRIOR)
+    f = in_flight_at(rate, ready, mean_s)
+    m = ModelMetrics(rate=np.full(6, rate), in_flight=np.full(6, f))
+    work = offered_rate(m, ready, learner, unit=1.0, arrival_scv=1.0)
+    assert np.allclose(work, rate * scale, rtol=2e-3)
+
+
+def test_many_short_and_few_long_requests_that_keep_the_replicas_as_busy_are_the_same_work() -> None:
+    learner = CapacityLearner(PRIOR)
+    busy = ModelMetrics(rate=np.array([6.0, 3.0]),
+                        in_flight=np.array([in_flight_at(6.0, 4, 1.0), in_flight_at(3.0, 4, 2.0)]))
+    work = offered_rate(busy, 4, learner, unit=1.0, arrival_scv=1.0)
+    assert work[0] == work[1] != 0  # (6 req/s of 1 s and 3 req/s of 2 s: 3 req/s of the declared 2 s each)
+    assert math.isclose(work[0], 3.0, rel_tol=2e-3)
+
+
+def test_over_dispersed_arrivals_saturated_or_missing_samples_fall_back_to_the_rate_times_the_unit() -> None:
+    learner = CapacityLearner(PRIOR)
+    rate = np.array([4.0, 4.0, np.nan, 4.0])
+    in_flight = np.array([in_flight_at(4.0, 2, 2.0), 1e6, 3.0, np.nan])  # steady, saturated, rate missing, missing
+    m = ModelMetrics(rate=rate, in_flight=in_flight)
+    work = offered_rate(m, 2, learner, unit=1.5, arrival_scv=1.0)
+    assert math.isclose(work[0], 4.0, rel_tol=2e-3)
+    assert work[1] == work[3] == 6.0 and math.isnan(work[2])
+    # bursts (dispersion above Poisson): the in-flight count holds a burst's queue, not its work
+    bursty = offered_rate(m, 2, learner, unit=1.5, arrival_scv=8.0)
+    assert np.array_equal(bursty, rate * 1.5, equal_nan=True)
+    # no replica ready: nothing to read from
+    assert np.array_equal(offered_rate(m, 0, learner, unit=1.5, arrival_scv=1.0), rate * 1.5, equal_nan=True)
+
+
+def test_the_unit_is_the_profile_mean_over_the_declared_one() -> None:
+    learner = CapacityLearner(PRIOR)
+    assert work_unit(learner, PRIOR.mean_s * 1.25) == 1.25
+
+
+def test_the_fleet_forecaster_forecasts_the_signal_it_is_given_not_the_request_rate() -> None:
+    from autoscaler.api.snapshot import MetricsWindow
+    from autoscaler.estimation.forecast import FleetForecaster
+
+    def run(signal: object) -> float:
+        fc = FleetForecaster(step_s=60.0, horizon_s=120.0, season_s=None)
+        fc.sync(["m"], {"m": 2.0})
+        for k in range(40):
+            now = 60.0 * k
+            m = ModelMetrics(rate=np.full(6, 2.0), in_flight=np.full(6, 4.0))
+            fc.observe(now, MetricsWindow(now=now, step_s=10.0, models={"m": m}), signal)  # type: ignore[arg-type]
+        values = fc.quantiles("m", 40 * 60.0, 60.0)
+        assert values is not None
+        return float(values[len(values) // 2])
+
+    rate_only = run(None)
+    work = run(lambda name, m: m.rate * 3.0)
+    assert math.isclose(rate_only, 2.0, rel_tol=0.15)
+    assert math.isclose(work, 6.0, rel_tol=0.15)
