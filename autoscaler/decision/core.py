@@ -72,7 +72,7 @@ class Decision:
 
 
 def _forecast(
-    forecaster: FleetForecaster, name: str, cold_start_s: float, now: float, config: CoreConfig, unit: float = 1.0
+    forecaster: FleetForecaster, name: str, cold_start_s: float, now: float, config: CoreConfig
 ) -> Forecast | None:
     # Lead time: a replica asked for now serves only after its cold start, and the next chance to
     # correct comes one tick later; metrics arrive late by the metric lag.
@@ -80,8 +80,7 @@ def _forecast(
     values = forecaster.quantiles(name, now, horizon_s)
     if values is None:
         return None
-    # (a learning model's forecast is of offered work: read in requests/s of the profile it is sized with)
-    return Forecast(quantiles=forecaster.levels, values=values if unit == 1.0 else values / unit, horizon_s=horizon_s)
+    return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s)
 
 
 def _update_forecaster(
@@ -103,7 +102,8 @@ def _update_forecaster(
         priors = {n: o.spec.expected_rps for n, o in snapshot.models.items() if o.spec is not None}
         forecaster.sync(sorted(valid), priors)
         state.forecast_models = valid
-    forecaster.observe(snapshot.now, metrics, _work_signal(snapshot, state) if config.policy.learns else None)
+    work = _work_signal(snapshot, state) if config.policy.learns else None
+    forecaster.observe(snapshot.now, metrics, work)
     return forecaster
 
 
@@ -114,7 +114,8 @@ def _work_signal(snapshot: ClusterSnapshot, state: ControllerState) -> Callable[
         obs = snapshot.models.get(name)
         if ms is None or ms.learning is None or obs is None:
             return m.rate
-        return offered_rate(m, obs.ready_replicas, ms.learning.capacity, ms.work_unit, ms.arrival_scv)
+        return offered_rate(m, obs.ready_replicas, ms.learning.capacity, ms.work_unit, ms.arrival_scv,
+                            ms.profile().median_budget_s)
     return signal
 
 
@@ -255,7 +256,8 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
     if learning is not None:
         ms.work_unit = unit = work_unit(learning.capacity, profile.mean_s)
         if not m.stale:
-            work_rate = offered_rate(m, obs.ready_replicas, learning.capacity, unit, ms.arrival_scv) / unit
+            work_rate = offered_rate(m, obs.ready_replicas, learning.capacity, unit, ms.arrival_scv,
+                                     profile.median_budget_s)
     ctx = PolicyContext(
         now=now,
         spec=spec,
@@ -263,8 +265,7 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
         ready_replicas=obs.ready_replicas,
         metrics=m,
         metrics_step_s=metrics.step_s,
-        forecast=None if m.stale or forecaster is None else _forecast(forecaster, obs.name, cold_start_s, now, config,
-                                                                      ms.work_unit),
+        forecast=None if m.stale or forecaster is None else _forecast(forecaster, obs.name, cold_start_s, now, config),
         capacity=profile,
         state=ms.policy_state,
         sizing_quantile=None if learning is None else learning.quantile.quantile,

@@ -90,8 +90,6 @@ def need_soon(
     horizon_s = lending.max_reclaim_s + lead_s + config.policy.tick_s + config.metric_lag_s
     unknown = m.stale or forecaster is None or m.partial_reason() is not None  # a partial load: need unknown
     values = None if unknown else forecaster.quantiles(obs.name, now, horizon_s)
-    if values is not None and ms.work_unit != 1.0:
-        values = values / ms.work_unit  # (offered work, read in requests/s of the profile: estimation/work.py)
     next_at = max(ms.next_decision_at, now + 1e-9)
     if values is None:
         return NeedSoon(floor, request, True, next_at, spec)

@@ -70,8 +70,8 @@ class ModelState:
     # The arrivals' dispersion its policy last sized with (PolicyResult.arrival_scv; 1 = Poisson, or not measured):
     # the lend stage sizes the model's need-soon with it.
     arrival_scv: float = 1.0
-    # Requests/s of the declared service time per request/s of the profile it is sized with
-    # (autoscaler/estimation/work.py): the forecaster forecasts offered work in the first, sizing reads the second.
+    # The mean service time of the profile it is sized with over the declared one (autoscaler/estimation/work.py):
+    # the offered work the in-flight count reads, in requests/s of that profile.
     work_unit: float = 1.0
     # A model that may go to zero (min_replicas 0): its idle times, what its keep-alive policy decides on
     # (autoscaler/decision/zero.py); None until it is first decided with min_replicas 0.

@@ -427,6 +427,15 @@ class SloQuantile:
     down, the swings of the burn around 1 at exactly the budget ratchet the quantile up (measured: +0.8
     logits in 2,000 windows with 3 up / 0.5 down); equal gains hold it within ~0.4 logits. Bounded in
     ``bounds``. More misses never give a lower quantile.
+
+    ``evidence_hours`` (None: the descent above, on the recent burn alone): a descent is a bet that the margin is
+    not needed, and at a strict objective six hours cannot show it -- 360 windows at a 0.5 % budget expect fewer
+    than two misses, so a calm morning reads as a burn of 0.36 and the quantile falls a logit an hour, into the
+    evening peak it was sized for (ServeGen's largest client: from 0.995 to the median by noon, then 2.3x its
+    requests late by night). With it, the quantile comes down only as far as a second, longer record allows:
+    the misses of the last ``evidence_hours`` (the traffic's period, a day: every phase of the daily cycle met) at
+    a one-sigma upper count (Poisson, Gehrels' approximation ``k + sqrt(k + 3/4) + 1``) must still be under the
+    budget, and the step is the smaller of the two. The way up is unchanged.
     """
 
     def __init__(
@@ -442,6 +451,7 @@ class SloQuantile:
         max_burn: float = 10.0,
         prior_misses: float = 1.0,
         bounds: tuple[float, float] = (0.5, 0.9999),
+        evidence_hours: float | None = None,
     ) -> None:
         if not 0.0 < slo_percentile < 100.0:
             raise ValueError(f"slo_percentile must be in (0, 100), got {slo_percentile!r}")
@@ -455,6 +465,8 @@ class SloQuantile:
             raise ValueError("need memory >= 1, windows_per_hour > 0, gains >= 0, max_burn > 1, prior_misses > 0")
         if int(ticks_per_window) < 1:
             raise ValueError("ticks_per_window must be >= 1")
+        if evidence_hours is not None and not evidence_hours * windows_per_hour >= 1:
+            raise ValueError(f"evidence_hours must hold at least one window, got {evidence_hours!r}")
         self.target = slo_percentile / 100.0
         self.objective = objective
         self._budget = 1.0 - objective
@@ -472,6 +484,9 @@ class SloQuantile:
         self._missed = 0.0
         self._requests = 0.0  # exponentially weighted request counts (attainment, for reporting)
         self._late = 0.0
+        # The longer record a descent must also be justified by (None: not kept): windows, requests, missed ones.
+        self._evidence_gamma = None if evidence_hours is None else 1.0 - 1.0 / (evidence_hours * windows_per_hour)
+        self._ev_windows = self._ev_served = self._ev_missed = 0.0
         self._win_ticks = 0  # the window in progress
         self._win_requests = 0.0
         self._win_within = 0.0
@@ -508,6 +523,15 @@ class SloQuantile:
             return 1.0
         return (self._missed + prior) / denominator
 
+    def _evidence_burn(self) -> float:
+        """The burn over the longer record at a one-sigma upper count of its misses (see the class doc)."""
+        mean = self._ev_served / self._ev_windows if self._ev_windows > 0 else 1.0
+        if not mean > 0:
+            return 1.0
+        k = self._ev_missed / mean  # the misses, in windows of the record's mean size
+        upper = k + math.sqrt(k + 0.75) + 1.0
+        return (upper + self._prior_misses) / (self._ev_windows * self._budget + self._prior_misses)
+
     def update(self, requests: float, requests_within: float, target: float | None = None) -> float:
         """One tick's requests and how many met the latency target; returns the quantile to size for now.
 
@@ -536,8 +560,15 @@ class SloQuantile:
         self._windows = g * self._windows + 1.0
         self._served = g * self._served + r
         goal = self.target if target is None else target
-        self._missed = g * self._missed + (r if w < goal * r - 1e-9 else 0.0)
+        missed = r if w < goal * r - 1e-9 else 0.0
+        self._missed = g * self._missed + missed
         log_burn = max(min(math.log(self.burn), self._log_max_burn), -self._log_max_burn)
+        if self._evidence_gamma is not None:
+            ge = self._evidence_gamma
+            self._ev_windows, self._ev_served = ge * self._ev_windows + 1.0, ge * self._ev_served + r
+            self._ev_missed = ge * self._ev_missed + missed
+            if log_burn < 0.0:
+                log_burn = max(log_burn, min(math.log(self._evidence_burn()), 0.0))
         dz = (self._up if log_burn > 0 else self._down) * log_burn
         self._z = min(max(self._z + dz, self._zlo), self._zhi)
         self._q = _expit(self._z)

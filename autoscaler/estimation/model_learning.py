@@ -22,6 +22,9 @@ from sharing.slot_speed import declared_speed
 from sharing.slots import Slot, SlotKind
 
 SLO_WINDOW_S = 60.0  # an SLO on a percentile is judged per window of this length
+# The record a lower sizing quantile must be justified by (SloQuantile's evidence_hours): a day, the period of
+# inference traffic, so that a quantile comes down only once it has met every phase of the daily cycle.
+EVIDENCE_HOURS = 24.0
 
 
 # (gpu model, slot kind, MIG profile key) -> slot-kind key; bounded by the catalog's geometry.
@@ -84,7 +87,8 @@ class ModelLearning:
         # SLO windows of a minute: the scorecard's model-minutes, and Prometheus' usual rate window
         window_ticks = max(1, round(SLO_WINDOW_S / tick_s))
         return cls(ReadyTracker(), ColdStartEstimator(spec.cold_start_s), CapacityLearner(prior),
-                   SloQuantile(spec.slo_percentile, ticks_per_window=window_ticks), slot_speeds=spec.slot_speeds)
+                   SloQuantile(spec.slo_percentile, ticks_per_window=window_ticks, evidence_hours=EVIDENCE_HOURS),
+                   slot_speeds=spec.slot_speeds)
 
     def _first_sight(self, kind: str) -> None:
         self.kinds_seen.add(kind)

@@ -9,18 +9,21 @@ average: measured there, 4.87 GPU-h where the same policy sized on the work need
 
 So, per metric sample, the offered work is read from what the replicas hold: the in-flight count inverted through
 the queueing model (:meth:`autoscaler.estimation.learning.CapacityLearner.offered_work`, the same inversion that
-learns the service-time scale), in requests/s of the model's *declared* (prior) service time -- a unit that does
-not move when the learned scale does, so the forecaster's history stays comparable over days. The forecast is read
-back in requests/s of the profile sizing uses (:func:`work_unit`: divide by it), so the queueing model's Poisson
-arrivals are at the rate that carries the work at the learned mean service time.
+learns the service-time scale), and expressed in requests/s of the profile sizing uses (the learned mean service
+time: :func:`work_unit`), so the queueing model's Poisson arrivals are at the rate that carries the work. In that
+unit a request-rate history (Prometheus' at the controller's start, a rate-series trace) is the same signal where the
+service time is steady, and the forecaster's seasonal members compare like with like. (Forecast in requests/s of the
+declared service time instead, a rate history read as work at the declared speed for the whole of its day: on
+ServeGen, 24 h of rate history, the first day after it ran 5 % short and doubled the violating requests.)
 
-Little's law reads the offered work only in steady state. Where it cannot (:func:`offered_rate` falls back to the
-request rate x the learned scale, i.e. today's signal, sample by sample):
+Little's law reads the offered work only in steady state. Where it cannot, :func:`offered_rate` falls back to the
+request rate (the signal before issue 28), sample by sample:
 
 - arrivals over-dispersed at the sample scale (the policy's measured dispersion above Poisson): a burst's queue is
   transient, and in-flight then counts the queue, not the work (ungated, the Azure code model's bursts read as
   five times its work);
-- a sample beyond the stable range (a growing queue), missing, or without a ready replica.
+- a sample beyond the stable range, missing, or without a ready replica; one whose queue waits beyond the SLO's
+  budget reads at least the request rate (saturated replicas show what they serve, not what is offered).
 """
 
 from __future__ import annotations
@@ -37,15 +40,25 @@ def work_unit(learner: CapacityLearner, mean_s: float) -> float:
     return mean_s / learner.prior.mean_s
 
 
-def offered_rate(m: ModelMetrics, ready: int, learner: CapacityLearner, unit: float, arrival_scv: float) -> np.ndarray:
-    """The window's offered work per sample, in requests/s of the declared service time (aligned with
-    ``m.rate``; NaN where the rate is missing). ``unit``: :func:`work_unit` of the profile in use, what the request
-    rate is multiplied by where the work cannot be read (see the module docstring); ``arrival_scv``: the arrivals'
-    measured dispersion (1: Poisson)."""
-    fallback = m.rate * unit
-    if arrival_scv > 1.0 or ready < 1 or m.in_flight.shape != m.rate.shape:
-        return fallback
+def offered_rate(m: ModelMetrics, ready: int, learner: CapacityLearner, unit: float, arrival_scv: float,
+                 budget_s: float) -> np.ndarray:
+    """The window's offered work per sample, in requests/s of the profile in use (aligned with ``m.rate``; NaN where
+    the rate is missing): the in-flight reading over ``unit`` (:func:`work_unit` of that profile), the request rate
+    where the work cannot be read (see the module docstring). ``arrival_scv``: the arrivals' measured dispersion
+    (1: Poisson); ``budget_s``: the wait the SLO leaves a request (the profile's median budget).
+
+    A sample whose queue makes requests wait longer than ``budget_s`` (Little's law: the in-flight count beyond the
+    busy servers, over the rate) is not the steady state of replicas that keep up: they are saturated, and the
+    in-flight count then says what they can serve, not what is offered. There the work is at least the request
+    rate.
+    """
+    rate = m.rate
+    if arrival_scv > 1.0 or ready < 1 or m.in_flight.shape != rate.shape:
+        return rate
     work = learner.offered_work(m.in_flight, ready)
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(work) & (m.rate > 0.0)
-    return np.where(ok, work, fallback)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = np.isfinite(work) & (rate > 0.0)
+        wait = (m.in_flight - work * learner.prior.mean_s) / rate
+        steady = ok & (wait <= budget_s)
+        work = work / unit
+    return np.where(steady, work, np.where(ok, np.maximum(work, rate), rate))

@@ -185,18 +185,11 @@ class SloPolicy:
         # It is a backlog when the replicas in place need longer than the SLO latency to serve it (a
         # steady queue of a count that meets the SLO never is).
         throughput = max(ctx.ready_replicas, 1) * profile.concurrency / mean_s
-        drain = 0
         if backlog > 0 and backlog / throughput > spec.slo_latency_s:
-            # A replica asked for now serves after the lead time: what is left of the backlog by then is what it
-            # can help drain. The replicas in place keep serving it meanwhile at their throughput less the
-            # arrivals expected (the forecast's median, at least the stable window's load: a forecast that lags a
-            # jump must not read as spare capacity). Sizing to drain the whole backlog within the SLO latency asked
-            # for 35 replicas of the Azure code model after one burst, all Ready a minute after it had drained.
-            lead_s = ctx.forecast.horizon_s if ctx.forecast is not None else 0.0
-            left = backlog - max(throughput - max(expected, stable), 0.0) * lead_s
-            if left > 0:
-                drain_s = self.drain_s if self.drain_s is not None else spec.slo_latency_s
-                drain = self._size(max(stable, short) + left / drain_s, ctx, profile)
+            drain_s = self.drain_s if self.drain_s is not None else spec.slo_latency_s
+            drain = self._size(max(stable, short) + backlog / drain_s, ctx, profile)
+        else:
+            drain = 0
         panic = max(self._size(short, ctx, profile), drain)
         if panic > raw:
             # (also when not above the current count: then it is the floor the scale-down must respect)

@@ -36,7 +36,7 @@ class SimWorkload:
     # The trace's past, before the simulated part: the forecaster's warm start (the controller's
     # Prometheus history, in a live cluster). None = the controller starts with no history.
     history: RateSeries | None = None
-    # The same past as offered work (requests/s of each model's declared service time; autoscaler/estimation/work.py):
+    # The same past as offered work (requests/s of the profile each model starts from; autoscaler/estimation/work.py):
     # what a learning policy's forecaster is warm-started from. None: no history, or a rate series (no requests).
     history_work: RateSeries | None = None
 

@@ -738,6 +738,8 @@ def test_slo_quantile_rejects_bad_params() -> None:
         {"max_burn": 1.0},
         {"prior_misses": 0.0},
         {"ticks_per_window": 0},
+        {"evidence_hours": 0.0},
+        {"evidence_hours": math.nan},
     ]:
         kw = {"slo_percentile": 99.0, **bad}
         with pytest.raises(ValueError):
@@ -802,6 +804,36 @@ def test_slo_quantile_survives_a_subnormal_request_count() -> None:
     q = sq.update(1000.0, 0.0)  # all late: missed
     assert sq.burn > 1.0 and q > q0
     assert 0.5 <= q <= CEILING + 1e-12
+
+
+def test_slo_quantile_with_evidence_holds_through_a_calm_morning() -> None:
+    # Six calm hours at a 0.5 % budget expect fewer than two missed windows: no evidence that the margin is not
+    # needed. The plain controller falls anyway (a logit an hour); with a day's record the quantile holds until
+    # even a one-sigma upper count of the record's misses is under the budget (~6.2 h of clean windows), then
+    # falls more slowly than the plain one.
+    plain = SloQuantile(95.0)
+    held = SloQuantile(95.0, evidence_hours=24.0)
+    q0 = held.quantile
+    six_h = [False] * 360
+    qp, qh = _windows(plain, six_h), _windows(held, six_h)
+    assert qp[-1] < 0.95  # (the fall the evidence rule stops)
+    assert qh[-1] == pytest.approx(q0, abs=1e-12)
+    six_more_h = [False] * 360  # (twelve in all)
+    qp, qh = _windows(plain, six_more_h), _windows(held, six_more_h)
+    assert qp[-1] < qh[-1] < q0  # a day's calm is evidence: it comes down, later than the plain one
+    # The way up is the plain controller's: the same misses raise both by the same step.
+    a, b = SloQuantile(99.0), SloQuantile(99.0, evidence_hours=24.0)  # (_windows misses a p99 SLO)
+    assert _windows(a, [True] * 5) == pytest.approx(_windows(b, [True] * 5), abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=1500), st.sampled_from([99.0, 99.9]))  # (_windows: p99 misses)
+def test_slo_quantile_with_evidence_never_below_the_plain_one(misses: list[bool], p: float) -> None:
+    # Each window's step is the plain one going up and no larger going down, so on any miss sequence the
+    # evidence-bounded quantile is never below the plain controller's.
+    plain, held = SloQuantile(p), SloQuantile(p, evidence_hours=24.0)
+    for qp, qh in zip(_windows(plain, misses), _windows(held, misses), strict=True):
+        assert qh >= qp - 1e-12
 
 
 def test_declare_speed_later_equals_declaring_it_up_front() -> None:

@@ -22,7 +22,8 @@ def in_flight_at(rate: float, ready: int, mean_s: float, profile: ServiceProfile
     (the forward model the learner inverts: busy servers + queue, Little's law)."""
     x = rate / ready * mean_s
     p_wait, decay = wait_params(np.array([x]), profile.concurrency, 1.0, round(profile.scv, 9))
-    return float(ready * x * (1.0 + p_wait[0] / decay[0]))
+    queue = p_wait[0] / decay[0] if p_wait[0] > 0 and decay[0] > 0 else (0.0 if p_wait[0] <= 0 else math.inf)
+    return float(ready * x * (1.0 + queue))
 
 
 @given(rate=st.floats(0.5, 20.0), ready=st.integers(1, 8), scale=st.floats(0.3, 3.0))
@@ -34,7 +35,7 @@ def test_work_is_rate_times_the_service_the_requests_took(rate: float, ready: in
     learner = CapacityLearner(PRIOR)
     f = in_flight_at(rate, ready, mean_s)
     m = ModelMetrics(rate=np.full(6, rate), in_flight=np.full(6, f))
-    work = offered_rate(m, ready, learner, unit=1.0, arrival_scv=1.0)
+    work = offered_rate(m, ready, learner, unit=1.0, arrival_scv=1.0, budget_s=10.0)
     assert np.allclose(work, rate * scale, rtol=2e-3)
 
 
@@ -42,24 +43,26 @@ def test_many_short_and_few_long_requests_that_keep_the_replicas_as_busy_are_the
     learner = CapacityLearner(PRIOR)
     busy = ModelMetrics(rate=np.array([6.0, 3.0]),
                         in_flight=np.array([in_flight_at(6.0, 4, 1.0), in_flight_at(3.0, 4, 2.0)]))
-    work = offered_rate(busy, 4, learner, unit=1.0, arrival_scv=1.0)
+    work = offered_rate(busy, 4, learner, unit=1.0, arrival_scv=1.0, budget_s=10.0)
     assert work[0] == work[1] != 0  # (6 req/s of 1 s and 3 req/s of 2 s: 3 req/s of the declared 2 s each)
     assert math.isclose(work[0], 3.0, rel_tol=2e-3)
 
 
-def test_over_dispersed_arrivals_saturated_or_missing_samples_fall_back_to_the_rate_times_the_unit() -> None:
+def test_over_dispersed_arrivals_saturated_or_missing_samples_fall_back_to_the_request_rate() -> None:
     learner = CapacityLearner(PRIOR)
     rate = np.array([4.0, 4.0, np.nan, 4.0])
-    in_flight = np.array([in_flight_at(4.0, 2, 2.0), 1e6, 3.0, np.nan])  # steady, saturated, rate missing, missing
+    in_flight = np.array([in_flight_at(4.0, 2, 3.0), 1e6, 3.0, np.nan])  # steady, saturated, rate missing, missing
     m = ModelMetrics(rate=rate, in_flight=in_flight)
-    work = offered_rate(m, 2, learner, unit=1.5, arrival_scv=1.0)
+    # requests taking 3 s on a profile of 3 s (unit 1.5: learned 1.5 x the declared 2 s) are 4 req/s of it
+    work = offered_rate(m, 2, learner, unit=1.5, arrival_scv=1.0, budget_s=10.0)
     assert math.isclose(work[0], 4.0, rel_tol=2e-3)
-    assert work[1] == work[3] == 6.0 and math.isnan(work[2])
+    assert work[1] == work[3] == 4.0 and math.isnan(work[2])
     # bursts (dispersion above Poisson): the in-flight count holds a burst's queue, not its work
-    bursty = offered_rate(m, 2, learner, unit=1.5, arrival_scv=8.0)
-    assert np.array_equal(bursty, rate * 1.5, equal_nan=True)
+    bursty = offered_rate(m, 2, learner, unit=1.5, arrival_scv=8.0, budget_s=10.0)
+    assert np.array_equal(bursty, rate, equal_nan=True)
     # no replica ready: nothing to read from
-    assert np.array_equal(offered_rate(m, 0, learner, unit=1.5, arrival_scv=1.0), rate * 1.5, equal_nan=True)
+    assert np.array_equal(offered_rate(m, 0, learner, unit=1.5, arrival_scv=1.0, budget_s=10.0), rate,
+                          equal_nan=True)
 
 
 def test_the_unit_is_the_profile_mean_over_the_declared_one() -> None:
@@ -86,3 +89,19 @@ def test_the_fleet_forecaster_forecasts_the_signal_it_is_given_not_the_request_r
     work = run(lambda name, m: m.rate * 3.0)
     assert math.isclose(rate_only, 2.0, rel_tol=0.15)
     assert math.isclose(work, 6.0, rel_tol=0.15)
+
+
+def test_replicas_that_do_not_keep_up_read_at_least_the_request_rate() -> None:
+    # 3.5 req/s of the declared 2 s on 1 replica of 8 slots: a steady queue, read as its work. The same rate with an
+    # in-flight count whose wait is beyond the budget is a saturated replica: its in-flight says what it serves,
+    # the rate what is offered.
+    learner = CapacityLearner(PRIOR)
+    f = in_flight_at(3.5, 1, 2.0)
+    assert math.isfinite(f) and f > 7.0  # (a queue: more in flight than busy slots)
+    m = ModelMetrics(rate=np.array([3.5]), in_flight=np.array([f]))
+    steady = offered_rate(m, 1, learner, unit=1.0, arrival_scv=1.0, budget_s=10.0)
+    assert math.isclose(steady[0], 3.5, rel_tol=2e-3)
+    slow = ModelMetrics(rate=np.array([4.0]), in_flight=np.array([7.9]))  # in service ~7.4 + a queue of half a second
+    assert offered_rate(slow, 1, learner, unit=1.0, arrival_scv=1.0, budget_s=10.0)[0] < 4.0  # (within budget)
+    read = offered_rate(slow, 1, learner, unit=1.0, arrival_scv=1.0, budget_s=0.05)
+    assert read[0] >= 4.0

@@ -1091,21 +1091,6 @@ def test_a_quiet_window_lowers_the_burst_the_model_is_sized_for_only_slowly() ->
 # -- over the lead time (issue 28) ---------------------------------------------------------------------------
 
 
-def test_a_backlog_the_replicas_in_place_serve_before_a_new_one_is_ready_asks_for_none(fake_slo: list[Any]) -> None:
-    # 4 replicas serve 40 req/s against 20 arriving: a backlog of 300 is gone in 15 s, long before a replica
-    # asked for now is Ready (the forecast's lead time, 60 s). Without that lead (no forecast) it drains at once.
-    p = SloPolicy()
-    rate, backlog, current = 20.0, 300.0, 4
-    m = _with_backlog(rate, backlog)
-    with_lead = run(p, context(p, m, current=current, fc=forecast((20.0, 24.0, 28.0)), state=SloState()))
-    assert with_lead.reason is not Reason.PANIC and with_lead.desired <= current
-    no_lead = run(p, context(p, m, current=current, state=SloState()))
-    assert (no_lead.reason, no_lead.desired) == (Reason.PANIC, fake_count(rate + backlog / SPEC.slo_latency_s))
-    # a backlog still there when the replica is Ready (2 replicas: 20 req/s, all taken by the arrivals) is drained
-    short = run(p, context(p, m, current=2, fc=forecast((20.0, 24.0, 28.0)), state=SloState()))
-    assert short.reason is Reason.PANIC and short.desired > 2
-
-
 def test_a_burst_is_charged_as_a_batch_on_the_expected_load_not_on_the_upper_quantile(
         monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[float, float]] = []
