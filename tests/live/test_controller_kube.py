@@ -263,7 +263,16 @@ async def test_controller_lends_an_idle_node_and_reclaims_it_ahead_of_need(api: 
     await play.ensure_service_account()
     for _ in range(3):
         await play.step()
-    load = ScriptedLoad({f"{ns}/chat": 1.0})
+    async def ready(key: str) -> int:  # the model's Ready pods (ClusterPlay plays the kubelet that marks them)
+        return sum(1 for p in await play.pods()
+                   if p["metadata"]["name"].startswith(key.split("/", 1)[1] + "-")
+                   and not p["metadata"].get("deletionTimestamp")
+                   and any(c["type"] == "Ready" and c["status"] == "True"
+                           for c in (p.get("status") or {}).get("conditions") or ()))
+
+    # in-flight as the Ready replicas would hold it: 40 req/s on the 2 replicas the busy node holds is a growing
+    # queue, not the steady state of requests shorter than declared that rate x service time would read as
+    load = ScriptedLoad({f"{ns}/chat": 1.0}, ready=ready)
     settings = _settings(ns, suffix)
     settings.lending = LendingPolicy(enabled=True, mode="pods", max_reclaim_s=30.0, warm_buffer_gpus=1.0,
                                      warm_buffer_fraction=0.0, min_lend_s=0.0, hysteresis_gpus=0.5)
