@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cluster: a spec such as '16xH100-80GB:mig,8xL4' (GPU counts) or a YAML file (default: from the trace)",
     )
     p.add_argument("--models", default=None, help="models file (YAML/JSON) overriding the trace's default specs")
+    p.add_argument("--declared-models", default=None,
+                   help="models file the controller is told (its annotations and starting profiles), while the "
+                        "engines serve the trace's specs with --models: what happens when the annotations are wrong")
     p.add_argument("--mode", choices=("fluid", "des"), default="fluid", help="simulator fidelity")
     p.add_argument("--tick", type=float, default=10.0,
                    help="simulator tick in seconds (a policy with a shorter tick gets its own)")
@@ -238,8 +241,9 @@ def run_scenario(args: argparse.Namespace) -> int:
 
     names = _policies(args.policy or "slotwise")
     modes = arbitration_modes(args.arbitration) if args.arbitration is not None else None
-    if args.models or args.cluster or args.trace != DEFAULT_TRACE:
-        raise ValueError("--scenario declares the models, the trace and the cluster: drop --trace/--models/--cluster")
+    if args.models or args.declared_models or args.cluster or args.trace != DEFAULT_TRACE:
+        raise ValueError("--scenario declares the models, the trace and the cluster: drop --trace/--models/"
+                         "--declared-models/--cluster")
     if args.lending or args.static_training_gpus:
         raise ValueError("--scenario declares the training backlog (its 'training' key): drop --lending and "
                          "--static-training-gpus")
@@ -324,7 +328,11 @@ def run(args: argparse.Namespace) -> int:
     for name, s in specs.items():
         if isinstance(s, SpecError):
             print(f"slotwise: model {name} left unmanaged: {s}", file=sys.stderr)
-    workload = build_workload(trace, specs, history_s=args.history_hours * 3600.0)
+    declared = model_specs(trace, args.declared_models) if args.declared_models else None
+    for name, s in (declared or {}).items():
+        if isinstance(s, SpecError):
+            print(f"slotwise: model {name} left unmanaged (its declared spec): {s}", file=sys.stderr)
+    workload = build_workload(trace, specs, history_s=args.history_hours * 3600.0, declared=declared)
     cfg = SimConfig(tick_s=args.tick, mode=args.mode, seed=args.seed, cold_start_slo=args.cold_start_slo,
                     exact_budget_s=args.exact_budget, **lending)
     nodes = load_cluster(args.cluster) if args.cluster else default_cluster(workload, cfg.tick_s)

@@ -79,7 +79,7 @@ class ModelState:
 
     def profile(self) -> ServiceProfile:
         """The service profile sizing uses now: the learned one when the model learns, else the prior."""
-        return self.capacity if self.learning is None else self.learning.capacity.profile(self.learning.kind)
+        return self.capacity if self.learning is None else self.learning.profile(self.learning.kind)
 
 
 @dataclass

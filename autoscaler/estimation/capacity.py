@@ -83,6 +83,10 @@ class ServiceProfile:
     decode_slowdown: float = 0.0
     decode_share: float = 0.0
     latency_decodes: bool = False
+    # The ITL's own growth per extra request in the batch, when learned from the engine's ITL apart from the declared
+    # ``decode_slowdown`` (autoscaler/estimation/decode.py); None: the declared one. The occupancy's slowdown
+    # (:attr:`batch_slows`) stays declared: the capacity learner's factor absorbs what it gets wrong.
+    itl_slowdown: float | None = None
 
     # Sizing asks the same question every tick while the load is steady: remember the answers.
     _memo: dict[tuple[float, int], int] = field(default_factory=dict, compare=False, repr=False)
@@ -143,6 +147,11 @@ class ServiceProfile:
         return self.decode_slowdown * self.decode_share
 
     @cached_property
+    def itl_alpha(self) -> float:
+        """The ITL's growth per extra request in the batch: the learned :attr:`itl_slowdown`, else the declared one."""
+        return self.decode_slowdown if self.itl_slowdown is None else self.itl_slowdown
+
+    @cached_property
     def itl_reachable(self) -> bool:
         """Whether a request decoding alone meets the ITL SLO (True without one): below that, no count helps."""
         return self.itl_slo_s is None or self.itl_base_s <= self.itl_slo_s * (1.0 + 1e-12)
@@ -153,7 +162,7 @@ class ServiceProfile:
         SLO, out of reach, or met even by a full batch)."""
         if self.itl_slo_s is None or not self.itl_reachable:
             return None
-        d, alpha, c = self.itl_base_s, self.decode_slowdown, self.concurrency
+        d, alpha, c = self.itl_base_s, self.itl_alpha, self.concurrency
         if d <= 0 or alpha <= 0 or d * (1.0 + alpha * (c - 1)) <= self.itl_slo_s:
             return None
         return max(1, min(c - 1, math.floor(1.0 + (self.itl_slo_s / d - 1.0) / alpha + 1e-9)))
@@ -165,7 +174,7 @@ class ServiceProfile:
 
     def itl_s(self, batch: float) -> float:
         """The ITL of a request decoding in a batch of ``batch``."""
-        return self.itl_base_s * (1.0 + self.decode_slowdown * max(batch - 1.0, 0.0))
+        return self.itl_base_s * (1.0 + self.itl_alpha * max(batch - 1.0, 0.0))
 
     def with_arrival_scv(self, arrival_scv: float) -> ServiceProfile:
         """This profile under arrivals of variability ``arrival_scv``; the variants are kept, so that
@@ -199,6 +208,7 @@ class ServiceProfile:
             decode_slowdown=self.decode_slowdown,
             decode_share=self.decode_share,
             latency_decodes=self.latency_decodes,
+            itl_slowdown=self.itl_slowdown,
         )
 
 
@@ -428,6 +438,41 @@ def itl_attainment(rate: float, replicas: int, profile: ServiceProfile) -> float
     pc = float(erlang_c(c, a))
     below = float(special.pdtr(cap - 1, a)) / float(special.pdtr(c - 1, a))
     return max(0.0, min(1.0, (1.0 - pc) * below))
+
+
+def itl_batch(p: np.ndarray | float, a: np.ndarray | float, c: np.ndarray | int) -> np.ndarray:
+    """The decode batch at the ``p``-quantile of the batches requests decode in, on replicas of ``c`` slots at an
+    offered load of ``a`` Erlangs each (vectorised): :func:`itl_attainment`'s law read the other way. A request that
+    finds ``k < c`` running decodes in ``1 + k`` (``k`` Poisson, given that it did not wait), one that waits in ``c``;
+    so the quantile is ``1 + k`` with ``(1 - C) pdtr(k, a) / pdtr(c - 1, a) = p`` (``k`` continuous, as
+    ``pdtrik`` solves it: a smooth quantile) while that is below ``c``, else ``c``. What the ITL at the SLO percentile
+    is read against (:class:`autoscaler.estimation.decode.ItlLearner`), and what the fluid engine reports."""
+    a = np.maximum(np.asarray(a, dtype=np.float64), 0.0)
+    c = np.asarray(c)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        stable = a < c * _RHO_UNSTABLE
+        a_s = np.where(stable, a, 0.0)
+        free = 1.0 - erlang_c(np.maximum(c, 1), a_s)
+        target = p * special.pdtr(c - 1, a_s) / free
+        k = special.pdtrik(np.minimum(target, 1.0), np.maximum(a_s, 1e-12))
+        b = np.where(target < 1.0, 1.0 + np.maximum(np.nan_to_num(k, nan=0.0), 0.0), c)
+    return np.where(stable & (a > 1e-9), np.minimum(b, c), np.where(stable, 1.0, c)).astype(np.float64)
+
+
+def itl_batch_scalar(p: float, a: float, c: int) -> float:
+    """:func:`itl_batch` for one replica fleet: the same law on floats (the decode learner reads it for every model and
+    metric step, where the array machinery costs ten times the arithmetic)."""
+    a = max(a, 0.0)
+    if not a < c * _RHO_UNSTABLE:
+        return float(c)
+    if a <= 1e-9:
+        return 1.0
+    free = 1.0 - _wait_params_scalar(a, c, 1.0, 1.0)[0]
+    target = p * float(special.pdtr(c - 1, a)) / free
+    if not target < 1.0:
+        return float(c)
+    k = float(special.pdtrik(target, a))
+    return min(1.0 + (max(k, 0.0) if math.isfinite(k) else 0.0), float(c))
 
 
 def _wait_params_scalar(rate_per_replica: float, concurrency: int, mean_s: float, scv: float) -> tuple[float, float]:

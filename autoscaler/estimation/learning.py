@@ -283,6 +283,19 @@ class CapacityLearner:
         self._answers[kind] = (self._version, prof)
         return prof
 
+    def speed(self, kind: str | None) -> float:
+        """The declared speed of ``kind`` relative to the reference (1.0: none declared, or the reference)."""
+        return math.exp(self._speed_log.get(kind, 0.0)) if kind else 1.0
+
+    def erlangs(self, in_flight: float, ready: int) -> float | None:
+        """The offered load per replica, in Erlangs of the service as it runs (the batch's slowdown in), that a mean
+        in-flight count over ``ready`` replicas implies: the inversion :meth:`observe` starts from (Little's law
+        through the queueing model). The stable range's top when saturated; None without a replica or a reading."""
+        if ready < 1 or not (math.isfinite(in_flight) and in_flight >= 0.0):
+            return None
+        x = _invert(self._y_tab, self._x_tab, in_flight / ready)
+        return self._x_max if x is None else x
+
     def offered_work(self, in_flight: np.ndarray, ready: int) -> np.ndarray:
         """Per sample, the load the in-flight count implies, in requests/s of the prior's mean service time (the
         offered Erlangs over ``prior.mean_s``): the same inversion as :meth:`observe`'s (Little's law through the

@@ -9,7 +9,7 @@ runs on; :func:`slot_speed` resolves the ``slotwise.io/slot-speeds`` annotation 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from autoscaler.api.snapshot import ModelMetrics, ModelObservation, window_mean
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.capacity import ServiceProfile, knee_target
 from autoscaler.estimation.cold_start import ColdStartEstimator, ReadyTracker
+from autoscaler.estimation.decode import ItlLearner
 from autoscaler.estimation.learning import CapacityLearner, SloQuantile
 from sharing.slot_speed import declared_speed
 from sharing.slots import Slot, SlotKind
@@ -75,20 +76,44 @@ class ModelLearning:
     cold_start: ColdStartEstimator  # lead time of a scale-up
     capacity: CapacityLearner  # service-time correction of the capacity prior, per slot kind
     quantile: SloQuantile  # forecast quantile to size for, corrected by error-budget burn
+    # ITL at batch 1 and its growth with the batch, learned from the engine's ITL (None: no ITL SLO, nothing to size)
+    itl: ItlLearner | None = None
     slot_speeds: tuple[tuple[str, float], ...] = ()  # the spec's declared speeds, unresolved
     kind: str | None = None  # the slot kind most active replicas run on (this tick)
     kinds_seen: set[str] = field(default_factory=set)
     # The last observation scanned and what it held (replicas per kind, the kind all ready ones run on or None):
     # the simulated cluster hands out the same immutable object while the model's replicas do not change.
     _scanned: tuple[ModelObservation, dict[str, int], str | None] | None = field(default=None, repr=False)
+    # profile() per kind: (the capacity learner's profile, the ITL fit's key, the answer), reused while both stay
+    _itl_profiles: dict[str | None, tuple[ServiceProfile, tuple[int, int], ServiceProfile]] = field(
+        default_factory=dict, repr=False)
 
     @classmethod
     def start(cls, spec: ModelSpec, prior: ServiceProfile, tick_s: float) -> ModelLearning:
         # SLO windows of a minute: the scorecard's model-minutes, and Prometheus' usual rate window
         window_ticks = max(1, round(SLO_WINDOW_S / tick_s))
+        itl = None
+        if prior.itl_slo_s is not None and prior.itl_base_s > 0.0:
+            itl = ItlLearner(prior.itl_base_s, min(prior.itl_alpha, 2.0), prior.concurrency, prior.percentile)
         return cls(ReadyTracker(), ColdStartEstimator(spec.cold_start_s), CapacityLearner(prior),
                    SloQuantile(spec.slo_percentile, ticks_per_window=window_ticks, evidence_hours=EVIDENCE_HOURS),
-                   slot_speeds=spec.slot_speeds)
+                   itl=itl, slot_speeds=spec.slot_speeds)
+
+    def profile(self, kind: str | None = None) -> ServiceProfile:
+        """The profile to size with on ``kind``: the capacity learner's, with the ITL law the engine's ITL taught
+        (:mod:`autoscaler.estimation.decode`; a slower kind's ITL stretched by its declared speed, as its service
+        is). Without an ITL learner, or before its first reading, the capacity learner's as it is."""
+        prof = self.capacity.profile(kind)
+        itl = self.itl
+        if itl is None or itl.count == 0:
+            return prof
+        hit = self._itl_profiles.get(kind)
+        if hit is not None and hit[0] is prof and hit[1] == itl.key:
+            return hit[2]
+        out = replace(prof, itl_base_s=itl.d_s / self.capacity.speed(kind), itl_slowdown=itl.alpha,
+                      _memo={}, _variants={})
+        self._itl_profiles[kind] = (prof, itl.key, out)
+        return out
 
     def _first_sight(self, kind: str) -> None:
         self.kinds_seen.add(kind)
@@ -157,6 +182,11 @@ class ModelLearning:
         if rate is not None and in_flight is not None and not _draining(m.in_flight, n, rate,
                                                                       self.capacity.profile(self.kind).mean_s):
             self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s, kind=ready_kind)
+        if self.itl is not None and ready_kind is not None and in_flight is not None and math.isfinite(m.itl_s):
+            # (all ready replicas on one kind: the reading is that kind's, stretched back to the reference's)
+            erlangs = self.capacity.erlangs(in_flight, obs.ready_replicas)
+            if erlangs is not None:
+                self.itl.observe(m.itl_s * self.capacity.speed(ready_kind), erlangs)
         if m.within_rate is not None and rate is not None:
             if n == 1 and m.within_rate.size:
                 v = float(m.within_rate[-1])

@@ -100,6 +100,7 @@ class DesEngine:
         if not workload.is_request_log:
             self._dec = np.empty(0)
         self._itl_ok = np.ones(n, dtype=bool)
+        self._itl = np.full(n, np.nan)  # per request the ITL of the batch it decoded in (NaN: not decode-bound)
         # Requests still in the system (not finished before the current tick): ids.
         self._active = np.empty(0, dtype=np.int64)
         self._next = 0  # first request id not yet arrived
@@ -128,6 +129,7 @@ class DesEngine:
         if w.decode_pts is not None:
             self._dec = np.concatenate([self._dec, w.decode_pts[mi, k][order]])
         self._itl_ok = np.concatenate([self._itl_ok, np.ones(total, dtype=bool)])
+        self._itl = np.concatenate([self._itl, np.full(total, np.nan)])
         self._occ = np.concatenate([self._occ, occ])
         self._lat = np.concatenate([self._lat, lat])
         self._tail = np.concatenate([self._tail, occ - lat])
@@ -289,7 +291,9 @@ class DesEngine:
             self._lat[i] += extra
         else:
             self._tail[i] += extra
-        self._itl_ok[i] = itl_1 * (1.0 + alpha * (batch - 1)) / s <= itl_slo + 1e-12
+        itl = itl_1 * (1.0 + alpha * (batch - 1)) / s
+        self._itl[i] = itl
+        self._itl_ok[i] = itl <= itl_slo + 1e-12
 
     def _stats(self, t0: float, t1: float, i0: int, i1: int, settled: np.ndarray) -> TickStats:
         m_count = self._m
@@ -330,6 +334,14 @@ class DesEngine:
             for m in np.flatnonzero(np.diff(bounds)):
                 seg = ls[bounds[m] : bounds[m + 1]]
                 lat_pct[m] = float(np.percentile(seg, self._pct[m]))
+        itl_pct = np.full(m_count, np.nan)
+        if any(d is not None for d in self._decode):
+            # The engine's ITL histogram over the tick: the ITL each settled request decoded at, at the SLO percentile.
+            itl_s = self._itl[settled]
+            for m in np.flatnonzero([d is not None for d in self._decode]):
+                seg = itl_s[(mi_s == m) & np.isfinite(itl_s)]
+                if seg.size:
+                    itl_pct[m] = float(np.percentile(seg, self._pct[m]))
         return TickStats(
             arrivals=arrivals,
             within_slo=within,
@@ -339,6 +351,7 @@ class DesEngine:
             latency_at_slo_pct=lat_pct,
             within_timeout=within_to,
             busy=busy,
+            itl_at_slo_pct=itl_pct,
         )
 
     def latency_quantile(self, q: float | np.ndarray) -> np.ndarray:

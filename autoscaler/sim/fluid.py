@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from autoscaler.estimation.capacity import wait_params, within_prob
+from autoscaler.estimation.capacity import itl_batch, wait_params, within_prob
 from autoscaler.sim.queueing import (
     DEFAULT_REQUEST_TIMEOUT_S,
     ColdWaits,
@@ -475,6 +475,8 @@ class FluidEngine:
         rho_e, _ = self._rho(x_mean, rows)
         p_wait, decay = wait_params(rho_e * mu_k, c_k, mean_k, scv_k)
         itl_ok = self._itl_share(rho_e * c_k, p_wait, rep(self._itl_cap), c_k) if self._decode_bound else None
+        itl_pct = (self._itl_at_pct(rho_e * c_k, c_k, n_c, arrivals, inv_s, k) if self._decode_bound
+                   else np.full(m, np.nan))
         x = np.where(n_c > 0, x, 0.0)
         self._x[:km] = x
         held0 = self._held
@@ -595,7 +597,26 @@ class FluidEngine:
             cold_within=np.zeros(m),  # settled late in their arrival tick (module docstring)
             cold_within_timeout=np.zeros(m),
             held=self._still_held(t1),
+            itl_at_slo_pct=itl_pct,
         )
+
+    def _itl_at_pct(self, a_k: np.ndarray, c_k: np.ndarray, n_c: np.ndarray, arrivals: np.ndarray,
+                    inv_s: np.ndarray | None, k: int) -> np.ndarray:
+        """Per model, the ITL at its SLO percentile this tick, as an engine's ITL histogram would say it: the batch at
+        the percentile of each cohort's state (:func:`autoscaler.estimation.capacity.itl_batch`), the larger of two
+        cohorts, slowed by the replicas' speed; NaN for a model without the decode law or without requests."""
+        w = self.workload
+        m = self._m
+        assert w.itl_base_s is not None
+        pct = w.percentile if k == 1 else np.concatenate([w.percentile, w.percentile])
+        batch = np.where(n_c > 0, itl_batch(pct / 100.0, a_k, c_k), 1.0)
+        alpha = self._alpha if k == 1 else np.concatenate([self._alpha, self._alpha])
+        itl = (w.itl_base_s if k == 1 else np.concatenate([w.itl_base_s, w.itl_base_s])) * (1.0 + alpha * (batch - 1.0))
+        itl = np.where(n_c > 0, itl, 0.0)
+        itl = itl if k == 1 else np.maximum(itl[:m], itl[m:])
+        if inv_s is not None:
+            itl = itl * inv_s
+        return np.where(w.decode_bound & (arrivals > 0) & (itl > 0), itl, np.nan)
 
     def _give_up(self, t0: float) -> None:
         """Held cohorts that waited past the request timeout by ``t0`` leave, like clients (module docstring): out of

@@ -92,6 +92,9 @@ class TickStats:
     cold_within: np.ndarray | None = None  # of within_slo, the cold-started requests
     cold_within_timeout: np.ndarray | None = None  # of within_timeout, the cold-started requests
     held: np.ndarray | None = None  # requests held (no routable replica) at the end of the tick
+    # The ITL (s) at the model's SLO percentile this tick, what an engine's ITL histogram says (NaN: no decode law, or
+    # no request); None from an engine that does not report it.
+    itl_at_slo_pct: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

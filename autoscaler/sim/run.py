@@ -147,6 +147,9 @@ class SimConfig:
     # Seconds a tick may spend placing its new replicas again exactly on a small MIG cluster (the controller's
     # CoreConfig.exact_budget_s; issue 19); 0: the packer's placement only (measured side by side, benchmarks.md).
     exact_budget_s: float = DEFAULT_EXACT_BUDGET_S
+    # Whether the engines export an ITL histogram (ModelMetrics.itl_s, what the decode learner reads); False: as an
+    # engine without one (the declared ITL law is all the controller has).
+    itl_metric: bool = True
 
     def __post_init__(self) -> None:
         if self.cold_start_slo not in COLD_START_SLO:
@@ -321,6 +324,7 @@ def simulate(
     m = len(models)
     specs = workload.specs
     good = served_as(specs)
+    told = workload.controller_specs  # the annotations the controller reads (a what-if's declared ones)
     dt = cfg.tick_s
     burn_in, first_scored, n_ticks, n_min = scored_period(workload, cfg)
 
@@ -331,7 +335,8 @@ def simulate(
     queue = None
     if lending is not None or cfg.static_training_gpus > 0:
         queue = TrainingQueue(cfg.training if cfg.training is not None else load_training())
-    cluster = SimCluster(nodes, models, specs, drain_s=drain, instant_start=policy.instant_start,
+    # (the controller reads the annotations it is told: the declared specs of a what-if, else the served ones)
+    cluster = SimCluster(nodes, models, workload.controller_specs, drain_s=drain, instant_start=policy.instant_start,
                          lending=lending, training=queue)
     cluster.score_from = burn_in
     if cfg.static_training_gpus > 0:
@@ -346,7 +351,8 @@ def simulate(
     set_timeout = getattr(engine, "set_request_timeout", None)
     if set_timeout is not None:
         set_timeout(cfg.request_timeout_s)
-    state = fresh_state(profiles=profiles, forecaster=_forecaster(workload, policy, core.forecaster_factory),
+    state = fresh_state(profiles=workload.controller_profiles,
+                        forecaster=_forecaster(workload, policy, core.forecaster_factory),
                         idle=_idle_history(workload, good, policy))
     node_state = NodeActionState()
     future = workload.arrivals_per_tick(dt) / dt if policy.instant_start else None
@@ -404,7 +410,7 @@ def simulate(
         else:  # slot speeds (issue 15): only while some routable replica is not at speed 1
             stats = engine.step(now, dt, routable, cluster)
         metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt,
-                     held=stats.held)
+                     held=stats.held, itl=stats.itl_at_slo_pct if cfg.itl_metric else None)
         if k < first_scored:
             continue
         for why in plan.decisions.values():  # every decision, also those that leave the count as it is
@@ -477,13 +483,13 @@ def simulate(
             np.array([good[x].slo_percentile for x in models]) / 100.0),
         gpus_total=cluster.inventory.gpus_total,
         sim_wall_s=time.perf_counter() - wall0,
-        invalid_models={x: str(s) for x, s in specs.items() if not isinstance(s, ModelSpec)},
+        invalid_models={x: str(s) for x, s in told.items() if not isinstance(s, ModelSpec)},
         burn_in_s=burn_in,
         gpu_kinds=cluster.gpu_kinds,
         model_gpu_seconds=model_gpu_s,
         idle_gpu_seconds=idle_s,
         prices={k: v for k, v in price_table(cluster.inventory.catalog).items() if k in cluster.gpu_kinds},
-        teams=tuple(s.team if isinstance(s, ModelSpec) else UNKNOWN_TEAM for s in (specs[x] for x in models)),
+        teams=tuple(s.team if isinstance(s, ModelSpec) else UNKNOWN_TEAM for s in (told[x] for x in models)),
         namespaces=tuple(good[x].namespace for x in models),
         scored_s=max(0, n_ticks - first_scored) * dt,
         lending_policy=lending,

@@ -39,6 +39,24 @@ class SimWorkload:
     # The same past as offered work (requests/s of the profile each model starts from; autoscaler/estimation/work.py):
     # what a learning policy's forecaster is warm-started from. None: no history, or a rate series (no requests).
     history_work: RateSeries | None = None
+    # What the controller is told when it differs from what the engines serve (``slotwise simulate
+    # --declared-models``): the annotations it reads and the profiles it starts from, while ``specs``/``queue`` are
+    # the truth the engines serve -- the what-if of a spec that is wrong. None: told the truth.
+    declared: Specs | None = None
+    declared_queue: Workload | None = None
+
+    @property
+    def controller_specs(self) -> Specs:
+        """The specs the controller reads (its models' annotations): the declared ones, else the served ones."""
+        return self.specs if self.declared is None else self.declared
+
+    @property
+    def controller_profiles(self) -> dict[str, ServiceProfile]:
+        """The profiles the controller starts from (offline profiling of the declared spec), else :attr:`profiles`."""
+        if self.declared_queue is None:
+            return self.profiles
+        q = self.declared_queue
+        return {m: q.profile(i) for i, m in enumerate(q.models)}
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -78,9 +96,11 @@ def served_as(specs: Specs) -> dict[str, ModelSpec]:
     return {m: s if isinstance(s, ModelSpec) else ModelSpec(name=m) for m, s in specs.items()}
 
 
-def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float = 0.0) -> SimWorkload:
+def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float = 0.0,
+                   declared: Specs | None = None) -> SimWorkload:
     """The workload of ``trace``; with ``history_s`` > 0 its first ``history_s`` seconds are the
-    controller's history (warm start) and only the rest is simulated."""
+    controller's history (warm start) and only the rest is simulated. ``declared``: the specs the controller is told,
+    when not ``specs`` (which the engines serve; :attr:`SimWorkload.declared`)."""
     history = history_work = past = None
     served = served_as(specs)
     if history_s > 0:
@@ -90,17 +110,26 @@ def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float =
         history, trace = split(trace, history_s)
         past = past_log if isinstance(past_log, RequestLog) else None
     ordered = [served[m] for m in trace.models]
-    if isinstance(trace, RequestLog):
-        queue = Workload.from_request_log(trace, ordered, seed=seed)
-    else:
-        queue = Workload.from_rates(
-            trace.models, trace.rates, trace.step_s, [profile_from_spec(s) for s in ordered], trace.start_s
-        )
+    queue = _queue(trace, ordered, seed)
+    declared_queue = None
+    if declared is not None:
+        if set(declared) != set(specs):
+            raise ValueError("the declared specs must name the same models as the served ones")
+        told = served_as(declared)
+        declared_queue = _queue(trace, [told[m] for m in trace.models], seed)
     if past is not None and history is not None:
         # (in the unit the controller's learner starts from: the profile the simulated part is served with)
         means = np.array([queue.profile(i).mean_s for i in range(len(queue.models))])
         history_work = _work_history(past, history, [served[m] for m in past.models], seed, means)
-    return SimWorkload(trace, specs, queue, history, history_work)
+    return SimWorkload(trace, specs, queue, history, history_work, declared, declared_queue)
+
+
+def _queue(trace: Trace, ordered: Sequence[ModelSpec], seed: int) -> Workload:
+    if isinstance(trace, RequestLog):
+        return Workload.from_request_log(trace, ordered, seed=seed)
+    return Workload.from_rates(
+        trace.models, trace.rates, trace.step_s, [profile_from_spec(s) for s in ordered], trace.start_s
+    )
 
 
 def _work_history(log: RequestLog, history: RateSeries, specs: Sequence[ModelSpec], seed: int,

@@ -415,3 +415,37 @@ def test_bad_arbitration_flag_exits_2(argv: list[str], message: str, capsys: pyt
     assert message in err, err
     if "unknown mode" in message:
         assert "slo, priority, partition" in err
+
+
+def test_declared_models_tell_the_controller_one_spec_while_the_engines_serve_another(tmp_path: Path) -> None:
+    """``--declared-models`` (issue 28): the annotations the controller reads, the engines serving ``--models``. A
+    decode declared 20 % fast that hides the ITL's batch cap is learned from the engines' ITL: the run asks for more
+    replicas than one told the same thing would on its own declaration, and meets far more of the SLO than sizing on
+    the declaration would (measured in docs/benchmarks.md section 17)."""
+    truth = tmp_path / "truth.yaml"
+    truth.write_text("defaults:\n  slo-itl-ms: 25\n  decode-batch-slowdown: 0.05\n")
+    told = tmp_path / "told.yaml"
+    told.write_text("defaults:\n  slo-itl-ms: 25\n  decode-batch-slowdown: 0.05\n  decode-ms-per-token: 16\n")
+    runs = {}
+    for name, args in (("true", ["--models", str(told)]), ("told", ["--models", str(truth), "--declared-models",
+                                                                       str(told)])):
+        out = tmp_path / f"{name}.json"
+        assert main(["simulate", "--history-hours", "0.25", "--hours", "0.4", "--policy", "slotwise", *args,
+                     "--json", str(out)]) == 0
+        (runs[name],) = results(out)
+    # (``true``: engines that really decode at 16 ms: the declaration is right and needs fewer replicas)
+    assert runs["told"]["gpu_hours"] > 1.3 * runs["true"]["gpu_hours"]
+    assert runs["told"]["invalid_models"] == {}
+
+
+def test_declared_models_with_a_bad_value_leave_that_model_unmanaged(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    told = tmp_path / "told.yaml"
+    told.write_text("models:\n  conv:\n    slo-percentile: 100\n")
+    out = tmp_path / "o.json"
+    assert main(["simulate", "--hours", "0.1", "--policy", "slotwise", "--declared-models", str(told),
+                 "--json", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "conv" in err and "declared" in err and "slo-percentile" in err
+    (card,) = results(out)
+    assert set(card["invalid_models"]) == {"conv"}

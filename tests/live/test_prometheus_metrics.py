@@ -227,6 +227,7 @@ async def test_kv_cache_and_itl_are_exact(backfilled) -> None:
     assert m.kv_cache_usage == pytest.approx(0.65)  # the mean over the two replicas, not their sum
     # p80 ITL: rank 1.6 of 2 per second, the top of (25 ms, 50 ms]
     assert m.itl_s == pytest.approx(0.05)
+    np.testing.assert_allclose(m.within_rate, 1.25)  # no ITL SLO: the latency histogram's alone
     # a percent gauge read as a fraction is no fraction: ignored (it would hold every scale-down forever) ...
     assert math.isnan(w.models["ns/pct"].kv_cache_usage)
     # ... and read right with its unit
@@ -244,6 +245,26 @@ async def test_kv_cache_and_itl_are_exact(backfilled) -> None:
     async with PrometheusMetrics(backfilled.url, tgi_like, step_s=2, window_s=40, stale_after_s=20) as pm:
         w = await pm.window(END + 0.5, models)
     assert math.isnan(w.models["ns/m"].kv_cache_usage) and math.isnan(w.models["ns/m"].itl_s)
+
+
+@pytest.mark.asyncio
+async def test_with_an_itl_slo_a_request_is_in_time_only_when_its_itl_is(backfilled) -> None:
+    """Live attainment counts the ITL (issue 28): b's 2 req/s, 1.25 within the 400 ms latency, and 1 + 0.6 x 5/25 =
+    1.12 of 2 tokens within a 30 ms ITL (a 56 % share): 1.12 requests/s in time. A 40 ms ITL (68 %, 1.36/s) binds
+    less than the latency does."""
+    models = {"ns/m": spec("ns/m", slo_latency_ms=400, slo_percentile=80, slo_itl_ms=30),
+              "ns/loose": spec("ns/m", slo_latency_ms=400, slo_percentile=80, slo_itl_ms=40)}
+    async with PrometheusMetrics(backfilled.url, VLLM, step_s=2, window_s=40, stale_after_s=20) as pm:
+        w = await pm.window(END + 0.5, {"ns/m": models["ns/m"]})
+        loose = await pm.window(END + 0.5, {"ns/m": models["ns/loose"]})
+        assert pm.last_error is None
+    np.testing.assert_allclose(w.models["ns/m"].within_rate, 1.12)
+    np.testing.assert_allclose(loose.models["ns/m"].within_rate, 1.25)
+    # an engine without an ITL histogram: the latency's alone, as before
+    no_itl = MetricNames.preset("vllm", itl_histogram=None)
+    async with PrometheusMetrics(backfilled.url, no_itl, step_s=2, window_s=40, stale_after_s=20) as pm:
+        w = await pm.window(END + 0.5, {"ns/m": models["ns/m"]})
+    np.testing.assert_allclose(w.models["ns/m"].within_rate, 1.25)
 
 
 @pytest.mark.asyncio

@@ -143,3 +143,59 @@ def test_the_fluid_engine_serves_the_capacity_models_law(metric: str, slo_ms: fl
     within = sum(float(s.within_slo[0]) for s in stats) / sum(float(s.arrivals[0]) for s in stats)
     assert within == pytest.approx(C.attainment(2.0, 2, profile), abs=0.005)
     assert C.attainment(2.0, 2, profile) < 0.99  # (the batch costs something here: the check is not vacuous)
+
+
+# -- the engine's ITL and a declaration that is wrong (issue 28: learned decode behaviour) ---------------------------
+
+
+@pytest.mark.parametrize("engine", [FluidEngine, DesEngine])
+def test_the_engines_report_the_itl_at_the_slo_percentile_their_batches_decode_at(engine: type) -> None:
+    """What an engine's ITL histogram says: about the law at the percentile's batch of the replicas' load (the DES's
+    per-request batches, the fluid's state), never below a request decoding alone."""
+    spec = LLM.with_(slo_itl_ms=25.0)
+    w = Workload.from_request_log(_log(RATE, 1200.0), [spec])
+    eng = engine(w)
+    replicas = 4
+    prof = C.profile_from_spec(spec.with_(service_time_ms=4150.0))
+    seen = []
+    for k in range(120):
+        stats = eng.step(10.0 * k, 10.0, np.array([replicas]))
+        assert stats.itl_at_slo_pct is not None
+        if k >= 30 and np.isfinite(stats.itl_at_slo_pct[0]):
+            seen.append((stats.itl_at_slo_pct[0], stats.busy[0] / replicas))
+    itl = np.array([s[0] for s in seen])
+    assert len(itl) > 60 and itl.min() >= 0.020 - 1e-12
+    busy = float(np.mean([s[1] for s in seen]))  # requests decoding per replica: the law's Erlangs
+    expected = prof.itl_base_s * (1.0 + prof.decode_slowdown * (C.itl_batch_scalar(0.95, busy, 32) - 1.0))
+    assert float(np.median(itl)) == pytest.approx(expected, rel=0.15)
+
+
+def test_models_without_the_decode_law_report_no_itl() -> None:
+    w = Workload.from_request_log(_log(RATE, 300.0), [LLM.with_(decode_batch_slowdown=0.0)])
+    for engine in (FluidEngine(w), DesEngine(w)):
+        stats = engine.step(0.0, 10.0, np.array([3]))
+        assert stats.itl_at_slo_pct is not None and not np.isfinite(stats.itl_at_slo_pct).any()
+
+
+@pytest.mark.parametrize("mode", ["fluid", "des"])
+def test_a_decode_declared_too_fast_is_learned_from_the_engines_itl(mode: str) -> None:
+    """Declared 16 ms a token where the engine decodes at 20: by the declaration a full batch of 8 meets the 25 ms ITL
+    (16 x 1.35 = 21.6 ms), so the ITL never caps it and most requests decode in batches that miss. Reading the engine's
+    ITL, the controller learns the law and sizes for the cap; without the reading (an engine that exports no ITL
+    histogram) it cannot."""
+    truth = LLM.with_(slo_itl_ms=25.0, concurrency=8, max_replicas=60)
+    told = truth.with_(decode_ms_per_token=16.0)
+    w = build_workload(_log(RATE, 3600.0), {"llm": truth}, declared={"llm": told})
+    assert w.controller_specs["llm"] is told and w.controller_profiles["llm"].itl_base_s == 0.016
+    assert w.profiles["llm"].itl_base_s == 0.020  # what the engines serve
+    nodes = nodes_from_spec("48xH100-80GB")
+    blind = simulate(w, nodes, make_policy("slotwise"), SimConfig(mode=mode, itl_metric=False))
+    learned = simulate(w, nodes, make_policy("slotwise"), SimConfig(mode=mode))
+    assert _attainment(blind) < 0.9
+    assert _attainment(learned) >= 0.97
+    assert learned.minute_replicas[0][20:].mean() > 1.3 * blind.minute_replicas[0][20:].mean()
+
+
+def test_declared_specs_must_name_the_served_models() -> None:
+    with pytest.raises(ValueError, match="same models"):
+        build_workload(_log(RATE, 60.0), {"llm": LLM}, declared={"other": LLM})

@@ -13,7 +13,9 @@ ticks read the same values for the same steps), oldest first -- the shape the si
 - ``queue_depth``: the waiting gauge's last step;
 - ``within_rate``: requests/s that finished within the model's SLO latency, from the increments of the
   latency histogram's buckets per step, interpolated linearly at the SLO inside its bucket (the same
-  assumption ``histogram_quantile`` makes); None for a server without a histogram;
+  assumption ``histogram_quantile`` makes); None for a server without a histogram. With an ITL SLO and an ITL
+  histogram, the smaller of that and the ITL histogram's share within the ITL SLO times the requests (a request is
+  in time when both are; the capacity model's joint attainment);
 - ``latency_s``: the latency at the model's SLO percentile over the last step, from the same bucket
   increments, interpolated like ``histogram_quantile`` (identical numbers, see the tests). Which histogram
   is read follows the model's ``slo_metric`` (``e2e`` or ``ttft``); without a histogram (Triton's default
@@ -524,12 +526,14 @@ class PrometheusMetrics:
         within_rate: np.ndarray | None = None
         latency = math.nan
         q = spec.slo_percentile / 100.0
+        settled: np.ndarray | None = None  # the latency histogram's observations per step (its +Inf bucket)
         if hist_name is not None:
             within_rate = nan.copy()
             if buckets:
                 scaled, counts, missing = self._buckets(buckets)
                 within = np.asarray(bucket_count_below(spec.slo_latency_s, scaled, counts), dtype=float)
                 within_rate = np.where(missing, np.nan, within / step)
+                settled = counts[-1]
                 if not missing[-1]:
                     latency = bucket_quantile(q, scaled, counts[:, -1].tolist())
         elif s.duration is not None and s.requests is not None:
@@ -542,6 +546,14 @@ class PrometheusMetrics:
             scaled, counts, missing = self._buckets(itl_buckets)
             if not missing[-1]:
                 itl = bucket_quantile(q, scaled, counts[:, -1].tolist())
+            if spec.slo_itl_s is not None and within_rate is not None and settled is not None:
+                # A request is in time when its TTFT and its ITL both are. The histograms are separate, so the joint
+                # share is the capacity model's: the smaller of the two (a request that waited for a slot decodes in
+                # a full batch, so the TTFT's misses are among the ITL's; capacity.attainment), per step.
+                itl_in = np.asarray(bucket_count_below(spec.slo_itl_s, scaled, counts), dtype=float)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    itl_share = np.where(counts[-1] > 0, itl_in / counts[-1], 1.0)
+                within_rate = np.fmin(within_rate, np.where(missing, np.nan, itl_share * settled / step))
         stale = now - s.newest > self.stale_after_s
         partial, observed = health if health is not None else (None, 1.0)
         return ModelMetrics(
