@@ -176,7 +176,7 @@ class SlotwiseBatch:
 
     def _n_cand(self) -> int:
         seasonal = 1 if self.season and self.horizon <= self.season else 0
-        return 1 + len(CLIMATE_WINDOWS) + seasonal
+        return 1 + len(CLIMATE_WINDOWS) + seasonal + 1  # (the last: the point + absolute errors)
 
     def _build(self) -> None:
         m, h, q = self.n_series, self.horizon, len(self.levels)
@@ -211,6 +211,8 @@ class SlotwiseBatch:
         self.n_scored_ = np.zeros((j, m, h), dtype=np.int64)
         # Relative errors of the combined point forecast, newest `window` per (series, step).
         self._res = np.full((m, h, self.window), np.nan)
+        # ... and the same errors in the series' own units (see _origin's absolute candidate)
+        self._res_abs = np.full((m, h, self.window), np.nan)
         self._res_pos = 0
         self._res_n = 0
         # Wide, conservative spread (in units of the running level) until enough errors are seen:
@@ -221,6 +223,10 @@ class SlotwiseBatch:
         self._cur_f = np.zeros((m, h, q))
         self._qsel = np.zeros((m, h, q), dtype=np.int64)
         self._cur_spread = np.broadcast_to(self._init_spread, (m, h, q)).copy()
+        self._cur_abs_spread = np.zeros((m, h, q))
+        # The levels each candidate forecasts: all, but the absolute candidate the tail only (see _origin).
+        self._levels_ok = np.ones((self._n_cand(), q), dtype=bool)
+        self._levels_ok[-1] = self.levels > 0.5
         self._cur_s = np.ones(m)
         self._ks = np.arange(h)
         self._sel = np.zeros((m, h), dtype=np.int64)
@@ -311,6 +317,7 @@ class SlotwiseBatch:
         if self._pend_ok[slot].any(axis=0).all():
             # (a relative error of 50 says "outlier", not "widen by 50x")
             self._res[:, :, self._res_pos] = np.where(ok, np.clip(score, -50.0, 50.0), np.nan)
+            self._res_abs[:, :, self._res_pos] = np.where(ok, np.clip(score, -50.0, 50.0) * s, np.nan)
             self._res_pos = (self._res_pos + 1) % self.window
             self._res_n = min(self._res_n + 1, self.window)
         # ... and the tracker corrects whatever coverage error the window leaves.
@@ -412,11 +419,20 @@ class SlotwiseBatch:
         point = np.take_along_axis(pts, sel[None], axis=0)[0]  # (M, h)
         if self._res_n < self.window or self.t_ % self.spread_every == 0 or self._cur_spread.shape[1] != h:
             spread = self._spread(self._res, self._init_spread)
+            abs_spread = (self._spread(self._res_abs, 0.0) if self._res_n >= self.min_scored
+                          else spread * s[:, None, None])
         else:
-            spread = self._cur_spread
+            spread, abs_spread = self._cur_spread, self._cur_abs_spread
         self._cur_point, self._cur_spread, self._cur_s = point, spread, s
+        self._cur_abs_spread = abs_spread
         cand = np.empty((self._n_cand(), self.n_series, h, len(self.levels)))
         cand[0] = np.maximum(point[..., None] + spread * s[:, None, None], 0.0)
+        # The tail of the same errors in the series' units: a relative error is the right unit for noise that grows
+        # with the level, not for a jump that does not -- a series switching on from near idle (ServeGen's clients,
+        # 9 -> 63 req/s) leaves relative errors of 2-4 that, applied at the busy level an hour later, forecast four
+        # times that level for the window's four hours (a model held at 50 replicas where 11 served). The losses
+        # decide which unit a series' tail is in; the median and below stay the relative candidate's.
+        cand[-1] = np.maximum(point[..., None] + abs_spread, 0.0)
         v = self._view()
         for i, w in enumerate(CLIMATE_WINDOWS, start=1):
             cand[i] = np.quantile(v[:, -w:], self.levels, axis=1).T[:, None, :]
@@ -435,7 +451,7 @@ class SlotwiseBatch:
             )
         ok = self.qn_ >= self.min_scored
         ok[0] = True
-        f = self._combine(cand, ok)
+        f = self._combine(cand, ok, self._levels_ok)
         self._cur_f = f
         self._pend_cand[(self.t_ + self._ks) % h, :, :, self._ks] = cand.transpose(2, 0, 1, 3)
         self._pend_f[(self.t_ + self._ks) % h, :, self._ks] = f.transpose(1, 0, 2)
@@ -447,9 +463,10 @@ class SlotwiseBatch:
         self._pend_spread[slots, :, self._ks] = spread.transpose(1, 0, 2)
         self._pend_ok[slots, :, self._ks] = (self.n_obs_ > 0)[None]
 
-    def _combine(self, cand: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    def _combine(self, cand: np.ndarray, ok: np.ndarray, levels_ok: np.ndarray | None = None) -> np.ndarray:
         """The quantile per (series, step, level) from the candidates (C, M, h, Q): a weighted mean with
-        weights (best loss / candidate loss) ** blend_power over the eligible candidates (``ok`` (C, M, h)).
+        weights (best loss / candidate loss) ** blend_power over the eligible candidates (``ok`` (C, M, h); and
+        ``levels_ok`` (C, Q), the levels each candidate forecasts: None, all).
 
         Why a blend, not the argmin: running pinball losses of candidates that are nearly as good differ
         by noise, and picking the smallest flips between them; the pinball loss of a weighted mean of
@@ -460,6 +477,8 @@ class SlotwiseBatch:
         0.1269 -> 0.1225, Azure 500 0.0497 -> 0.0481 (power 1 / 2 / 10: 0.1260 / 0.1234 / 0.1239 and
         0.0523 / 0.0498 / 0.0484)."""
         ql = np.where(ok[..., None] & ~np.isnan(self.qloss_), self.qloss_, np.inf)
+        if levels_ok is not None:  # (C, Q): a candidate that forecasts some levels only has no say at the others
+            ql = np.where(levels_ok[:, None, None, :], ql, np.inf)
         qsel = np.argmin(ql, axis=0)  # (M, h, Q)
         self._qsel = qsel
         picked = np.take_along_axis(cand, qsel[None], axis=0)[0]

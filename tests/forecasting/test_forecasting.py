@@ -166,3 +166,23 @@ def test_zero_aware_offset_is_floored() -> None:
     b = SlotwiseBatch(1, horizon=2, levels=(0.5, 0.9), unit=1.0)
     b.update(y)
     assert b.calib_.r_.min() > -5.0
+
+
+def test_a_series_that_switched_on_from_idle_is_not_forecast_at_a_multiple_of_its_busy_level() -> None:
+    """ServeGen's clients (issue 28): a client idle at 9 req/s for hours jumps to 63, then ramps by a fifth every ten
+    minutes to ~275. The switch-on's errors are several times the idle level; read as relative errors and applied at
+    the busy level they forecast its 0.99 quantile at four times that level (the controller's batch, before the
+    absolute candidate: 1,124 at a level of 274) for the error window's four hours -- a model held at 50 replicas
+    where 11 served. The absolute candidate carries the jump in the series' own units."""
+    from autoscaler.estimation.forecast import FleetForecaster
+
+    rng = np.random.default_rng(7)
+    levels = [9.0] * 600 + [63.0] * 10 + [148.0] * 10 + [190.0] * 10
+    levels += [190.0 * 1.2 ** (k // 10 + 1) for k in range(20)]
+    y = rng.poisson(np.array(levels) * 60.0) / 60.0
+    b = FleetForecaster(step_s=60.0).new_batch(1)  # the controller's batch, its settings
+    b.warm_start(y[None, :590])
+    b.update(y[None, 590:])
+    q = b.predict_quantiles(3, (0.5, 0.99))[0]
+    assert q[0].max() == pytest.approx(levels[-1], rel=0.05)
+    assert q[1].max() < 2.0 * levels[-1]
