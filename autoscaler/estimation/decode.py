@@ -87,7 +87,8 @@ class ItlLearner:
         self._s = [0.0, 0.0, 0.0, 0.0, 0.0]
         self._n = 0
         self._fit = (self.d0, self.alpha0)
-        self._key = (0, self._alpha_key(self.alpha0))
+        self._kept = True
+        self._key = (self.d0, self.alpha0)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -98,19 +99,23 @@ class ItlLearner:
 
     @property
     def d_s(self) -> float:
-        """The ITL of a request decoding alone (s), in 1 % steps of the declared."""
-        return self.d0 * math.exp(self._key[0] * self._step)
+        """The ITL of a request decoding alone (s): the declared one while it is :attr:`kept`, else in 1 % steps."""
+        return self._key[0]
 
     @property
     def alpha(self) -> float:
-        """The ITL's growth per extra request in the batch, in 1 % steps of the full batch's growth."""
-        if self._x1 <= 0.0:
-            return self.alpha0
-        return math.expm1(self._key[1] * self._step) / self._x1
+        """The ITL's growth per extra request in the batch: the declared one while it is :attr:`kept`, else in 1 %
+        steps of the full batch's growth."""
+        return self._key[1]
 
     @property
-    def key(self) -> tuple[int, int]:
-        """The reported values' steps: equal keys, equal values (what a cache of profiles compares)."""
+    def kept(self) -> bool:
+        """Whether the readings bear the declaration out (within the tolerance): the declared values, exactly."""
+        return self._kept
+
+    @property
+    def key(self) -> tuple[float, float]:
+        """The reported ``(d_s, alpha)``: equal keys, equal values (what a cache of profiles compares)."""
         return self._key
 
     def predicted_s(self, batch: float) -> float:
@@ -161,10 +166,11 @@ class ItlLearner:
         d = min(max(d, self._d_lo), self._d_hi)
         self._fit = (d, alpha)
         tol = self._tolerance
-        if abs(d / self.d0 - 1.0) <= tol and abs(d * (1.0 + alpha * x1) / y1 - 1.0) <= tol:
-            self._key = (0, self._alpha_key(self.alpha0))  # the declaration explains the data: kept
-        else:
-            self._key = (round(math.log(d / self.d0) / self._step), self._alpha_key(alpha))
-
-    def _alpha_key(self, alpha: float) -> int:
-        return round(math.log1p(alpha * self._x1) / self._step) if self._x1 > 0.0 else 0
+        self._kept = abs(d / self.d0 - 1.0) <= tol and abs(d * (1.0 + alpha * x1) / y1 - 1.0) <= tol
+        if self._kept:  # the declaration explains the data: its values, exactly
+            self._key = (self.d0, self.alpha0)
+        else:  # 1 % steps of d and of the full batch's growth, so that a steady fit reports the same values
+            step = self._step
+            d_q = self.d0 * math.exp(round(math.log(d / self.d0) / step) * step)
+            a_q = math.expm1(round(math.log1p(alpha * x1) / step) * step) / x1 if x1 > 0.0 else self.alpha0
+            self._key = (d_q, a_q)

@@ -102,10 +102,10 @@ class ModelLearning:
     def profile(self, kind: str | None = None) -> ServiceProfile:
         """The profile to size with on ``kind``: the capacity learner's, with the ITL law the engine's ITL taught
         (:mod:`autoscaler.estimation.decode`; a slower kind's ITL stretched by its declared speed, as its service
-        is). Without an ITL learner, or before its first reading, the capacity learner's as it is."""
+        is). Without an ITL learner, or while its readings bear the declaration out, the capacity learner's as it is."""
         prof = self.capacity.profile(kind)
         itl = self.itl
-        if itl is None or itl.count == 0:
+        if itl is None or itl.kept:  # (no readings yet, or they bear the declaration out: the profile as declared)
             return prof
         hit = self._itl_profiles.get(kind)
         if hit is not None and hit[0] is prof and hit[1] == itl.key:

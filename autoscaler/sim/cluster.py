@@ -121,7 +121,11 @@ class SimCluster:
         instant_start: bool = False,
         lending: LendingPolicy | None = None,
         training: TrainingQueue | None = None,
+        served: dict[str, ModelSpec | SpecError] | None = None,
     ) -> None:
+        # ``specs``: the annotations the controller reads; ``served``: what the replicas really are (cold start, slot
+        # speed, servers), when they differ (a declaration that is wrong: SimWorkload.declared); None: the same.
+        physics = specs if served is None else served
         self.inventory = Inventory.from_nodes(nodes)
         self.models = list(models)
         self.index = {m: i for i, m in enumerate(self.models)}
@@ -140,7 +144,7 @@ class SimCluster:
         self.held_by_model = np.zeros(len(self.models))  # GPU-equivalents held per model (``held`` summed over kinds)
         # servers (concurrency) per replica, and per model GPU-equivalents per server held (None after a change)
         self._servers = np.array([float(s.concurrency) if isinstance(s, ModelSpec) else 1.0
-                                  for s in (specs[x] for x in self.models)])
+                                  for s in (physics[x] for x in self.models)])
         self._gpu_per_server: np.ndarray | None = None
         self.scale_events = 0
         self.reasons: dict[str, int] = {}
@@ -160,7 +164,7 @@ class SimCluster:
         self._off_reference = 0
         # the spec each model is served as (a model with invalid annotations: a default one, as the workload does)
         self._served = [s if isinstance(s, ModelSpec) else ModelSpec(name=x) for x, s in
-                        ((x, specs[x]) for x in self.models)]
+                        ((x, physics[x]) for x in self.models)]
         self._speeds: dict[tuple[int, str, str, str | None, float], float] = {}  # memo of replica_speed
         self._gpus_held = 0.0  # sum of gpu_fraction over held slots, kept incrementally
         # Cost accounting, also incremental (updated on allocate/release only, so a tick reads arrays):
@@ -254,7 +258,7 @@ class SimCluster:
                     for g in a.group_slots:  # a group's other pods: held, not more replicas
                         self._hold(i, g, 1, replica=False)
                     # (a group is Ready as one, when its cold start ends)
-                    ready_at = now if self.instant_start else now + spec.cold_start_s
+                    ready_at = now if self.instant_start else now + self._served[i].cold_start_s
                     self.replicas[i][a.replica_id] = SimReplica(a.replica_id, a.slot, now, ready_at,
                                                                 speed=self._speed(i, a.slot),
                                                                 group_slots=a.group_slots)

@@ -337,7 +337,7 @@ def simulate(
         queue = TrainingQueue(cfg.training if cfg.training is not None else load_training())
     # (the controller reads the annotations it is told: the declared specs of a what-if, else the served ones)
     cluster = SimCluster(nodes, models, workload.controller_specs, drain_s=drain, instant_start=policy.instant_start,
-                         lending=lending, training=queue)
+                         lending=lending, training=queue, served=None if workload.declared is None else specs)
     cluster.score_from = burn_in
     if cfg.static_training_gpus > 0:
         cluster.reserve_static_training(cfg.static_training_gpus)

@@ -118,8 +118,9 @@ def build_workload(trace: Trace, specs: Specs, seed: int = 0, history_s: float =
         told = served_as(declared)
         declared_queue = _queue(trace, [told[m] for m in trace.models], seed)
     if past is not None and history is not None:
-        # (in the unit the controller's learner starts from: the profile the simulated part is served with)
-        means = np.array([queue.profile(i).mean_s for i in range(len(queue.models))])
+        # (in the unit the controller's learner starts from: the profile it is told, the served one unless declared)
+        told_queue = queue if declared_queue is None else declared_queue
+        means = np.array([told_queue.profile(i).mean_s for i in range(len(told_queue.models))])
         history_work = _work_history(past, history, [served[m] for m in past.models], seed, means)
     return SimWorkload(trace, specs, queue, history, history_work, declared, declared_queue)
 

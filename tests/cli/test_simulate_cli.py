@@ -419,9 +419,9 @@ def test_bad_arbitration_flag_exits_2(argv: list[str], message: str, capsys: pyt
 
 def test_declared_models_tell_the_controller_one_spec_while_the_engines_serve_another(tmp_path: Path) -> None:
     """``--declared-models`` (issue 28): the annotations the controller reads, the engines serving ``--models``. A
-    decode declared 20 % fast that hides the ITL's batch cap is learned from the engines' ITL: the run asks for more
-    replicas than one told the same thing would on its own declaration, and meets far more of the SLO than sizing on
-    the declaration would (measured in docs/benchmarks.md section 17)."""
+    decode declared 20 % fast hides the ITL's batch cap: sized on the declaration alone a run holds what engines that
+    really decode that fast need (``true``, 3.75 GPU-h) and misses most minutes (benchmarks.md section 17: 15 % in
+    SLO-meeting minutes); learned from the engines' ITL, it holds the cap's count and meets the SLO."""
     truth = tmp_path / "truth.yaml"
     truth.write_text("defaults:\n  slo-itl-ms: 25\n  decode-batch-slowdown: 0.05\n")
     told = tmp_path / "told.yaml"
@@ -434,7 +434,8 @@ def test_declared_models_tell_the_controller_one_spec_while_the_engines_serve_an
                      "--json", str(out)]) == 0
         (runs[name],) = results(out)
     # (``true``: engines that really decode at 16 ms: the declaration is right and needs fewer replicas)
-    assert runs["told"]["gpu_hours"] > 1.3 * runs["true"]["gpu_hours"]
+    assert runs["told"]["gpu_hours"] > 1.5 * runs["true"]["gpu_hours"]
+    assert runs["told"]["slo_attainment"] >= 0.95
     assert runs["told"]["invalid_models"] == {}
 
 

@@ -79,8 +79,10 @@ def test_readings_of_the_law_at_moving_loads_teach_its_d_and_alpha(d: float, alp
     for _ in range(400):
         a = float(rng.uniform(0.05, 0.9 * c))
         learner.observe(_law(d, alpha, c, a) * (1.0 + 0.01 * rng.standard_normal()), a)
-    assert learner.d_s == pytest.approx(d, rel=0.04)
-    assert d * (1.0 + learner.alpha * (c - 1)) == pytest.approx(d * (1.0 + alpha * (c - 1)), rel=0.04)
+    # (a declaration within the 5 % tolerance at both ends is kept as it is: then it is that close to the truth)
+    tol = 0.055 if learner.kept else 0.04
+    assert learner.d_s == pytest.approx(d, rel=tol)
+    assert learner.d_s * (1.0 + learner.alpha * (c - 1)) == pytest.approx(d * (1.0 + alpha * (c - 1)), rel=tol)
 
 
 def test_a_declaration_the_readings_bear_out_is_kept_exactly() -> None:
@@ -91,8 +93,14 @@ def test_a_declaration_the_readings_bear_out_is_kept_exactly() -> None:
     for _ in range(300):
         a = float(rng.uniform(0.2, 3.0))
         learner.observe(_law(0.020, 0.05, 8, a) * (1.0 + 0.02 * rng.standard_normal()), a)
-    assert learner.key == (0, learner._alpha_key(0.05))
-    assert learner.d_s == 0.020 and learner.alpha == pytest.approx(0.05, rel=0.01)
+    assert learner.kept and learner.key == (0.020, 0.05)
+    assert learner.d_s == 0.020 and learner.alpha == 0.05  # exactly: a rounded 0.0497 would cap at 5
+    # and what sizing is handed is the declared profile itself
+    spec = LLM
+    learning = ModelLearning.start(spec, C.profile_from_spec(spec), 10.0)
+    _feed(learning, 0.020, 0.05, replicas=3)
+    assert learning.itl is not None and learning.itl.count > 0 and learning.itl.kept
+    assert learning.profile() is learning.capacity.profile() and learning.profile().itl_cap == 6
 
 
 def test_one_steady_load_moves_the_level_there_and_keeps_the_declared_shape() -> None:
@@ -147,15 +155,16 @@ def _feed(learning: ModelLearning, d: float, alpha: float, replicas: int, ticks:
 
 def test_sizing_gets_the_itl_law_the_engine_shows_and_its_batch_cap() -> None:
     """Declared 16 ms at batch 1 where the engine decodes at 20: the declared law never binds the batch (16 ms x 1.35
-    is under 25 ms at a full batch of 8), the engine's caps it at 6."""
-    spec = LLM.with_(decode_ms_per_token=16.0)
+    is under the 24.5 ms SLO at a full batch of 8), the engine's caps it at 5 (ITL(5) = 24 ms, ITL(6) = 25 ms)."""
+    spec = LLM.with_(decode_ms_per_token=16.0, slo_itl_ms=24.5)
     prior = C.profile_from_spec(spec)
     learning = ModelLearning.start(spec, prior, 10.0)
     assert learning.profile().itl_cap is None
     _feed(learning, 0.020, 0.05, replicas=3)
     prof = learning.profile()
+    assert learning.itl is not None and not learning.itl.kept
     assert prof.itl_base_s == pytest.approx(0.020, rel=0.02)
-    assert prof.itl_cap in (5, 6)
+    assert prof.itl_cap == 5
     assert prof.mean_s == learning.capacity.profile().mean_s  # the occupancy is the capacity learner's
     assert learning.profile() is prof  # the same object while nothing moved: sizing keeps its memo
 
