@@ -92,6 +92,19 @@ def test_replica_becomes_routable_exactly_after_cold_start() -> None:
     assert o.ready_replicas == 1 and o.active_replicas == 1 and o.desired_replicas == 1
 
 
+def test_a_replica_starts_as_it_is_served_whatever_the_controller_was_told() -> None:
+    """A what-if's declared spec (SimWorkload.declared) is what the controller reads; the replica is the served one: it
+    becomes Ready after the served cold start (60 s), not the declared 5 s, and the snapshot shows the declared spec."""
+    nodes = nodes_from_spec("2xH100-80GB:mig")
+    told = SLICE.with_(cold_start_s=5.0)
+    cluster = SimCluster(nodes, ["a"], {"a": told}, np.array([20.0]), served={"a": SLICE})
+    (slot,) = first_fit_slots(nodes, SLICE, 1)
+    cluster.apply(Plan(now=100.0, actions=[PlaceReplica("a", "a-1", slot)]))
+    assert cluster.advance(105.0)[0] == 0 and cluster.advance(159.9)[0] == 0
+    assert cluster.advance(160.0)[0] == 1
+    assert cluster.snapshot(160.0).models["a"].spec is told
+
+
 def test_placed_replica_holds_its_slot_in_the_inventory() -> None:
     cluster, nodes = make_cluster(nodes_spec="1xH100-80GB:mig")
     slots = first_fit_slots(nodes, SLICE, 2)
