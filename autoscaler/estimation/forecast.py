@@ -231,11 +231,7 @@ class FleetForecaster:
 
     def quantiles(self, name: str, now: float, lead_s: float) -> np.ndarray | None:
         """Per level, the forecast of the peak step rate (req/s) from now to ``now + lead_s``: the
-        maximum of the per-step quantiles over the steps that window covers whole, and of the step it ends in in
-        proportion to how much of that step it covers (linear between the running maxima through the step before and
-        through that step). A window that ends 18 s into a 60 s step takes 30 % of the step's extra risk: with the
-        step's whole peak the answer jumped every half minute between two and three steps ahead (a 90 s lead on 60 s
-        steps), and the count followed the larger. None for unknown models."""
+        maximum of the per-step quantiles over the steps that window touches. None for unknown models."""
         where = self._where.get(name)
         if where is None:
             return None
@@ -244,14 +240,9 @@ class FleetForecaster:
         q = shard.quantiles
         if q.size == 0:
             return None
-        x = (now - shard.boundary_s + max(lead_s, 0.0)) / self.step_s
-        h = math.ceil(x - 1e-9)
+        h = math.ceil((now - shard.boundary_s + max(lead_s, 0.0)) / self.step_s - 1e-9)
         h = min(max(h, 1), q.shape[2])
-        frac = x - (h - 1)
-        if h == 1 or frac >= 1.0:
-            return shard.peaks[row, h - 1]
-        lo, hi = shard.peaks[row, h - 2], shard.peaks[row, h - 1]
-        return lo + (hi - lo) * max(frac, 0.0)
+        return shard.peaks[row, h - 1]
 
     @property
     def models(self) -> list[str]:

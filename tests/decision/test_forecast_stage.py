@@ -151,25 +151,6 @@ def test_longer_lead_time_never_lowers_the_forecast() -> None:
         assert np.all(hi >= lo - 1e-12)
 
 
-def test_the_forecast_grows_smoothly_with_the_lead_into_a_partly_covered_step() -> None:
-    """A lead window ending partway into a step takes that share of the step's extra risk: the forecast runs linearly
-    from the peak through the whole steps to the peak through the one it ends in, so it never jumps as a tick's phase
-    in the step moves (with a 90 s lead on 60 s steps it used to jump every half minute between two steps ahead and
-    three)."""
-    ff = FleetForecaster(step_s=60.0, season_s=None)
-    rng = np.random.default_rng(5)
-    ff.warm_start({"a": np.abs(10 + np.cumsum(rng.normal(0, 3, 500)))}, 60.0)
-    ff.sync(["a"], {})
-    two, three = ff.quantiles("a", 0.0, 120.0), ff.quantiles("a", 0.0, 180.0)
-    assert two is not None and three is not None and np.any(three > two + 1e-9)
-    for frac in (0.1, 0.5, 0.9):
-        got = ff.quantiles("a", 0.0, 120.0 + 60.0 * frac)
-        assert got is not None
-        np.testing.assert_allclose(got, two + frac * (three - two))
-    # the same window seen from later in the step (the origin stays at the boundary): the same answer
-    np.testing.assert_allclose(ff.quantiles("a", 30.0, 120.0), ff.quantiles("a", 0.0, 150.0))
-
-
 def test_shards_are_spread_over_the_ticks_and_aligned_to_the_boundary() -> None:
     names = [f"m{i}" for i in range(12)]
     ff = FleetForecaster(step_s=60.0, season_s=None, shard_size=1)
