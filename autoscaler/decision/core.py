@@ -22,7 +22,7 @@ status with a false condition naming the error (an Event), keeps its replicas, a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,11 +52,11 @@ from autoscaler.decision.arbitration import (
 from autoscaler.decision.config import CoreConfig
 from autoscaler.decision.lend import lend_stage
 from autoscaler.decision.state import ControllerState, ModelState, SizedLoad
-from autoscaler.estimation.capacity import predicted_latency_s, profile_from_spec
+from autoscaler.estimation.capacity import ServiceProfile, predicted_latency_s, profile_from_spec
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.idle_times import IdleTimes, fleet_pool, merge_into
 from autoscaler.estimation.model_learning import ModelLearning
-from autoscaler.estimation.work import offered_rate, work_unit
+from autoscaler.estimation.work import WorkInputs, offered_rate, offered_rates, work_unit
 from autoscaler.policies.base import Forecast, PolicyContext
 from autoscaler.policies.keepalive import histogram_range_s
 from sharing.slots import Inventory, Slot
@@ -107,15 +107,25 @@ def _update_forecaster(
     return forecaster
 
 
-def _work_signal(snapshot: ClusterSnapshot, state: ControllerState) -> Callable[[str, ModelMetrics], np.ndarray]:
-    """What the forecaster forecasts for a model that learns: its offered work (autoscaler/estimation/work.py)."""
-    def signal(name: str, m: ModelMetrics) -> np.ndarray:
-        ms = state.models.get(name)
-        obs = snapshot.models.get(name)
-        if ms is None or ms.learning is None or obs is None:
-            return m.rate
-        return offered_rate(m, obs.ready_replicas, ms.learning.capacity, ms.work_unit, ms.arrival_scv,
-                            ms.profile().median_budget_s)
+def _work_signal(snapshot: ClusterSnapshot,
+                 state: ControllerState) -> Callable[[list[tuple[str, ModelMetrics]]], list[np.ndarray]]:
+    """What the forecaster forecasts for a model that learns: its offered work (autoscaler/estimation/work.py), read
+    for the models it asks about together; the request rate for one that does not learn (yet)."""
+    def signal(rows: list[tuple[str, ModelMetrics]]) -> list[np.ndarray]:
+        out = [m.rate for _, m in rows]
+        asks: list[WorkInputs] = []
+        where: list[int] = []
+        for i, (name, m) in enumerate(rows):
+            ms = state.models.get(name)
+            obs = snapshot.models.get(name)
+            if ms is None or ms.learning is None or obs is None:
+                continue
+            asks.append(WorkInputs(m, obs.ready_replicas, ms.learning.capacity, ms.work_unit, ms.arrival_scv,
+                                   ms.profile().median_budget_s))
+            where.append(i)
+        for i, work in zip(where, offered_rates(asks), strict=True):
+            out[i] = work
+        return out
     return signal
 
 
@@ -164,19 +174,41 @@ def _size_models(
     forecaster: FleetForecaster | None, plan: Plan,
 ) -> tuple[list[_Sized], dict[str, list[RemoveReplica]]]:
     """Every due model sized (its policy inside its behaviour and rails), and the replicas its scale-down removes;
-    invalid specs reported on ``plan``."""
-    sized: list[_Sized] = []
-    removals: dict[str, list[RemoveReplica]] = {}
-    per_node: dict[str, int] | None = None  # allocations per node (consolidate_removals), computed lazily
+    invalid specs reported on ``plan``.
+
+    In three passes, so that the step that costs the same numpy calls for every model runs once for the fleet:
+    each due model learns from its window (:func:`_learn`); the windows' offered work is read together
+    (:func:`autoscaler.estimation.work.offered_rates`); each model is sized (:func:`_decide`). What is reported
+    keeps the snapshot's order of models."""
+    entries: list[tuple[ModelObservation, ModelState | None, _Learned | Exception | None]] = []
     for name, obs in snapshot.models.items():
         if obs.spec is None:
-            _report_invalid(obs, state, plan)
+            entries.append((obs, None, None))
             continue
         try:  # (free unless it raises) one model's failure is that model's only
             ms = _model_state(obs, obs.spec, state, config)
             if snapshot.now < ms.next_decision_at and not zero.needs_activation(obs, metrics.models.get(name)):
                 continue  # (a model whose decision failed stays reported until one succeeds)
-            s = _size(obs, obs.spec, ms, metrics, config, forecaster, snapshot.now, state)
+            entries.append((obs, ms, _learn(obs, obs.spec, ms, metrics, config, snapshot.now)))
+        except Exception as e:
+            entries.append((obs, None, e))
+    work = _offered_rates([x for _, _, x in entries if isinstance(x, _Learned) and x.work is not None])
+
+    sized: list[_Sized] = []
+    removals: dict[str, list[RemoveReplica]] = {}
+    per_node: dict[str, int] | None = None  # allocations per node (consolidate_removals), computed lazily
+    for obs, ms, learned in entries:
+        if learned is None:
+            _report_invalid(obs, state, plan)
+            continue
+        try:
+            if isinstance(learned, Exception):
+                raise learned
+            assert ms is not None and obs.spec is not None
+            work_rate = next(work) if learned.work is not None else None
+            if isinstance(work_rate, Exception):
+                raise work_rate
+            s = _decide(obs, obs.spec, ms, learned, work_rate, config, forecaster, snapshot.now, state)
             current = obs.active_replicas
             route = zero.routing(obs, obs.spec, s.target, s.detail)
             if s.target < current:
@@ -187,12 +219,28 @@ def _size_models(
             _report_failed(obs, e, state, plan)
             continue
         if s.target < current:
-            removals[name] = removal
+            removals[obs.name] = removal
         if route is not None:  # (before the model's ScaleModel, which _finish appends later)
             plan.actions.append(route)
-        state.invalid.pop(name, None)
+        state.invalid.pop(obs.name, None)
         sized.append(s)
     return sized, removals
+
+
+def _offered_rates(learned: list[_Learned]) -> Iterator[np.ndarray | Exception]:
+    """The offered work of each of ``learned``, in order: read together for the fleet; should that raise (one
+    model's window the batch cannot take), read model by model, so only the model whose read raises fails."""
+    rows = [x.work for x in learned if x.work is not None]
+    try:
+        yield from offered_rates(rows)
+        return
+    except Exception:  # (before anything was yielded: offered_rates returns a list)
+        pass
+    for r in rows:
+        try:
+            yield offered_rate(r.metrics, r.ready, r.learner, r.unit, r.arrival_scv, r.budget_s)
+        except Exception as e:
+            yield e
 
 
 def _report_invalid(obs: ModelObservation, state: ControllerState, plan: Plan) -> None:
@@ -239,10 +287,20 @@ def _model_state(obs: ModelObservation, spec: ModelSpec, state: ControllerState,
     return ms
 
 
-def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: MetricsWindow, config: CoreConfig,
-          forecaster: FleetForecaster | None, now: float, state: ControllerState | None = None) -> _Sized:
-    """One due model's decision: learn from the window, forecast, run the policy through its behaviour and rails
-    (:func:`autoscaler.decision.scaledown.normalize`)."""
+@dataclass
+class _Learned:
+    """A due model after it learned from this tick's window: what sizing it reads from that."""
+
+    metrics: ModelMetrics
+    step_s: float  # the metrics window's sample step
+    cold_start_s: float  # the lead time's cold start: learned, else declared
+    profile: ServiceProfile
+    work: WorkInputs | None  # the offered work's inputs (None: the policy does not learn, or stale metrics)
+
+
+def _learn(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: MetricsWindow, config: CoreConfig,
+           now: float) -> _Learned:
+    """A due model learns from the window (cold start, service scale, decode, sizing quantile)."""
     policy = config.policy
     ms.next_decision_at = now + policy.tick_s - 1e-9
     m = metrics.models.get(obs.name, STALE_METRICS)
@@ -252,19 +310,28 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
         learning.observe(obs, m, now, policy.tick_s, metrics.step_s)
         cold_start_s = learning.cold_start.lead_s
     profile = ms.profile()
-    work_rate = None
+    work = None
     if learning is not None:
         ms.work_unit = unit = work_unit(learning.capacity, profile.mean_s)
         if not m.stale:
-            work_rate = offered_rate(m, obs.ready_replicas, learning.capacity, unit, ms.arrival_scv,
-                                     profile.median_budget_s)
+            work = WorkInputs(m, obs.ready_replicas, learning.capacity, unit, ms.arrival_scv, profile.median_budget_s)
+    return _Learned(m, metrics.step_s, cold_start_s, profile, work)
+
+
+def _decide(obs: ModelObservation, spec: ModelSpec, ms: ModelState, learned: _Learned, work_rate: np.ndarray | None,
+            config: CoreConfig, forecaster: FleetForecaster | None, now: float,
+            state: ControllerState | None = None) -> _Sized:
+    """One due model's decision after :func:`_learn`: forecast, run the policy through its behaviour and rails
+    (:func:`autoscaler.decision.scaledown.normalize`), and scale to and from zero."""
+    policy = config.policy
+    m, cold_start_s, profile, learning = learned.metrics, learned.cold_start_s, learned.profile, ms.learning
     ctx = PolicyContext(
         now=now,
         spec=spec,
         current_replicas=obs.active_replicas,
         ready_replicas=obs.ready_replicas,
         metrics=m,
-        metrics_step_s=metrics.step_s,
+        metrics_step_s=learned.step_s,
         forecast=None if m.stale or forecaster is None else _forecast(forecaster, obs.name, cold_start_s, now, config),
         capacity=profile,
         state=ms.policy_state,
@@ -276,12 +343,12 @@ def _size(obs: ModelObservation, spec: ModelSpec, ms: ModelState, metrics: Metri
     ms.policy_state, ms.scale_down = scaled.state, scaled.scale_down
     if scaled.arrival_scv is not None:
         ms.arrival_scv = scaled.arrival_scv
-    ms.sized = SizedLoad(ctx.forecast, ctx.sizing_quantile or config.upper_quantile, m.rate, metrics.step_s)
+    ms.sized = SizedLoad(ctx.forecast, ctx.sizing_quantile or config.upper_quantile, m.rate, learned.step_s)
     desired, reason, detail = scaled.desired, scaled.reason, scaled.detail
     if spec.min_replicas == 0:
         lead_s = cold_start_s + policy.tick_s + config.metric_lag_s
         idle, prior = _idle_times(obs.name, spec, ms, state, config)
-        zero.observe(idle, m, metrics.step_s, now, lead_s)
+        zero.observe(idle, m, learned.step_s, now, lead_s)
         desired, reason, detail = zero.apply(obs, spec, m, desired, reason, detail, idle, now, lead_s,
                                              ctx.forecast, prior, config.zero)
     return _Sized(obs, ms, ctx, learning, desired, reason, detail)

@@ -182,13 +182,13 @@ class FleetForecaster:
     # ----------------------------------------------------------------- online
 
     def observe(self, now: float, metrics: MetricsWindow,
-                signal: Callable[[str, ModelMetrics], np.ndarray] | None = None) -> bool:
+                signal: Callable[[list[tuple[str, ModelMetrics]]], Sequence[np.ndarray]] | None = None) -> bool:
         """Fold in the steps completed since each shard's last one (each model's mean rate over each step,
         from its metrics window; NaN where stale or missing). Returns True when a shard was updated.
 
-        ``signal``: the series to forecast for a model, aligned with its ``rate`` samples (the decision core's
-        offered work, :mod:`autoscaler.estimation.work`); None: the request rate. Asked only for the models of a
-        shard due this call.
+        ``signal``: the series to forecast for each of the (name, metrics) it is given, aligned with their ``rate``
+        samples (the decision core's offered work, :mod:`autoscaler.estimation.work`, read for the shard's models
+        together); None: the request rate. Asked only for the models of a shard due this call.
 
         The shards due are spread over the ticks of a step (at most ``ceil(shards / ticks per step)`` per
         call, the longest-waiting first), so that no tick pays for the whole fleet: a shard's forecast is
@@ -217,11 +217,14 @@ class FleetForecaster:
             # and so the time of day of its seasonal members, stays right)
             d = k - shard.step
             y = np.full((len(shard.names), d), np.nan)
+            rows: list[tuple[int, str, ModelMetrics]] = []
             for i, name in enumerate(shard.names):
                 m = metrics.models.get(name)
                 if m is None or m.stale or m.rate.size == 0 or m.partial is not None:  # missing, not halved
                     continue
-                rate = m.rate if signal is None else signal(name, m)
+                rows.append((i, name, m))
+            series = [m.rate for _, _, m in rows] if signal is None else signal([(n, m) for _, n, m in rows])
+            for (i, _, _), rate in zip(rows, series, strict=True):
                 rate = rate[: rate.size - offset] if offset else rate
                 y[i] = aggregate(rate, per, d)
             shard.batch.update(y)

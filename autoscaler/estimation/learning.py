@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -64,6 +64,33 @@ def _in_flight_table(c: int, scv: float) -> tuple[list[float], list[float]]:
     p_wait, decay = wait_params(x, c, 1.0, scv)
     y = x * (1.0 + p_wait / decay)
     return [float(v) for v in y], [float(v) for v in x]
+
+
+@dataclass(frozen=True, eq=False)
+class InFlightInversion:
+    """:func:`_in_flight_table` read the other way on arrays, the batch's own slowdown taken out: a per-replica
+    in-flight count -> the offered Erlangs it implies. Shared (:func:`_inversion`) by the learners of one
+    (concurrency, scv, slowdown): rows of several models' windows with the same object invert in one call."""
+
+    y: np.ndarray
+    x: np.ndarray
+    batch_k: float
+    c_1: float
+
+    def erlangs(self, per_replica: np.ndarray) -> np.ndarray:
+        """Elementwise (any shape): NaN where the reading is missing, negative or beyond the stable range."""
+        with np.errstate(invalid="ignore"):
+            x = np.interp(per_replica, self.y, self.x, right=np.nan)
+            x[~(per_replica >= 0.0)] = np.nan  # (NaN in, negative in)
+            if self.batch_k:
+                x = x / (1.0 + self.batch_k * np.minimum(x, self.c_1))
+        return x
+
+
+@lru_cache(maxsize=512)
+def _inversion(c: int, scv: float, batch_k: float) -> InFlightInversion:
+    y, x = _in_flight_table(c, scv)
+    return InFlightInversion(np.asarray(y), np.asarray(x), batch_k, c - 1.0)
 
 
 @lru_cache(maxsize=512)
@@ -214,8 +241,6 @@ class CapacityLearner:
         scv = round(prior.scv, 9)
         self._y_tab, self._x_tab = _in_flight_table(prior.concurrency, scv)
         self._x_max = self._x_tab[-1]
-        self._y_np: np.ndarray | None = None  # the same table as arrays, for offered_work (built on first use)
-        self._x_np: np.ndarray | None = None
         self._scv = scv
         self._h_tab: list[float] | None = None  # latency table, built on the first latency reading
         self._hx_tab: list[float] = []
@@ -225,6 +250,9 @@ class CapacityLearner:
         # batch's slowdown and sizing would charge it twice. 0 without a slowdown (the division by 1 is exact).
         self._batch_k = prior.batch_slows
         self._c_1 = prior.concurrency - 1.0
+        # The same inversion on arrays, for offered_work: one object per (concurrency, scv, slowdown), shared by
+        # every learner of that shape, so the fleet's windows can be inverted together (work.offered_rates).
+        self.inversion = _inversion(prior.concurrency, scv, self._batch_k)
 
     def declare_speed(self, kind: str, speed: float) -> None:
         """Declare how fast ``kind`` is relative to the reference (as ``declared_speed`` does), e.g. when
@@ -303,17 +331,9 @@ class CapacityLearner:
         replicas. It counts work, not requests: a minute of many short requests and one of fewer long ones that
         keep the same replicas as busy read the same. NaN where the sample is missing or saturated (beyond the
         stable range: a growing queue says nothing about the offered load), and everywhere without a replica."""
-        if self._y_np is None or self._x_np is None:
-            self._y_np, self._x_np = np.asarray(self._y_tab), np.asarray(self._x_tab)
         if ready < 1:
             return np.full(np.shape(in_flight), np.nan)
-        y = np.asarray(in_flight, dtype=float) / ready
-        with np.errstate(invalid="ignore"):
-            x = np.interp(y, self._y_np, self._x_np, right=np.nan)
-            x[~(y >= 0.0)] = np.nan  # (NaN in, negative in)
-            if self._batch_k:
-                x = x / (1.0 + self._batch_k * np.minimum(x, self._c_1))
-        return x * (ready / self._mean)
+        return self.inversion.erlangs(np.asarray(in_flight, dtype=float) / ready) * (ready / self._mean)
 
     # -- learning -----------------------------------------------------------------------------
 

@@ -159,6 +159,38 @@ def test_a_model_whose_actions_fail_loses_its_placements_only(monkeypatch: pytes
     assert {d.inventory.model_of(owner) for owner, _ in d.inventory.allocations()} == {"good"}
 
 
+def test_a_model_whose_offered_work_cannot_be_read_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fleet's windows are read together (work.offered_rates): should that raise, each model is read alone, and
+    # only the model whose read raises fails; the others are decided exactly as if it were not there.
+    from autoscaler.estimation import work
+
+    def config() -> CoreConfig:
+        return build_core(make_policy("slotwise"), metric_lag_s=15.0)
+
+    models = {"bad": GOOD, "good": GOOD}
+    reference = core.decide(snapshot({"good": GOOD}), window(["good"]), fresh_state(), config()).plan
+    alone = work.offered_rate
+
+    def batch(rows):  # type: ignore[no-untyped-def]
+        raise FloatingPointError("overflow in the stacked windows")
+
+    def one(m, *args):  # type: ignore[no-untyped-def]
+        if m is bad_metrics:
+            raise FloatingPointError("overflow in this model's window")
+        return alone(m, *args)
+
+    metrics = window(["bad", "good"])
+    bad_metrics = metrics.models["bad"]
+    monkeypatch.setattr(core, "offered_rates", batch)
+    monkeypatch.setattr(core, "offered_rate", one)
+    plan = core.decide(snapshot(models), metrics, fresh_state(), config()).plan
+    (status,) = statuses(plan, "bad")
+    assert not status.condition_ok and "FloatingPointError" in status.message
+    assert [type(a) for a in plan.actions if getattr(a, "model", None) == "bad"] == [UpdateStatus]
+    assert lines_of(plan, "good") == lines_of(reference, "good")
+    assert any(isinstance(a, ScaleModel) for a in plan.actions if a.model == "good")
+
+
 def test_a_models_placement_work_is_bounded_whatever_its_annotations() -> None:
     """Counted in packer calls: before issue 16 the slicer's 100,000 max replicas of 0.01-GPU shares meant one
     placement per share the GPUs could take (200 here, 1,000 per GPU at 0.001: the 102 s tick)."""

@@ -86,7 +86,7 @@ def test_the_fleet_forecaster_forecasts_the_signal_it_is_given_not_the_request_r
         return float(values[len(values) // 2])
 
     rate_only = run(None)
-    work = run(lambda name, m: m.rate * 3.0)
+    work = run(lambda rows: [m.rate * 3.0 for _, m in rows])
     assert math.isclose(rate_only, 2.0, rel_tol=0.15)
     assert math.isclose(work, 6.0, rel_tol=0.15)
 
@@ -105,3 +105,30 @@ def test_replicas_that_do_not_keep_up_read_at_least_the_request_rate() -> None:
     assert offered_rate(slow, 1, learner, unit=1.0, arrival_scv=1.0, budget_s=10.0)[0] < 4.0  # (within budget)
     read = offered_rate(slow, 1, learner, unit=1.0, arrival_scv=1.0, budget_s=0.05)
     assert read[0] >= 4.0
+
+
+_WINDOW = st.lists(st.one_of(st.floats(0.0, 400.0), st.just(math.nan), st.just(-1.0)), min_size=6, max_size=6)
+
+
+@given(rows=st.lists(st.tuples(st.sampled_from([2, 8]), st.sampled_from([0.0, 0.05]), st.integers(0, 6),
+                               st.sampled_from([1.0, 2.0]), st.floats(0.2, 3.0), st.floats(0.1, 20.0),
+                               _WINDOW, _WINDOW, st.booleans()),
+                     min_size=0, max_size=8))
+def test_the_fleet_read_together_equals_each_model_read_alone(rows: list) -> None:
+    # offered_rates stacks the windows of the learners that share an inversion table: every row must be exactly its
+    # offered_rate, whatever the mix of table shapes, window lengths, missing or negative samples, replicas and
+    # dispersions (a row that cannot read its work keeps its request rate).
+    from autoscaler.estimation.work import WorkInputs, offered_rates
+
+    inputs = []
+    for c, slows, ready, scv, unit, budget, rate, in_flight, short in rows:
+        prior = ServiceProfile(occupancy_s=np.full(8, 2.0), latency_part_s=np.full(8, 0.5), concurrency=c,
+                               slo_s=10.0, percentile=95.0, decode_slowdown=slows, decode_share=1.0 if slows else 0.0)
+        n = 4 if short else 6
+        m = ModelMetrics(rate=np.array(rate[:n]), in_flight=np.array(in_flight[:n]))
+        inputs.append(WorkInputs(m, ready, CapacityLearner(prior), unit, scv, budget))
+    together = offered_rates(inputs)
+    assert len(together) == len(inputs)
+    for got, r in zip(together, inputs, strict=True):
+        alone = offered_rate(r.metrics, r.ready, r.learner, r.unit, r.arrival_scv, r.budget_s)
+        np.testing.assert_array_equal(got, alone)
