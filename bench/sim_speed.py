@@ -3,13 +3,18 @@
 The 50 models are ServeGen m-small's 43 real clients (14 days of 10-minute rates) plus 7 of them again,
 shifted by one day so they are not copies in phase. Prints wall time and cost per tick.
 
-    .venv/bin/python bench/sim_speed.py [--days 14] [--models 50] [--policy slotwise]
+    .venv/bin/python bench/sim_speed.py [--days 14] [--models 50] [--policy slotwise] [--digest]
+
+``--digest`` also prints a sha256 of the run's per-minute arrays (arrivals, within, replicas, desired, latency,
+GPU-seconds) and its GPU-hours: two commits whose digests match decided the same (the check that a speed-up changed
+no decision).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import time
 
 import numpy as np
@@ -29,6 +34,7 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=50)
     ap.add_argument("--policy", default="slotwise")
     ap.add_argument("--tick", type=float, default=10.0)
+    ap.add_argument("--digest", action="store_true", help="print a sha256 of the per-minute arrays")
     args = ap.parse_args()
 
     base = resolve_trace("servegen-m-small")
@@ -54,6 +60,12 @@ def main() -> None:
     # CPU time is what one core spent; wall time also counts waiting for a core on a shared machine.
     print(f"cpu={cpu:.1f}s  wall={wall:.1f}s  per_tick={cpu / ticks * 1e6:.0f}us  "
           f"per_model_tick={cpu / ticks / len(workload.models) * 1e6:.1f}us  sim_wall_s={result.sim_wall_s:.1f}")
+    if args.digest:
+        h = hashlib.sha256()
+        for a in (result.minute_arrivals, result.minute_within, result.minute_replicas, result.minute_desired,
+                  result.minute_latency, result.minute_gpu_s):
+            h.update(np.ascontiguousarray(a).tobytes())
+        print(f"digest={h.hexdigest()[:16]}  gpu_hours={result.gpu_hours:.4f}  scale_events={result.scale_events}")
 
 
 if __name__ == "__main__":
