@@ -22,7 +22,7 @@ status with a false condition naming the error (an Event), keeps its replicas, a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -192,7 +192,7 @@ def _size_models(
             entries.append((obs, ms, _learn(obs, obs.spec, ms, metrics, config, snapshot.now)))
         except Exception as e:
             entries.append((obs, None, e))
-    work = _offered_rates([x for _, _, x in entries if isinstance(x, _Learned) and x.work is not None])
+    work = iter(_offered_rates([x.work for _, _, x in entries if isinstance(x, _Learned) and x.work is not None]))
 
     sized: list[_Sized] = []
     removals: dict[str, list[RemoveReplica]] = {}
@@ -227,20 +227,21 @@ def _size_models(
     return sized, removals
 
 
-def _offered_rates(learned: list[_Learned]) -> Iterator[np.ndarray | Exception]:
-    """The offered work of each of ``learned``, in order: read together for the fleet; should that raise (one
-    model's window the batch cannot take), read model by model, so only the model whose read raises fails."""
-    rows = [x.work for x in learned if x.work is not None]
+def _offered_rates(rows: list[WorkInputs]) -> list[np.ndarray | Exception]:
+    """The offered work of each row, in order: read together for the fleet; should that raise (one model's window
+    the batch cannot take), read model by model, so only the model whose read raises fails (its exception in its
+    place)."""
     try:
-        yield from offered_rates(rows)
-        return
-    except Exception:  # (before anything was yielded: offered_rates returns a list)
+        return list(offered_rates(rows))
+    except Exception:
         pass
+    out: list[np.ndarray | Exception] = []
     for r in rows:
         try:
-            yield offered_rate(r.metrics, r.ready, r.learner, r.unit, r.arrival_scv, r.budget_s)
+            out.append(offered_rate(r.metrics, r.ready, r.learner, r.unit, r.arrival_scv, r.budget_s))
         except Exception as e:
-            yield e
+            out.append(e)
+    return out
 
 
 def _report_invalid(obs: ModelObservation, state: ControllerState, plan: Plan) -> None:
