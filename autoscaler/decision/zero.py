@@ -1,6 +1,6 @@
 """The zero rail: scale to and from zero for models with ``min-replicas: 0`` (issue 18), for every policy.
 
-Applied once per decision after :func:`autoscaler.decision.scaledown.normalize` (``core._size``), to the count the
+Applied once per decision after :func:`autoscaler.decision.scaledown.normalize` (``core._decide``), to the count the
 policy and the rails chose; models with ``min_replicas >= 1`` are never touched. In order:
 
 1. requests held (``ModelMetrics.held_requests > 0``): at least one, for any current count -- from zero at once

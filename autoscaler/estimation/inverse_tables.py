@@ -1,8 +1,9 @@
 """The queueing model's tables read backwards: from what the replicas hold (the mean in-flight count, the latency at
 the SLO percentile) to the offered load in Erlangs that implies. One table per shape of service (concurrency,
 dispersion, and for the latency the latency part's shape), computed once and shared by every learner of that shape
-(:class:`autoscaler.estimation.learning.CapacityLearner` inverts one observation with a bisect on the lists; the
-decision core inverts the fleet's windows on arrays, :class:`InFlightInversion`)."""
+(:class:`autoscaler.estimation.learning.CapacityLearner` inverts one observation with a bisect on the lists, and a
+window on arrays with :class:`InFlightInversion`, which :func:`autoscaler.estimation.work.offered_rates` applies to
+the fleet's windows at once)."""
 
 from __future__ import annotations
 

@@ -75,16 +75,16 @@ class WorkInputs:
 
 def offered_rates(rows: Sequence[WorkInputs]) -> list[np.ndarray]:
     """:func:`offered_rate` of every row, the fleet's windows read together: the rows whose learners share an
-    inversion table (the same concurrency, dispersion and slowdown) and whose windows have the same length are
+    inversion table (the same concurrency, dispersion and slowdown) and whose windows have the same shape are
     stacked and inverted in one pass of numpy calls, rather than one pass per model (per model and tick the calls'
     overhead, not their ~60 samples, was the cost: ~12 us a model). Elementwise the same operations on the same
     values: each row equals its :func:`offered_rate` exactly."""
     out = [r.metrics.rate for r in rows]  # (the rows whose work cannot be read keep their request rate)
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for i, r in enumerate(rows):
         m = r.metrics
         if _reads_work(m, r.ready, r.arrival_scv):
-            groups.setdefault((id(r.learner.inversion), m.rate.size), []).append(i)
+            groups.setdefault((id(r.learner.inversion), m.rate.shape), []).append(i)
     for members in groups.values():
         if len(members) == 1:
             r = rows[members[0]]
