@@ -77,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         card = scorecard(r, None, lower_bound_gpu_hours=bound.gpu_hours, attainable=bound.attainable)
         row = {"variant": text, "gpu_hours": card["gpu_hours"], "vs_lower_bound": card["gpu_hours_vs_lower_bound"],
                "violating_requests": card["violating_requests"], "slo_attainment": card["slo_attainment"],
+               "scale_events": card["scale_events"],
                "per_model_gpu_hours": {m: pm["gpu_hours"] for m, pm in card["per_model"].items()},
                "cpu_s": time.process_time() - t0}
         rows.append(row)
         models = "" if len(row["per_model_gpu_hours"]) > 4 else "  " + " ".join(
             f"{m} {h:.2f}" for m, h in row["per_model_gpu_hours"].items())
         print(f"{text:45s} GPU-h {row['gpu_hours']:9.2f} ({row['vs_lower_bound']:.3f}x bound)  violating "
-              f"{row['violating_requests']:9,d}  in SLO {row['slo_attainment']:.4f}{models}", flush=True)
+              f"{row['violating_requests']:9,d}  in SLO {row['slo_attainment']:.4f}  "
+              f"events {row['scale_events']:,d}{models}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"trace": args.trace, "lower_bound_gpu_hours": bound.gpu_hours, "rows": rows}, f, indent=1)

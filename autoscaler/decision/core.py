@@ -80,7 +80,11 @@ def _forecast(
     values = forecaster.quantiles(name, now, horizon_s)
     if values is None:
         return None
-    return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s)
+    # (what a replica asked for now serves: from its cold start to the end of the window, the next decision's
+    # replicas' ready time; autoscaler/policies/horizon.py)
+    ready = forecaster.ready_quantiles(name, now, horizon_s, cold_start_s)
+    after = None if ready is None else Forecast(forecaster.levels, ready, horizon_s - cold_start_s)
+    return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s, ready=after)
 
 
 def _update_forecaster(

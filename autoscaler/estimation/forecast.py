@@ -235,6 +235,30 @@ class FleetForecaster:
     def quantiles(self, name: str, now: float, lead_s: float) -> np.ndarray | None:
         """Per level, the forecast of the peak step rate (req/s) from now to ``now + lead_s``: the
         maximum of the per-step quantiles over the steps that window touches. None for unknown models."""
+        found = self._window(name, now, lead_s)
+        if found is None:
+            return None
+        shard, row, _ahead, h = found
+        return shard.peaks[row, h - 1]
+
+    def ready_quantiles(self, name: str, now: float, lead_s: float, from_s: float) -> np.ndarray | None:
+        """As :meth:`quantiles`, over the steps of that window that end after ``now + from_s`` (the planner's ready
+        window: what a replica asked for now, ready after its cold start ``from_s``, can still serve;
+        :mod:`autoscaler.policies.horizon`). None for unknown models, and where no step is left out (the window
+        is then the whole of :meth:`quantiles`')."""
+        found = self._window(name, now, lead_s)
+        if found is None:
+            return None
+        shard, row, ahead, h = found
+        first = min(math.floor((ahead + max(from_s, 0.0)) / self.step_s + 1e-9) + 1, h)
+        if first <= 1:
+            return None
+        q = shard.quantiles[row]
+        return q[:, h - 1] if first == h else q[:, first - 1 : h].max(axis=1)
+
+    def _window(self, name: str, now: float, lead_s: float) -> tuple[_Shard, int, float, int] | None:
+        """The model's shard and row, how far ``now`` is past the shard's forecast origin, and how many forecast
+        steps the window to ``now + lead_s`` touches."""
         where = self._where.get(name)
         if where is None:
             return None
@@ -243,9 +267,9 @@ class FleetForecaster:
         q = shard.quantiles
         if q.size == 0:
             return None
-        h = math.ceil((now - shard.boundary_s + max(lead_s, 0.0)) / self.step_s - 1e-9)
-        h = min(max(h, 1), q.shape[2])
-        return shard.peaks[row, h - 1]
+        ahead = now - shard.boundary_s
+        h = math.ceil((ahead + max(lead_s, 0.0)) / self.step_s - 1e-9)
+        return shard, row, ahead, min(max(h, 1), q.shape[2])
 
     @property
     def models(self) -> list[str]:

@@ -30,11 +30,15 @@ from autoscaler.estimation.capacity import ServiceProfile
 @dataclass(frozen=True)
 class Forecast:
     """Quantiles of the request rate (req/s) over the next ``horizon_s``: ``values[i]`` is the
-    ``quantiles[i]`` quantile of the peak step rate in the horizon."""
+    ``quantiles[i]`` quantile of the peak step rate in the horizon.
+
+    ``ready``: the same over the part of the horizon a replica asked for now can serve, from its cold start on (None:
+    the whole horizon); what a scale-up is sized for (:mod:`autoscaler.policies.horizon`)."""
 
     quantiles: tuple[float, ...]
     values: np.ndarray
     horizon_s: float
+    ready: Forecast | None = None
 
     def at(self, q: float) -> float:
         """The ``q`` quantile: interpolated between the levels, and beyond the top level extrapolated with

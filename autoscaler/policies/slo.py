@@ -14,7 +14,9 @@ Registered as ``slotwise``. What it is given (by the decision core, learned onli
 What it adds, each tick:
 
 1. **Plan**: desired = fewest replicas meeting the SLO at max(forecast quantile, observed load over the
-   stable window) -- the observed floor because a forecast that lags a ramp must not shed busy replicas.
+   stable window) -- the observed floor because a forecast that lags a ramp must not shed busy replicas. The
+   receding horizon's first step (:mod:`autoscaler.policies.horizon`): a scale-up is for the part of the lead window
+   a replica asked for now can serve (``Forecast.ready``, from its cold start on), the whole window is held.
    The forecast quantile is of the arrival intensity (its spread less the Poisson noise of a minute's count,
    which the queueing model charges again), and bursts are charged as batches of the arrivals' measured
    dispersion that must be served within the SLO (not as a Poisson wait stretched by it: that asked for 201
@@ -47,6 +49,7 @@ from autoscaler.estimation import capacity as capacity_model
 from autoscaler.estimation.capacity import ServiceProfile, quantize_up
 from autoscaler.estimation.learning import SloQuantile
 from autoscaler.policies.base import Forecast, NMinus1, PolicyContext, PolicyResult, ScalingBehavior
+from autoscaler.policies.horizon import first_step
 
 
 @dataclass(frozen=True)
@@ -162,14 +165,23 @@ class SloPolicy:
             # Without a forecast this is a reactive policy; say so rather than claim a forecast.
             load, reason = stable, Reason.REACTIVE
         raw = self._size(load, ctx, profile)
+        # The receding horizon's scale-up need (autoscaler/policies/horizon.py): the part of the window a replica
+        # asked for now can serve, from its cold start on; ``raw`` is what the whole window holds.
+        up = raw
+        ready = ctx.forecast.ready if ctx.forecast is not None else None
+        if ready is not None and math.isfinite(forecast) and (ready_load := ready.at(q)) < ctx.forecast.at(q):
+            # (the usual case is none lower: a quantile's spread widens with the horizon, and its peak is the last step)
+            if self.deflate_poisson:
+                ready_load = intensity_quantile(ready, q, FORECAST_STEP_S, value=ready_load)
+            up = self._size(max(ready_load, stable), ctx, profile)
         # The load a burst lands on is the typical one, the forecast's median: its upper quantile is high *because*
         # minutes with a burst in them are (on the Azure code model q0.995 read 16 req/s around bursts on a
         # median of 3), and a burst charged as a batch on top of it is charged twice.
         expected = ctx.forecast.at(0.5) if ctx.forecast is not None else math.nan
         expected = max(expected, stable) if math.isfinite(expected) else load
         batch = capacity_model.batch_replicas(min(expected, load), dispersion, profile) if self.burstiness else 0
-        if batch > raw:
-            raw = min(batch, ctx.spec.max_replicas + 1)
+        batch = min(batch, ctx.spec.max_replicas + 1)
+        raw, up = max(raw, batch), max(up, batch)  # (a burst can come at any time: a floor of both needs)
         detail = f"{_q_text(q)} forecast {forecast:.2f}, observed {stable:.2f} req/s ({short:.2f} short): {raw}"
         # A queue already built (after a burst, or a jump the forecast missed) must drain, not only stop
         # growing: size for the arrivals plus the backlog spread over ``drain_s`` (Little's law: the
@@ -195,7 +207,7 @@ class SloPolicy:
             # (also when not above the current count: then it is the floor the scale-down must respect)
             if panic > current:
                 reason = Reason.PANIC
-            raw = panic
+            raw, up = panic, max(up, panic)
             detail = f"short-window load {short:.2f} req/s, backlog {max(backlog, 0.0):.0f}: {panic}"
 
         knee = capacity_model.knee_target(profile)
@@ -209,6 +221,11 @@ class SloPolicy:
         if profile.itl_slo_s is not None:
             itl_reason, detail = _itl_detail(load, profile, spec, detail)
             reason = itl_reason or reason
+        if up < raw:
+            planned = first_step(current, up, raw)
+            if planned < raw:
+                detail = f"{detail}; {planned} by the ready window ({up} needed from the cold start on)"
+            raw = planned
         new_state = state if (dispersion_at == state.dispersion_at) \
             else SloState(dispersion, dispersion_at, peak, peak_at)  # (immutable: kept while unchanged)
         n_minus_1 = None

@@ -151,6 +151,26 @@ def test_longer_lead_time_never_lowers_the_forecast() -> None:
         assert np.all(hi >= lo - 1e-12)
 
 
+def test_the_ready_window_is_the_peak_of_the_steps_a_replica_asked_for_now_can_serve() -> None:
+    ff = FleetForecaster(step_s=60.0, season_s=None)
+    rng = np.random.default_rng(3)
+    ff.warm_start({"a": np.abs(10 + np.cumsum(rng.normal(0, 1, 500)))}, 60.0)
+    ff.sync(["a"], {})
+    per_step = ff._shards[0].quantiles[0]  # (levels, steps) from the forecast's origin
+    # 30 s past the origin, a 120 s cold start and an 80 s tick: the window (to 230 s) touches steps 1-4, a replica
+    # serves from the middle of step 3 (150 s) on
+    ready = ff.ready_quantiles("a", 30.0, 200.0, from_s=120.0)
+    assert ready is not None
+    np.testing.assert_array_equal(ready, per_step[:, 2:4].max(axis=1))
+    np.testing.assert_array_equal(ff.quantiles("a", 30.0, 200.0), per_step[:, :4].max(axis=1))
+    assert np.all(ready <= ff.quantiles("a", 30.0, 200.0))
+    # a cold start within the first step leaves no step out: the whole window is the ready window
+    assert ff.ready_quantiles("a", 0.0, 70.0, from_s=20.0) is None
+    # a cold start past the forecast's horizon: the last step (the horizon's quantiles repeat beyond it)
+    np.testing.assert_array_equal(ff.ready_quantiles("a", 0.0, 1000.0, from_s=900.0), per_step[:, -1])
+    assert ff.ready_quantiles("unknown", 0.0, 70.0, from_s=20.0) is None
+
+
 def test_shards_are_spread_over_the_ticks_and_aligned_to_the_boundary() -> None:
     names = [f"m{i}" for i in range(12)]
     ff = FleetForecaster(step_s=60.0, season_s=None, shard_size=1)

@@ -280,6 +280,25 @@ def test_sizes_for_the_forecast_at_the_sizing_quantile(fake_slo: list[Any]) -> N
     assert run(p, context(p, low, current=1, fc=forecast(), q=0.999)).desired == 7  # tail: 70
 
 
+def test_a_scale_up_is_sized_for_the_ready_window_and_the_whole_window_is_held(fake_slo: list[Any]) -> None:
+    # The lead window peaks before a replica asked for now could serve (q0.995 56 req/s over the whole window, 30
+    # req/s from the cold start on): the receding horizon's first step (policies/horizon.py).
+    p = SloPolicy(deflate_poisson=False)
+    ready = Forecast(quantiles=LEVELS, values=np.array((10.0, 20.0, 25.0)), horizon_s=30.0)
+    fc = replace(forecast(), ready=ready)
+    low = metrics(5.0)
+    up = fake_count(ready.at(Q95))
+    assert (up, fake_count(forecast().at(Q95))) == (3, 6)
+    res = run(p, context(p, low, current=1, fc=fc), SETTLED)
+    assert (res.desired, res.reason) == (up, Reason.FORECAST)  # not 6: those would arrive after the peak
+    assert "ready window" in res.detail
+    assert run(p, context(p, low, current=4, fc=fc), SETTLED).desired == 4  # in between: what is in place serves
+    # above: the whole window is held (a scale-down to the N-1 check's count at its stricter quantile, 62 req/s)
+    assert run(p, context(p, low, current=9, fc=fc), SETTLED).desired == fake_count(forecast().at(Q95_DOWN)) == 7
+    # without a ready window (the usual case: the quantiles peak at the window's end) the whole window sizes both
+    assert run(p, context(p, low, current=1, fc=forecast()), SETTLED).desired == 6
+
+
 def test_observed_stable_window_is_a_floor_under_the_forecast(fake_slo: list[Any]) -> None:
     p = SloPolicy()
     # A forecast lagging a ramp (10 req/s at q) does not shed replicas busy with 80 req/s now.
