@@ -99,6 +99,10 @@ class ModelSpec:
     decode_ms_per_token: float | None = None  # the ITL of a request decoding alone (batch 1)
     decode_batch_slowdown: float = 0.0  # ITL's growth per extra request in the decode batch (0: none)
     concurrency: int = 1
+    # KV cache one replica holds, in tokens (vLLM logs it at start: GPU blocks x block size). The simulator's engines
+    # admit a replica's requests only as far as their KV fits and report its use, the KV rail's signal
+    # (autoscaler/sim/queueing.py); the controller reads the use from the engines, not this. None: not simulated.
+    kv_cache_tokens: int | None = None
     expected_rps: float | None = None  # load hint for a new model, until it has history
     # Scale to zero (min_replicas 0 only; autoscaler/decision/zero.py, autoscaler/policies/keepalive.py): which
     # keep-alive policy decides 0 or 1 for an idle model, fixed's keep-alive (also the idle-time histogram's range
@@ -272,6 +276,7 @@ SCHEMA: dict[str, tuple[str, Callable[[str], Any]]] = {
     "decode-ms-per-token": ("decode_ms_per_token", _nonneg_float),
     "decode-batch-slowdown": ("decode_batch_slowdown", _slowdown),
     "concurrency": ("concurrency", _positive_int),
+    "kv-cache-tokens": ("kv_cache_tokens", _positive_int),
     "expected-rps": ("expected_rps", _nonneg_float),
     "keep-alive": ("keep_alive", _choice(KEEP_ALIVE_POLICIES)),
     "keep-alive-seconds": ("keep_alive_s", _positive_float),

@@ -132,9 +132,37 @@ class SloPolicy:
         # count reaches is sized at its knee (capacity.knee_replicas), not at the ceiling.
         return capacity_model.knee_replicas(rate, profile, ctx.spec.max_replicas + 1)
 
+    def _dispersion(self, state: SloState, ctx: PolicyContext) -> tuple[float, float, float, float]:
+        """The arrivals' dispersion to size bursts for and when it was measured, and the largest within the burst
+        memory and when: re-measured once per stable window."""
+        now = ctx.now
+        dispersion, dispersion_at = state.dispersion, state.dispersion_at
+        peak, peak_at = state.peak, state.peak_at
+        if self.burstiness and now - dispersion_at >= self.stable_window_s:
+            # Bursts are the traffic's habit, not the last window's: a quiet window lowers the batch the model is
+            # sized for only slowly (half-life ``burst_memory_s``), or the next burst finds the replicas shed.
+            fade = 0.5 ** ((now - dispersion_at) / self.burst_memory_s) if math.isfinite(dispersion_at) else 0.0
+            measured = arrival_dispersion(ctx.metrics.rate, ctx.metrics_step_s)
+            dispersion, dispersion_at = max(measured, 1.0 + (dispersion - 1.0) * fade), now
+            if measured >= peak or now - peak_at > self.burst_memory_s:
+                peak, peak_at = measured, now
+        return dispersion, dispersion_at, peak, peak_at
+
+    def _ready_need(self, ctx: PolicyContext, q: float, stable: float, whole: int) -> int:
+        """The replicas the part of the lead window a replica asked for now can serve needs (``Forecast.ready``, from
+        its cold start on; :mod:`autoscaler.policies.horizon`); ``whole``: what the whole window needs."""
+        forecast = ctx.forecast
+        ready = forecast.ready if forecast is not None else None
+        if forecast is None or ready is None or not (load := ready.at(q)) < forecast.at(q):
+            # (the usual case: a quantile's spread widens with the horizon, and its peak is the window's last step)
+            return whole
+        if self.deflate_poisson:
+            load = intensity_quantile(ready, q, FORECAST_STEP_S, value=load)
+        return self._size(max(load, stable), ctx, ctx.capacity)
+
     def decide(self, ctx: PolicyContext) -> PolicyResult:
         state: SloState = ctx.state if isinstance(ctx.state, SloState) else SloState()
-        now, current, spec = ctx.now, ctx.current_replicas, ctx.spec
+        current, spec = ctx.current_replicas, ctx.spec
         first_q = SloQuantile.initial(spec.slo_percentile)
         q = ctx.sizing_quantile if ctx.sizing_quantile is not None else first_q
         q_down = 1.0 - (1.0 - q) * self.down_margin
@@ -145,16 +173,7 @@ class SloPolicy:
         short = _window_mean(load_rate, step, self.panic_window_s) or 0.0
 
         profile = ctx.capacity
-        dispersion, dispersion_at = state.dispersion, state.dispersion_at
-        peak, peak_at = state.peak, state.peak_at
-        if self.burstiness and now - dispersion_at >= self.stable_window_s:
-            # Bursts are the traffic's habit, not the last window's: a quiet window lowers the batch the model is
-            # sized for only slowly (half-life ``burst_memory_s``), or the next burst finds the replicas shed.
-            fade = 0.5 ** ((now - dispersion_at) / self.burst_memory_s) if math.isfinite(dispersion_at) else 0.0
-            measured = arrival_dispersion(ctx.metrics.rate, step)
-            dispersion, dispersion_at = max(measured, 1.0 + (dispersion - 1.0) * fade), now
-            if measured >= peak or now - peak_at > self.burst_memory_s:
-                peak, peak_at = measured, now
+        dispersion, dispersion_at, peak, peak_at = self._dispersion(state, ctx)
         forecast = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
         if self.deflate_poisson and math.isfinite(forecast):
             forecast = intensity_quantile(ctx.forecast, q, FORECAST_STEP_S, value=forecast)
@@ -167,13 +186,7 @@ class SloPolicy:
         raw = self._size(load, ctx, profile)
         # The receding horizon's scale-up need (autoscaler/policies/horizon.py): the part of the window a replica
         # asked for now can serve, from its cold start on; ``raw`` is what the whole window holds.
-        up = raw
-        ready = ctx.forecast.ready if ctx.forecast is not None else None
-        if ready is not None and math.isfinite(forecast) and (ready_load := ready.at(q)) < ctx.forecast.at(q):
-            # (the usual case is none lower: a quantile's spread widens with the horizon, and its peak is the last step)
-            if self.deflate_poisson:
-                ready_load = intensity_quantile(ready, q, FORECAST_STEP_S, value=ready_load)
-            up = self._size(max(ready_load, stable), ctx, profile)
+        up = raw if not math.isfinite(forecast) else self._ready_need(ctx, q, stable, raw)
         # The load a burst lands on is the typical one, the forecast's median: its upper quantile is high *because*
         # minutes with a burst in them are (on the Azure code model q0.995 read 16 req/s around bursts on a
         # median of 3), and a burst charged as a batch on top of it is charged twice.

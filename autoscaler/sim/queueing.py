@@ -197,6 +197,12 @@ class Workload:
     latency_decodes: np.ndarray | None = None
     decode_s: np.ndarray | None = None
     decode_pts: np.ndarray | None = None
+    # The KV cache (issue 28, request logs with token counts and a spec's ``kv_cache_tokens``; None: no model has
+    # one): per model the tokens one replica's cache holds (0: not simulated) and the mean a request in service holds.
+    # ``concurrency`` is then what fits (:meth:`with_kv_cache`).
+    kv_tokens: np.ndarray | None = None
+    kv_held: np.ndarray | None = None
+    declared_concurrency: np.ndarray | None = None  # (the batch limit before the cache's fit)
 
     @property
     def n_models(self) -> int:
@@ -232,6 +238,54 @@ class Workload:
             percentile=float(self.percentile[m]),
             **itl,
         )
+
+    def with_kv_cache(self, kv_tokens: Sequence[int | None], input_tokens: np.ndarray,
+                      output_tokens: np.ndarray) -> Workload:
+        """This request log's workload with each model's KV cache (``kv_tokens`` per model, None: not simulated; the
+        same object when no model has one). ``input_tokens``, ``output_tokens``: per request, in the workload's order.
+
+        A request holds its prompt's KV and, as it decodes, its output's: over its time in service half the output on
+        average, so a replica's requests hold ``mean(occupancy x (in + out / 2)) / mean(occupancy)`` tokens each (the
+        time average, longer requests weighing more). The engine runs as many at once as fit, ``floor(kv_tokens /
+        that)``, at most the declared ``concurrency`` (vLLM's scheduler admits a request when its blocks are free;
+        the rest wait in its queue): an engine whose cache binds first serves fewer at once than its batch limit,
+        which the controller is not told (it learns the capacity, and reads the cache's use, :meth:`kv_use`)."""
+        if all(k is None for k in kv_tokens):
+            return self
+        assert self.model_index is not None and self.occupancy_s is not None
+        held_each = np.asarray(input_tokens, dtype=np.float64) + 0.5 * np.asarray(output_tokens, dtype=np.float64)
+        occ = self.occupancy_s
+        weight = np.bincount(self.model_index, weights=occ, minlength=self.n_models)
+        held = np.bincount(self.model_index, weights=occ * held_each, minlength=self.n_models)
+        held = np.where(weight > 0, held / np.where(weight > 0, weight, 1.0), 0.0)
+        cap = np.array([0 if k is None else k for k in kv_tokens], dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            fits = np.where((cap > 0) & (held > 0), np.floor(cap / np.where(held > 0, held, 1.0)), self.concurrency)
+        concurrency = np.clip(fits, 1, self.concurrency).astype(np.int64)
+        return replace(self, concurrency=concurrency, kv_tokens=cap, kv_held=held,
+                       declared_concurrency=self.concurrency)
+
+    def kv_use(self, in_flight: np.ndarray, replicas: np.ndarray) -> np.ndarray | None:
+        """Each model's KV-cache use (a fraction, vLLM's ``kv_cache_usage_perc``) with ``in_flight`` requests on
+        ``replicas`` routable replicas: the running ones (at most ``concurrency`` a replica; the queued hold none)
+        over the requests a cache holds, ``kv_tokens / kv_held``. Where the cache binds (it holds fewer than the
+        declared concurrency) that count is the whole requests it admits, ``concurrency``: with those running the next
+        one does not fit, and the cache reads full (1), as a saturated engine's gauge does (requests grow as they
+        decode: vLLM's scheduler fills the blocks and preempts). NaN for a model without a simulated cache or
+        without a replica (no engine reports); None when no model has one."""
+        if self.kv_tokens is None or self.kv_held is None:
+            return None
+        n = np.asarray(replicas, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            running = np.minimum(np.asarray(in_flight, dtype=np.float64) / n, self.concurrency)
+            holds = self.kv_tokens / self.kv_held
+            use = running / np.where(holds < self.declared_concurrency, self.concurrency, holds)
+        return np.where((self.kv_tokens > 0) & (n > 0), np.clip(use, 0.0, 1.0), np.nan)
+
+    def queued(self, in_flight: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+        """Requests waiting for a slot (beyond ``concurrency`` a routable replica): the engines' waiting gauge."""
+        n = np.asarray(replicas, dtype=np.float64)
+        return np.maximum(np.asarray(in_flight, dtype=np.float64) - n * self.concurrency, 0.0)
 
     def with_decode(self, itl_slo_s: Sequence[float | None], itl_base_s: Sequence[float],
                     slowdown: Sequence[float], latency_decodes: Sequence[bool],
@@ -362,12 +416,17 @@ class Workload:
         )
         order = np.argsort(np.asarray(log.t, dtype=np.float64), kind="stable")  # (from_requests sorts by time)
         tokens = log.input_tokens is not None and log.output_tokens is not None
-        return out.with_decode(
+        out = out.with_decode(
             [s.slo_itl_s for s in specs], [(s.decode_ms_per_token or 0.0) / 1e3 for s in specs],
             [s.decode_batch_slowdown for s in specs],
             [not (s.slo_metric == "ttft" and tokens
                   and (s.prefill_ms_per_1k_tokens is not None or s.decode_ms_per_token is not None)) for s in specs],
             decode_s=dec[order])
+        if not tokens:
+            return out  # (no token counts: nothing to hold a cache with)
+        assert log.input_tokens is not None and log.output_tokens is not None
+        return out.with_kv_cache([s.kv_cache_tokens for s in specs], np.asarray(log.input_tokens)[order],
+                                 np.asarray(log.output_tokens)[order])
 
     @classmethod
     def from_rates(

@@ -35,6 +35,7 @@ from autoscaler.api.spec import ModelSpec
 from autoscaler.decision.arbitration import ArbitrationPolicy
 from autoscaler.decision.config import DEFAULT_EXACT_BUDGET_S, CoreConfig, build_core
 from autoscaler.decision.node_actions import NodeActionState
+from autoscaler.decision.scaledown import DEFAULT_KV_SATURATION
 from autoscaler.decision.state import fresh_state
 from autoscaler.decision.tick import plan_tick
 from autoscaler.estimation.forecast import FleetForecaster
@@ -150,6 +151,9 @@ class SimConfig:
     # Whether the engines export an ITL histogram (ModelMetrics.itl_s, what the decode learner reads); False: as an
     # engine without one (the declared ITL law is all the controller has).
     itl_metric: bool = True
+    # The KV rail's threshold (the controller's CoreConfig.kv_saturation; None: off, to measure what it does where the
+    # engines simulate a KV cache, a spec's kv-cache-tokens).
+    kv_saturation: float | None = DEFAULT_KV_SATURATION
 
     def __post_init__(self) -> None:
         if self.cold_start_slo not in COLD_START_SLO:
@@ -308,7 +312,7 @@ def sim_core(policy: Policy, cfg: SimConfig) -> CoreConfig:
                       prefer_open_nodes=cfg.lending_prefer_open_nodes,
                       consolidate_removals=cfg.lending_consolidate_removals,
                       device_anti_affinity=bool(cfg.lending_device_anti_affinity),
-                      exact_budget_s=cfg.exact_budget_s)
+                      exact_budget_s=cfg.exact_budget_s, kv_saturation=cfg.kv_saturation)
 
 
 def simulate(
@@ -346,6 +350,7 @@ def simulate(
         models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
     )
     engine = make_engine(cfg.mode, workload, dt, seed=cfg.seed)
+    kv_cache = workload.queue if workload.queue.kv_tokens is not None else None
     # An engine wrapped by a benchmark (bench/fidelity.py's recorder) may not pass the timeout on: it keeps the
     # engines' default (60 s, the SimConfig default too).
     set_timeout = getattr(engine, "set_request_timeout", None)
@@ -409,8 +414,10 @@ def simulate(
             stats = engine.step(now, dt, routable)
         else:  # slot speeds (issue 15): only while some routable replica is not at speed 1
             stats = engine.step(now, dt, routable, cluster)
+        kv = None if kv_cache is None else kv_cache.kv_use(stats.in_flight, routable)  # (only where it is simulated)
         metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt,
-                     held=stats.held, itl=stats.itl_at_slo_pct if cfg.itl_metric else None)
+                     held=stats.held, itl=stats.itl_at_slo_pct if cfg.itl_metric else None, kv_cache=kv,
+                     queued=None if kv is None else kv_cache.queued(stats.in_flight, routable))
         if k < first_scored:
             continue
         for why in plan.decisions.values():  # every decision, also those that leave the count as it is

@@ -40,6 +40,7 @@ VALID: dict[str, tuple[str, str, object]] = {
     "decode-ms-per-token": ("0", "decode_ms_per_token", 0.0),
     "decode-batch-slowdown": ("0.05", "decode_batch_slowdown", 0.05),
     "concurrency": ("8", "concurrency", 8),
+    "kv-cache-tokens": ("65536", "kv_cache_tokens", 65536),
     "expected-rps": ("12.5", "expected_rps", 12.5),
     "keep-alive": ("hybrid", "keep_alive", "hybrid"),
     "keep-alive-seconds": ("900", "keep_alive_s", 900.0),
