@@ -10,7 +10,7 @@ and policy: GPU-hours, x the lower bound, violating requests, the headline SLO a
 rail made (reason ``kv_saturated``) and what each model's engines run at once.
 
     .venv/bin/python bench/kv_rail.py [--trace azure-llm-2023] [--history-hours 0.25] [--kv 32000,16000,10000]
-        [--policies slotwise,hpa] [--json out.json]
+        [--policies slotwise,hpa] [--mode fluid|des] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--history-hours", type=float, default=0.25)
     p.add_argument("--kv", default="32000,16000,10000", help="KV-cache tokens per replica, comma-separated")
     p.add_argument("--policies", default="slotwise,hpa")
+    p.add_argument("--mode", default="fluid", help="fluid or des (the engine)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     trace = resolve_trace(args.trace, None)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
               f"lower bound {bound.gpu_hours:.2f} GPU-h", flush=True)
         for name in args.policies.split(","):
             for rail in (RAIL_ON, None):
-                r = simulate(workload, nodes, make_policy(name), SimConfig(kv_saturation=rail))
+                r = simulate(workload, nodes, make_policy(name), SimConfig(mode=args.mode, kv_saturation=rail))
                 card = scorecard(r, None, lower_bound_gpu_hours=bound.gpu_hours, attainable=bound.attainable)
                 row = {"kv_cache_tokens": kv, "policy": name, "kv_saturation": rail, "fits": fits,
                        "gpu_hours": card["gpu_hours"], "vs_lower_bound": card["gpu_hours_vs_lower_bound"],
