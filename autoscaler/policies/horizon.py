@@ -25,10 +25,9 @@ the moment it is asked for, and serves from its cold start ``c`` on.
   the whole window needs is held; what it does not need goes.
 
 Per-tick sizing at the whole window's peak is this rule whenever the forecast's quantiles do not fall inside the
-window (the usual case: a quantile's spread widens with the horizon). They differ where the cold start spans
-several forecast steps and the forecast peaks before the replicas could be ready (a big model's minutes-long cold
-start ahead of an hour's decline): then per-tick sizing starts replicas that arrive after the peak they were
-started for.
+window (the usual case: a quantile's spread widens with the horizon). They differ where the forecast peaks in a step
+that ends before the replicas could be ready (a big model's minutes-long cold start ahead of an hour's decline): then
+per-tick sizing starts replicas that arrive after the peak they were started for.
 """
 
 from __future__ import annotations

@@ -122,9 +122,12 @@ class SimCluster:
         lending: LendingPolicy | None = None,
         training: TrainingQueue | None = None,
         served: dict[str, ModelSpec | SpecError] | None = None,
+        servers: Sequence[float] | None = None,
     ) -> None:
         # ``specs``: the annotations the controller reads; ``served``: what the replicas really are (cold start, slot
         # speed, servers), when they differ (a declaration that is wrong: SimWorkload.declared); None: the same.
+        # ``servers``: requests a replica runs at once per model, when not the served spec's concurrency (a KV cache
+        # that fits fewer, Workload.with_kv_cache).
         physics = specs if served is None else served
         self.inventory = Inventory.from_nodes(nodes)
         self.models = list(models)
@@ -144,7 +147,8 @@ class SimCluster:
         self.held_by_model = np.zeros(len(self.models))  # GPU-equivalents held per model (``held`` summed over kinds)
         # servers (concurrency) per replica, and per model GPU-equivalents per server held (None after a change)
         self._servers = np.array([float(s.concurrency) if isinstance(s, ModelSpec) else 1.0
-                                  for s in (physics[x] for x in self.models)])
+                                  for s in (physics[x] for x in self.models)] if servers is None else servers,
+                                 dtype=np.float64)
         self._gpu_per_server: np.ndarray | None = None
         self.scale_events = 0
         self.reasons: dict[str, int] = {}

@@ -249,7 +249,7 @@ class Workload:
         time average, longer requests weighing more). The engine runs as many at once as fit, ``floor(kv_tokens /
         that)``, at most the declared ``concurrency`` (vLLM's scheduler admits a request when its blocks are free;
         the rest wait in its queue): an engine whose cache binds first serves fewer at once than its batch limit,
-        which the controller is not told (it learns the capacity, and reads the cache's use, :meth:`kv_use`)."""
+        which the controller is not told (it starts from the declaration and reads the gauges, :meth:`kv_use`)."""
         if all(k is None for k in kv_tokens):
             return self
         assert self.model_index is not None and self.occupancy_s is not None
@@ -265,27 +265,29 @@ class Workload:
         return replace(self, concurrency=concurrency, kv_tokens=cap, kv_held=held,
                        declared_concurrency=self.concurrency)
 
-    def kv_use(self, in_flight: np.ndarray, replicas: np.ndarray) -> np.ndarray | None:
-        """Each model's KV-cache use (a fraction, vLLM's ``kv_cache_usage_perc``) with ``in_flight`` requests on
-        ``replicas`` routable replicas: the running ones (at most ``concurrency`` a replica; the queued hold none)
-        over the requests a cache holds, ``kv_tokens / kv_held``. Where the cache binds (it holds fewer than the
-        declared concurrency) that count is the whole requests it admits, ``concurrency``: with those running the next
-        one does not fit, and the cache reads full (1), as a saturated engine's gauge does (requests grow as they
-        decode: vLLM's scheduler fills the blocks and preempts). NaN for a model without a simulated cache or
-        without a replica (no engine reports); None when no model has one."""
-        if self.kv_tokens is None or self.kv_held is None:
+    def kv_use(self, busy: np.ndarray, replicas: np.ndarray) -> np.ndarray | None:
+        """Each model's KV-cache use (a fraction, vLLM's ``kv_cache_usage_perc``, the mean over its replicas) with
+        ``busy`` requests running (the engines' mean busy servers: the queued hold none) on ``replicas`` routable
+        replicas: a replica's running requests over the requests its cache holds, ``kv_tokens / kv_held``. Where the
+        cache binds (it holds fewer than the declared concurrency) that count is the whole requests it admits,
+        ``concurrency``: with those running the next one does not fit, and the cache reads full (1), as a saturated
+        engine's gauge does (requests grow as they decode: vLLM's scheduler fills the blocks and preempts). NaN for a
+        model without a simulated cache or without a replica (no engine reports); None when no model has one."""
+        if self.kv_tokens is None or self.kv_held is None or self.declared_concurrency is None:
             return None
         n = np.asarray(replicas, dtype=np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
-            running = np.minimum(np.asarray(in_flight, dtype=np.float64) / n, self.concurrency)
+            running = np.minimum(np.asarray(busy, dtype=np.float64) / n, self.concurrency)
             holds = self.kv_tokens / self.kv_held
             use = running / np.where(holds < self.declared_concurrency, self.concurrency, holds)
         return np.where((self.kv_tokens > 0) & (n > 0), np.clip(use, 0.0, 1.0), np.nan)
 
-    def queued(self, in_flight: np.ndarray, replicas: np.ndarray) -> np.ndarray:
-        """Requests waiting for a slot (beyond ``concurrency`` a routable replica): the engines' waiting gauge."""
-        n = np.asarray(replicas, dtype=np.float64)
-        return np.maximum(np.asarray(in_flight, dtype=np.float64) - n * self.concurrency, 0.0)
+    def as_declared(self) -> Workload:
+        """This workload at the concurrency its specs declare (the same object without a KV cache): what the
+        controller is told and profiles offline; the engines run at what the cache fits."""
+        if self.declared_concurrency is None:
+            return self
+        return replace(self, concurrency=self.declared_concurrency)
 
     def with_decode(self, itl_slo_s: Sequence[float | None], itl_base_s: Sequence[float],
                     slowdown: Sequence[float], latency_decodes: Sequence[bool],

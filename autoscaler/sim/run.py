@@ -46,7 +46,7 @@ from autoscaler.sim.cluster import SHORTFALL_CAUSES, SimCluster
 from autoscaler.sim.engines import make_engine
 from autoscaler.sim.lending import LendingStats
 from autoscaler.sim.metrics import SimMetrics
-from autoscaler.sim.queueing import ColdWaits
+from autoscaler.sim.queueing import ColdWaits, TickStats
 from autoscaler.sim.training import TrainingJob, TrainingQueue, load_training
 from autoscaler.sim.workload import SimWorkload, served_as
 from sharing.lending import LendingPolicy
@@ -302,6 +302,13 @@ def scored_period(workload: SimWorkload, config: SimConfig) -> tuple[float, int,
     return burn_in, first_scored, n_ticks, n_min
 
 
+def _waiting(stats: TickStats) -> np.ndarray:
+    """The engines' waiting gauge: requests queued for a slot at the tick's end (the backlog less those held for a
+    model with no routable replica, which no engine holds)."""
+    held = 0.0 if stats.held is None else stats.held
+    return np.maximum(stats.backlog - held, 0.0)
+
+
 def sim_core(policy: Policy, cfg: SimConfig) -> CoreConfig:
     """The decision core's configuration for a simulated run: the controller's (:func:`build_core`) from the
     simulator's flags. Lending not enabled is no lending at all (None): nothing was lent before the run. Two
@@ -341,7 +348,8 @@ def simulate(
         queue = TrainingQueue(cfg.training if cfg.training is not None else load_training())
     # (the controller reads the annotations it is told: the declared specs of a what-if, else the served ones)
     cluster = SimCluster(nodes, models, workload.controller_specs, drain_s=drain, instant_start=policy.instant_start,
-                         lending=lending, training=queue, served=None if workload.declared is None else specs)
+                         lending=lending, training=queue, served=None if workload.declared is None else specs,
+                         servers=None if workload.queue.kv_tokens is None else workload.queue.concurrency.tolist())
     cluster.score_from = burn_in
     if cfg.static_training_gpus > 0:
         cluster.reserve_static_training(cfg.static_training_gpus)
@@ -414,10 +422,10 @@ def simulate(
             stats = engine.step(now, dt, routable)
         else:  # slot speeds (issue 15): only while some routable replica is not at speed 1
             stats = engine.step(now, dt, routable, cluster)
-        kv = None if kv_cache is None else kv_cache.kv_use(stats.in_flight, routable)  # (only where it is simulated)
+        kv = None if kv_cache is None else kv_cache.kv_use(stats.busy, routable)  # (only where it is simulated)
         metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt,
                      held=stats.held, itl=stats.itl_at_slo_pct if cfg.itl_metric else None, kv_cache=kv,
-                     queued=None if kv is None else kv_cache.queued(stats.in_flight, routable))
+                     queued=None if kv is None else _waiting(stats))
         if k < first_scored:
             continue
         for why in plan.decisions.values():  # every decision, also those that leave the count as it is

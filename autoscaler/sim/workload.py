@@ -52,10 +52,12 @@ class SimWorkload:
 
     @property
     def controller_profiles(self) -> dict[str, ServiceProfile]:
-        """The profiles the controller starts from (offline profiling of the declared spec), else :attr:`profiles`."""
-        if self.declared_queue is None:
+        """The profiles the controller starts from (offline profiling of the declared spec), else :attr:`profiles`;
+        at the declared concurrency either way (a KV cache that fits fewer is the engines', not told:
+        :meth:`~autoscaler.sim.queueing.Workload.with_kv_cache`)."""
+        if self.declared_queue is None and self.queue.declared_concurrency is None:
             return self.profiles
-        q = self.declared_queue
+        q = (self.queue if self.declared_queue is None else self.declared_queue).as_declared()
         return {m: q.profile(i) for i, m in enumerate(q.models)}
 
     @property

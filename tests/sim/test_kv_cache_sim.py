@@ -47,11 +47,10 @@ def test_a_replica_runs_what_its_kv_cache_fits_at_most_its_concurrency() -> None
 def test_the_cache_reads_full_when_the_next_request_does_not_fit() -> None:
     log = _log(2.0, 600.0)
     w = Workload.from_request_log(log, [LLM.with_(kv_cache_tokens=4400)])  # 3 requests at once
-    use = w.kv_use(np.array([1.5, 6.0, 30.0, 4.0]), np.array([1, 2, 2, 0]))
+    use = w.kv_use(np.array([1.5, 6.0, 6.0, 4.0]), np.array([1, 2, 2, 0]))
     assert use is not None
-    np.testing.assert_allclose(use[:3], [0.5, 1.0, 1.0])  # the running ones over the 3 it admits; queued hold none
+    np.testing.assert_allclose(use[:3], [0.5, 1.0, 1.0])  # the running ones over the 3 it admits
     assert np.isnan(use[3])  # no replica: no engine reports
-    np.testing.assert_allclose(w.queued(np.array([1.5, 6.0, 30.0]), np.array([1, 2, 2])), [0.0, 0.0, 24.0])
     # a cache that does not bind: its use is the running requests' share of what it holds
     roomy = Workload.from_request_log(log, [LLM.with_(kv_cache_tokens=100_000)])
     assert roomy.kv_held is not None
@@ -74,5 +73,23 @@ def test_the_kv_rail_acts_on_the_simulated_cache(mode: str) -> None:
     off = simulate(w, nodes, make_policy("hpa"), SimConfig(mode=mode, kv_saturation=None))
     assert on.decisions.get(Reason.KV_SATURATED.value, 0) > 0
     assert off.decisions.get(Reason.KV_SATURATED.value, 0) == 0
-    # (the rail only holds and adds: never fewer replica-minutes)
-    assert on.minute_replicas.sum() >= off.minute_replicas.sum() - 1e-9
+
+
+def test_the_controller_is_told_the_declared_concurrency_not_the_caches_fit() -> None:
+    w = build_workload(_log(2.0, 600.0), {"llm": LLM.with_(kv_cache_tokens=4400)})
+    assert int(w.queue.concurrency[0]) == 3  # what the engines run at once
+    assert w.profiles["llm"].concurrency == 3  # (the truth: the lower bound's, the oracle's)
+    assert w.controller_profiles["llm"].concurrency == 32  # what the controller starts from: the declaration
+
+
+def test_the_simulated_gauges_reach_the_controllers_window() -> None:
+    from autoscaler.sim.queueing import TickStats
+    from autoscaler.sim.run import _waiting
+
+    z = np.zeros(1)
+    stats = TickStats(arrivals=z, within_slo=z, completed=z, backlog=np.array([7.0]), in_flight=np.array([13.0]),
+                      latency_at_slo_pct=z, within_timeout=z, busy=np.array([6.0]), held=np.array([0.0]))
+    assert _waiting(stats)[0] == 7.0
+    held = TickStats(arrivals=z, within_slo=z, completed=z, backlog=np.array([4.0]), in_flight=np.array([0.0]),
+                     latency_at_slo_pct=z, within_timeout=z, busy=z, held=np.array([4.0]))
+    assert _waiting(held)[0] == 0.0  # requests held for a model with no replica wait in no engine's queue
