@@ -12,19 +12,11 @@ from autoscaler.policies import make_policy
 from autoscaler.sim.queueing import Workload
 from autoscaler.sim.run import SimConfig, simulate
 from autoscaler.sim.workload import build_workload
-from forecasting.traces.model import RequestLog
 from sharing.cluster import nodes_from_spec
+from tests.sim.test_itl_sim import _log  # (1,000 input tokens, 100-300 output tokens a request)
 
 LLM = ModelSpec(name="llm", slo_latency_ms=2000.0, slo_metric="ttft", prefill_ms_per_1k_tokens=150.0,
                 decode_ms_per_token=20.0, concurrency=32, cold_start_s=30.0, max_replicas=40)
-
-
-def _log(rate: float, duration_s: float, seed: int = 1) -> RequestLog:
-    rng = np.random.default_rng(seed)
-    n = rng.poisson(rate * duration_s)
-    return RequestLog(t=np.sort(rng.uniform(0.0, duration_s, n)), model_index=np.zeros(n, dtype=np.int32),
-                      models=("llm",), input_tokens=np.full(n, 1000.0),
-                      output_tokens=rng.integers(100, 301, n).astype(np.float64))
 
 
 def test_a_replica_runs_what_its_kv_cache_fits_at_most_its_concurrency() -> None:
