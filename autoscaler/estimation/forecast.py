@@ -277,6 +277,7 @@ class FleetForecaster:
 
 
 def _set_quantiles(shard: _Shard, quantiles: np.ndarray) -> None:
+    quantiles.flags.writeable = False  # (ready_quantiles answers with views of it, as quantiles() does of peaks)
     shard.quantiles = quantiles
     peaks = np.ascontiguousarray(np.maximum.accumulate(quantiles, axis=2).transpose(0, 2, 1))
     peaks.flags.writeable = False
