@@ -77,12 +77,12 @@ def _forecast(
     # Lead time: a replica asked for now serves only after its cold start, and the next chance to
     # correct comes one tick later; metrics arrive late by the metric lag.
     horizon_s = cold_start_s + config.policy.tick_s + config.metric_lag_s
-    values = forecaster.quantiles(name, now, horizon_s)
-    if values is None:
-        return None
-    # (what a replica asked for now serves: from its cold start to the end of the window, the next decision's
+    # (and what a replica asked for now serves: from its cold start to the end of the window, the next decision's
     # replicas' ready time; autoscaler/policies/horizon.py)
-    ready = forecaster.ready_quantiles(name, now, horizon_s, cold_start_s)
+    found = forecaster.lead_quantiles(name, now, horizon_s, cold_start_s)
+    if found is None:
+        return None
+    values, ready = found
     after = None if ready is None else Forecast(forecaster.levels, ready, horizon_s - cold_start_s)
     return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s, ready=after)
 

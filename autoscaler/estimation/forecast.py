@@ -241,20 +241,23 @@ class FleetForecaster:
         shard, row, _ahead, h = found
         return shard.peaks[row, h - 1]
 
-    def ready_quantiles(self, name: str, now: float, lead_s: float, from_s: float) -> np.ndarray | None:
-        """As :meth:`quantiles`, over the steps of that window that end after ``now + from_s`` (the planner's ready
-        window: what a replica asked for now, ready after its cold start ``from_s``, can still serve;
-        :mod:`autoscaler.policies.horizon`). None for unknown models, and where no step is left out (the window
-        is then the whole of :meth:`quantiles`')."""
+    def lead_quantiles(self, name: str, now: float, lead_s: float,
+                       from_s: float) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """:meth:`quantiles` of the window to ``now + lead_s``, and the same over the steps of that window that end
+        after ``now + from_s`` (the planner's ready window: what a replica asked for now, ready after its cold start
+        ``from_s``, can still serve; :mod:`autoscaler.policies.horizon`), found with one look-up (every model, every
+        tick). The ready window is None where no step is left out (it is then the whole window). None for unknown
+        models."""
         found = self._window(name, now, lead_s)
         if found is None:
             return None
         shard, row, ahead, h = found
+        whole = shard.peaks[row, h - 1]
         first = min(math.floor((ahead + max(from_s, 0.0)) / self.step_s + 1e-9) + 1, h)
         if first <= 1:
-            return None
+            return whole, None
         q = shard.quantiles[row]
-        return q[:, h - 1] if first == h else q[:, first - 1 : h].max(axis=1)
+        return whole, q[:, h - 1] if first == h else q[:, first - 1 : h].max(axis=1)
 
     def _window(self, name: str, now: float, lead_s: float) -> tuple[_Shard, int, float, int] | None:
         """The model's shard and row, how far ``now`` is past the shard's forecast origin, and how many forecast
@@ -277,7 +280,7 @@ class FleetForecaster:
 
 
 def _set_quantiles(shard: _Shard, quantiles: np.ndarray) -> None:
-    quantiles.flags.writeable = False  # (ready_quantiles answers with views of it, as quantiles() does of peaks)
+    quantiles.flags.writeable = False  # (lead_quantiles answers with views of it, as quantiles() does of peaks)
     shard.quantiles = quantiles
     peaks = np.ascontiguousarray(np.maximum.accumulate(quantiles, axis=2).transpose(0, 2, 1))
     peaks.flags.writeable = False

@@ -6,7 +6,7 @@ until the replicas the *next* decision asks for can be Ready):
 
 - ``hold``: the replicas the SLO needs at the peak of the whole window, from now on;
 - ``up``: the replicas it needs at the peak of the part of the window a replica asked for now can serve, from its
-  cold start on (:meth:`autoscaler.estimation.forecast.FleetForecaster.ready_quantiles`).
+  cold start on (:meth:`autoscaler.estimation.forecast.FleetForecaster.lead_quantiles`).
 
 and applies the first step of the cheapest schedule that meets both: scale up to ``up`` when fewer are in place,
 scale down to ``hold`` when more are (through the scale-down rails: stabilization, the N-1 check), hold otherwise.

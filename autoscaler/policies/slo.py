@@ -148,12 +148,13 @@ class SloPolicy:
                 peak, peak_at = measured, now
         return dispersion, dispersion_at, peak, peak_at
 
-    def _ready_need(self, ctx: PolicyContext, q: float, stable: float, whole: int) -> int:
+    def _ready_need(self, ctx: PolicyContext, q: float, stable: float, whole: int, whole_at_q: float) -> int:
         """The replicas the part of the lead window a replica asked for now can serve needs (``Forecast.ready``, from
-        its cold start on; :mod:`autoscaler.policies.horizon`); ``whole``: what the whole window needs."""
+        its cold start on; :mod:`autoscaler.policies.horizon`); ``whole``: what the whole window needs, sized at its
+        ``q`` quantile ``whole_at_q``."""
         forecast = ctx.forecast
         ready = forecast.ready if forecast is not None else None
-        if forecast is None or ready is None or not (load := ready.at(q)) < forecast.at(q):
+        if ready is None or not (load := ready.at(q)) < whole_at_q:
             # (the usual case: a quantile's spread widens with the horizon, and its peak is the window's last step)
             return whole
         if self.deflate_poisson:
@@ -174,7 +175,7 @@ class SloPolicy:
 
         profile = ctx.capacity
         dispersion, dispersion_at, peak, peak_at = self._dispersion(state, ctx)
-        forecast = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
+        forecast = at_q = ctx.forecast.at(q) if ctx.forecast is not None else math.nan
         if self.deflate_poisson and math.isfinite(forecast):
             forecast = intensity_quantile(ctx.forecast, q, FORECAST_STEP_S, value=forecast)
         if math.isfinite(forecast):
@@ -186,7 +187,7 @@ class SloPolicy:
         raw = self._size(load, ctx, profile)
         # The receding horizon's scale-up need (autoscaler/policies/horizon.py): the part of the window a replica
         # asked for now can serve, from its cold start on; ``raw`` is what the whole window holds.
-        up = raw if not math.isfinite(forecast) else self._ready_need(ctx, q, stable, raw)
+        up = raw if not math.isfinite(forecast) else self._ready_need(ctx, q, stable, raw, at_q)
         # The load a burst lands on is the typical one, the forecast's median: its upper quantile is high *because*
         # minutes with a burst in them are (on the Azure code model q0.995 read 16 req/s around bursts on a
         # median of 3), and a burst charged as a batch on top of it is charged twice.

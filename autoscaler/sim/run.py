@@ -346,10 +346,11 @@ def simulate(
     queue = None
     if lending is not None or cfg.static_training_gpus > 0:
         queue = TrainingQueue(cfg.training if cfg.training is not None else load_training())
+    kv_cache = workload.queue if workload.queue.kv_tokens is not None else None  # (only where a spec declares one)
     # (the controller reads the annotations it is told: the declared specs of a what-if, else the served ones)
     cluster = SimCluster(nodes, models, workload.controller_specs, drain_s=drain, instant_start=policy.instant_start,
                          lending=lending, training=queue, served=None if workload.declared is None else specs,
-                         servers=None if workload.queue.kv_tokens is None else workload.queue.concurrency.tolist())
+                         servers=None if kv_cache is None else kv_cache.concurrency.tolist())
     cluster.score_from = burn_in
     if cfg.static_training_gpus > 0:
         cluster.reserve_static_training(cfg.static_training_gpus)
@@ -358,7 +359,6 @@ def simulate(
         models, dt, max(2, int(math.ceil(cfg.metrics_window_s / dt))), warmup=int(math.ceil(cfg.warmup_s / dt))
     )
     engine = make_engine(cfg.mode, workload, dt, seed=cfg.seed)
-    kv_cache = workload.queue if workload.queue.kv_tokens is not None else None
     # An engine wrapped by a benchmark (bench/fidelity.py's recorder) may not pass the timeout on: it keeps the
     # engines' default (60 s, the SimConfig default too).
     set_timeout = getattr(engine, "set_request_timeout", None)
@@ -422,7 +422,7 @@ def simulate(
             stats = engine.step(now, dt, routable)
         else:  # slot speeds (issue 15): only while some routable replica is not at speed 1
             stats = engine.step(now, dt, routable, cluster)
-        kv = None if kv_cache is None else kv_cache.kv_use(stats.busy, routable)  # (only where it is simulated)
+        kv = None if kv_cache is None else kv_cache.kv_use(stats.busy, routable)
         metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt,
                      held=stats.held, itl=stats.itl_at_slo_pct if cfg.itl_metric else None, kv_cache=kv,
                      queued=None if kv is None else _waiting(stats))

@@ -159,16 +159,19 @@ def test_the_ready_window_is_the_peak_of_the_steps_a_replica_asked_for_now_can_s
     per_step = ff._shards[0].quantiles[0]  # (levels, steps) from the forecast's origin
     # 30 s past the origin, a 120 s cold start and an 80 s tick: the window (to 230 s) touches steps 1-4, a replica
     # serves from the middle of step 3 (150 s) on
-    ready = ff.ready_quantiles("a", 30.0, 200.0, from_s=120.0)
+    found = ff.lead_quantiles("a", 30.0, 200.0, from_s=120.0)
+    assert found is not None
+    ready = found[1]
     assert ready is not None
     np.testing.assert_array_equal(ready, per_step[:, 2:4].max(axis=1))
     np.testing.assert_array_equal(ff.quantiles("a", 30.0, 200.0), per_step[:, :4].max(axis=1))
     assert np.all(ready <= ff.quantiles("a", 30.0, 200.0))
     # a cold start within the first step leaves no step out: the whole window is the ready window
-    assert ff.ready_quantiles("a", 0.0, 70.0, from_s=20.0) is None
+    assert ff.lead_quantiles("a", 0.0, 70.0, from_s=20.0)[1] is None
     # a cold start past the forecast's horizon: the last step (the horizon's quantiles repeat beyond it)
-    np.testing.assert_array_equal(ff.ready_quantiles("a", 0.0, 1000.0, from_s=900.0), per_step[:, -1])
-    assert ff.ready_quantiles("unknown", 0.0, 70.0, from_s=20.0) is None
+    np.testing.assert_array_equal(ff.lead_quantiles("a", 0.0, 1000.0, from_s=900.0)[1], per_step[:, -1])
+    np.testing.assert_array_equal(found[0], ff.quantiles("a", 30.0, 200.0))  # (the whole window, as quantiles())
+    assert ff.lead_quantiles("unknown", 0.0, 70.0, from_s=20.0) is None
 
 
 def test_shards_are_spread_over_the_ticks_and_aligned_to_the_boundary() -> None:

@@ -507,8 +507,9 @@ class RampForecaster:
         self.calls += 1
         return np.full(len(self.levels), self.low if lead_s <= self.near_s else self.high)
 
-    def ready_quantiles(self, name: str, now: float, lead_s: float, from_s: float) -> np.ndarray | None:
-        return None  # (the whole window: a scale-up is sized as before)
+    def lead_quantiles(self, name: str, now: float, lead_s: float,
+                       from_s: float) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.quantiles(name, now, lead_s), None  # (no ready window: a scale-up is sized as before)
 
 
 def window(names: list[str], now: float, rate: float = 1.0, stale: bool = False) -> MetricsWindow:
