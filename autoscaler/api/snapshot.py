@@ -144,6 +144,11 @@ class ModelMetrics:
     # engine's held queue in the simulator), at the newest step; > 0 scales a model at zero to one at once
     # (autoscaler/decision/zero.py), whatever the other samples say
     held_requests: float = 0.0
+    # requests executing (in the engines' batches, not waiting) summed over the model's replicas, at the step
+    # ``queue_depth`` is read at (vLLM's vllm:num_requests_running, SGLang's num_running_reqs, TGI's batch size); NaN
+    # where the source has no such gauge. With a queue it says how many requests the engines admit at once
+    # (autoscaler/estimation/batch.py)
+    running: float = float("nan")
 
     def partial_reason(self) -> str | None:
         """Why this window is not the whole model's load (a scale-down must not be decided on it); None when it

@@ -124,6 +124,8 @@ class CapacityLearner:
         if prior.mean_s <= 0 or prior.concurrency < 1:
             raise ValueError("prior profile needs a positive mean service time and concurrency >= 1")
         self.prior = prior
+        self._settings = dict(prior_weight=prior_weight, half_life=half_life, bounds=bounds, min_rate=min_rate,
+                              latency_weight=latency_weight, resolution=resolution)
         self._speed_log: dict[str, float] = {}
         for k, v in (declared_speed or {}).items():
             if not (math.isfinite(v) and v > 0):
@@ -161,6 +163,11 @@ class CapacityLearner:
         # The same inversion on arrays, for offered_work: one object per (concurrency, scv, slowdown), shared by
         # every learner of that shape, so the fleet's windows can be inverted together (work.offered_rates).
         self.inversion = _inversion(prior.concurrency, scv, self._batch_k)
+
+    def restarted(self, prior: ServiceProfile) -> CapacityLearner:
+        """A learner with this one's settings and declared speeds, starting over on ``prior`` (nothing learned)."""
+        speeds = {k: math.exp(v) for k, v in self._speed_log.items()}
+        return CapacityLearner(prior, declared_speed=speeds, **self._settings)  # type: ignore[arg-type]
 
     def declare_speed(self, kind: str, speed: float) -> None:
         """Declare how fast ``kind`` is relative to the reference (as ``declared_speed`` does), e.g. when

@@ -15,6 +15,7 @@ import numpy as np
 
 from autoscaler.api.snapshot import ModelMetrics, ModelObservation, window_mean
 from autoscaler.api.spec import ModelSpec
+from autoscaler.estimation.batch import BatchLearner
 from autoscaler.estimation.capacity import ServiceProfile, knee_target
 from autoscaler.estimation.cold_start import ColdStartEstimator, ReadyTracker
 from autoscaler.estimation.decode import ItlLearner
@@ -78,9 +79,13 @@ class ModelLearning:
     quantile: SloQuantile  # forecast quantile to size for, corrected by error-budget burn
     # ITL at batch 1 and its growth with the batch, learned from the engine's ITL (None: no ITL SLO, nothing to size)
     itl: ItlLearner | None = None
+    # the batch the engines admit, from their running and waiting gauges (None: built by start())
+    batch: BatchLearner | None = None
     slot_speeds: tuple[tuple[str, float], ...] = ()  # the spec's declared speeds, unresolved
     kind: str | None = None  # the slot kind most active replicas run on (this tick)
     kinds_seen: set[str] = field(default_factory=set)
+    # ready replicas at the previous observe (the batch is read only over a count that has not just changed)
+    _ready_before: int = field(default=-1, repr=False)
     # The last observation scanned and what it held (replicas per kind, the kind all ready ones run on or None):
     # the simulated cluster hands out the same immutable object while the model's replicas do not change.
     _scanned: tuple[ModelObservation, dict[str, int], str | None] | None = field(default=None, repr=False)
@@ -97,7 +102,7 @@ class ModelLearning:
             itl = ItlLearner(prior.itl_base_s, min(prior.itl_alpha, 2.0), prior.concurrency, prior.percentile)
         return cls(ReadyTracker(), ColdStartEstimator(spec.cold_start_s), CapacityLearner(prior),
                    SloQuantile(spec.slo_percentile, ticks_per_window=window_ticks, evidence_hours=EVIDENCE_HOURS),
-                   itl=itl, slot_speeds=spec.slot_speeds)
+                   itl=itl, batch=BatchLearner(prior.concurrency), slot_speeds=spec.slot_speeds)
 
     def profile(self, kind: str | None = None) -> ServiceProfile:
         """The profile to size with on ``kind``: the capacity learner's, with the ITL law the engine's ITL taught
@@ -114,6 +119,26 @@ class ModelLearning:
                       _memo={}, _variants={})
         self._itl_profiles[kind] = (prof, itl.key, out)
         return out
+
+    def _learn_batch(self, batch: BatchLearner, obs: ModelObservation, m: ModelMetrics, ready: int) -> None:
+        """Read the batch from the engines' gauges only while they are over the replicas counted now (the caller: the
+        ready count as at the previous decision; here: none draining). The window's samples are of the last step, so a
+        replica that just left the ready ones (removed, draining, failed) still ran requests in them, and over fewer
+        replicas they read as a larger batch than any replica runs."""
+        if any(r.draining for r in obs.replicas):
+            return
+        if batch.observe(m.running, m.queue_depth, ready, m.kv_cache_usage):
+            self._resize_batch(batch.admitted)
+
+    def _resize_batch(self, concurrency: int) -> None:
+        """Size with ``concurrency`` requests per replica from now on (the batch the engines admit,
+        :mod:`~autoscaler.estimation.batch`): the capacity learner starts over on the prior at that batch. Its factor
+        was fit under the old batch, where a full cache's queue read as slow service; kept, it would charge the
+        smaller batch twice. The kinds' declared speeds carry over."""
+        old = self.capacity
+        prior = replace(old.prior, concurrency=concurrency, _memo={}, _variants={})
+        self.capacity = old.restarted(prior)
+        self._itl_profiles.clear()
 
     def _first_sight(self, kind: str) -> None:
         self.kinds_seen.add(kind)
@@ -172,19 +197,24 @@ class ModelLearning:
     def observe(self, obs: ModelObservation, m: ModelMetrics, now: float, tick_s: float, step_s: float) -> None:
         for duration in self.ready.update(obs, now):
             self.cold_start.observe(duration)
+        ready = obs.ready_replicas
+        ready_before, self._ready_before = self._ready_before, ready
         ready_kind = self._scan_kinds(obs)
         if m.stale or m.rate.size == 0 or m.partial_reason() is not None:  # a partial window: half a load
             return
+        batch = self.batch
+        if batch is not None and ready == ready_before and math.isfinite(m.running):
+            self._learn_batch(batch, obs, m, ready)
         # The samples since the previous decision (a policy tick may span several metric steps).
         n = max(1, min(m.rate.size, round(tick_s / step_s)))
         rate = _tail_mean(m.rate, step_s, n)
         in_flight = _tail_mean(m.in_flight, step_s, n)
         if rate is not None and in_flight is not None and not _draining(m.in_flight, n, rate,
                                                                       self.capacity.profile(self.kind).mean_s):
-            self.capacity.observe(rate, obs.ready_replicas, in_flight, m.latency_s, kind=ready_kind)
+            self.capacity.observe(rate, ready, in_flight, m.latency_s, kind=ready_kind)
         if self.itl is not None and ready_kind is not None and in_flight is not None and math.isfinite(m.itl_s):
             # (all ready replicas on one kind: the reading is that kind's, stretched back to the reference's)
-            erlangs = self.capacity.erlangs(in_flight, obs.ready_replicas)
+            erlangs = self.capacity.erlangs(in_flight, ready)
             if erlangs is not None:
                 self.itl.observe(m.itl_s * self.capacity.speed(ready_kind), erlangs)
         if m.within_rate is not None and rate is not None:

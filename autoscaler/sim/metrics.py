@@ -30,6 +30,7 @@ class SimMetrics:
         self._itl = np.full(m, np.nan)  # ITL at the SLO percentile per model, newest tick; NaN: none
         self._no_itl = self._itl  # (read-only: what a tick without ITL readings reports)
         self._queued = self._no_queue = np.zeros(m)  # requests waiting for a slot, newest tick
+        self._running = self._no_running = np.full(m, np.nan)  # requests in the engines' batches, newest tick
         self._filled = 0
         self.warmup = warmup  # samples needed before the data counts (a fresh scrape is not a window)
         self.stale = np.zeros(m, dtype=bool)  # fault injection: a lost metric source
@@ -39,7 +40,7 @@ class SimMetrics:
     def push(
         self, rate: np.ndarray, in_flight: np.ndarray, latency: np.ndarray, within_rate: np.ndarray | None = None,
         kv_cache: np.ndarray | None = None, held: np.ndarray | None = None, itl: np.ndarray | None = None,
-        queued: np.ndarray | None = None,
+        queued: np.ndarray | None = None, running: np.ndarray | None = None,
     ) -> None:
         """One tick's samples; ``within_rate``: requests/s settled within the SLO (default: all of them);
         ``kv_cache``: each model's KV-cache use as a fraction (default: not simulated, NaN -- the KV rail then has
@@ -47,7 +48,8 @@ class SimMetrics:
         waiting for a model at zero: ``ModelMetrics.held_requests``; default none); ``itl``: the ITL at each model's SLO
         percentile (``ModelMetrics.itl_s``; default none, NaN); ``queued``: requests waiting for a slot at the tick's
         end (the engines' waiting gauge, ``ModelMetrics.queue_depth``; default 0, as before the KV cache was
-        simulated)."""
+        simulated); ``running``: the requests the engines ran, the tick's mean (their running gauge,
+        ``ModelMetrics.running``; default none, NaN)."""
         self._rate[:, :-1] = self._rate[:, 1:]
         self._rate[:, -1] = rate
         self._in_flight[:, :-1] = self._in_flight[:, 1:]
@@ -60,6 +62,7 @@ class SimMetrics:
         self._held = np.zeros(len(self.models)) if held is None else np.asarray(held, dtype=np.float64)
         self._itl = self._no_itl if itl is None else np.asarray(itl, dtype=np.float64)
         self._queued = self._no_queue if queued is None else np.asarray(queued, dtype=np.float64)
+        self._running = self._no_running if running is None else np.asarray(running, dtype=np.float64)
         self._filled = min(self._filled + 1, self.size)
 
     def window(self, now: float) -> MetricsWindow:
@@ -79,6 +82,7 @@ class SimMetrics:
         held = self._held.tolist()
         itl = self._itl.tolist()
         queued = self._queued.tolist()
+        running = self._running.tolist()
         models = {
             name: ModelMetrics(
                 rate=rows[i][0],
@@ -91,6 +95,7 @@ class SimMetrics:
                 held_requests=held[i],
                 itl_s=itl[i],
                 queue_depth=queued[i],
+                running=running[i],
             )
             for i, name in enumerate(self.models)
         }

@@ -425,7 +425,7 @@ def simulate(
         kv = None if kv_cache is None else kv_cache.kv_use(stats.busy, routable)
         metrics.push(stats.arrivals / dt, stats.in_flight, stats.latency_at_slo_pct, stats.within_slo / dt,
                      held=stats.held, itl=stats.itl_at_slo_pct if cfg.itl_metric else None, kv_cache=kv,
-                     queued=None if kv is None else _waiting(stats))
+                     queued=None if kv is None else _waiting(stats), running=None if kv is None else stats.busy)
         if k < first_scored:
             continue
         for why in plan.decisions.values():  # every decision, also those that leave the count as it is

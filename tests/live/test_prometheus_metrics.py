@@ -207,9 +207,9 @@ async def test_counts_are_exact_and_reset_safe(backfilled) -> None:
     want[t == END - 24] = (4.5 + 4.0) / 2  # a restarted at END-25.5: its count since, never negative
     want[t >= C_FROM + 2] += 4.0  # c counts from its second grid point (its first value is not an increase)
     np.testing.assert_allclose(m.rate, want)
-    # in-flight: running + waiting; queue depth: waiting
+    # in-flight: running + waiting; queue depth: waiting; running: the running gauge at the queue's step
     np.testing.assert_allclose(m.in_flight, 5.0)
-    assert m.queue_depth == 1.0
+    assert m.queue_depth == 1.0 and m.running == 4.0
     # within the 400 ms SLO: 1 (<= .3 s) + half of the .5 (between .3 and .5) per second, from b's histogram
     np.testing.assert_allclose(m.within_rate, 1.25)
     assert m.latency_s == pytest.approx(0.6)  # p80: rank 3.2 of 4 per step, a third into (.5, .8]
@@ -295,6 +295,7 @@ async def test_triton_names_mean_latency_and_littles_law(backfilled) -> None:
     np.testing.assert_allclose(m.in_flight, 0.5)  # 10 req/s x 50 ms each
     assert m.latency_s == pytest.approx(0.05)  # a mean: Triton exports no histogram by default
     assert m.queue_depth == 2.0 and m.within_rate is None
+    assert math.isnan(m.running)  # Triton has no running gauge: nothing to learn a batch from
     assert m.kv_cache_usage == pytest.approx(0.375)  # the TensorRT-LLM gauge's fraction row, not used or max
 
 

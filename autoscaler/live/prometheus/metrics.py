@@ -10,7 +10,7 @@ ticks read the same values for the same steps), oldest first -- the shape the si
 - ``in_flight``: mean of ``running + waiting`` over each step (``avg_over_time`` of the gauges); a server
   without a running gauge (Triton) gets it by Little's law from its cumulative request-duration counter
   (summed request time per step / step = mean number of requests in the system);
-- ``queue_depth``: the waiting gauge's last step;
+- ``queue_depth``: the waiting gauge's last step; ``running``: the running gauge at that step (NaN without one);
 - ``within_rate``: requests/s that finished within the model's SLO latency, from the increments of the
   latency histogram's buckets per step, interpolated linearly at the SLO inside its bucket (the same
   assumption ``histogram_quantile`` makes); None for a server without a histogram. With an ITL SLO and an ITL
@@ -518,9 +518,12 @@ class PrometheusMetrics:
             in_flight = nan.copy() if not parts else np.where(
                 np.all([np.isnan(a) for a in parts], axis=0), np.nan, np.nansum(parts, axis=0)
             )
-        queue_depth = 0.0
+        queue_depth, running = 0.0, math.nan
         if waiting is not None and np.isfinite(waiting).any():
-            queue_depth = float(waiting[np.isfinite(waiting)][-1])
+            last = int(np.flatnonzero(np.isfinite(waiting))[-1])
+            queue_depth = float(waiting[last])
+            if s.running is not None:  # (the same step's: the pair says how many run while some wait)
+                running = float(s.running[last])
         hist_name = self._histogram_for(spec.slo_metric)
         buckets = s.hist.get(hist_name) if hist_name is not None else None
         within_rate: np.ndarray | None = None
@@ -567,6 +570,7 @@ class PrometheusMetrics:
             observed_fraction=observed,
             kv_cache_usage=self._kv(spec, s.kv),
             itl_s=itl,
+            running=running,
         )
 
     def _buckets(self, buckets: Mapping[float, np.ndarray]) -> tuple[list[float], np.ndarray, np.ndarray]:
