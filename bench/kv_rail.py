@@ -3,7 +3,8 @@
 The simulator's engines hold a KV cache when a spec declares ``kv-cache-tokens`` (a request log with token counts:
 the Azure LLM trace): a replica runs as many requests at once as their KV fits, at most its declared concurrency, and
 reports the cache's use (``autoscaler/sim/queueing.py``, ``Workload.with_kv_cache``). The controller is told the
-declared concurrency, not the fit; it reads the cache's use as it would vLLM's ``kv_cache_usage_perc``, and the KV rail
+declared concurrency, not the fit; it reads the cache's use as it would vLLM's ``kv_cache_usage_perc`` (and with the
+running gauge learns the batch the cache admits: ``autoscaler/estimation/batch.py``), and the KV rail
 (``autoscaler/decision/scaledown.py``: no scale-down while the cache is at or above ``kv_saturation``, one replica
 more while it is and the queue grows) acts on it. Per KV capacity (tokens per replica, for every model of the trace)
 and policy: GPU-hours, x the lower bound, violating requests, the headline SLO attainment, how many decisions the

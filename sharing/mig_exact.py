@@ -3,7 +3,9 @@
 The greedy :class:`~sharing.packer.CostAwarePacker` places one replica at a time, so on a handful of GPUs it
 often opens one GPU more than needed (one GPU is +11-20% there). For instances of up to ``max_devices``
 candidate GPUs the placement of a whole batch is instead read off a MILP solved by HiGHS
-(``scipy.optimize.milp``) within a time budget. Per candidate device ``d`` (MIG on, not held whole):
+(``scipy.optimize.milp``) within a work limit (``DEFAULT_NODE_LIMIT`` branch-and-bound nodes a solve, so the same
+instance gets the same placement on any machine), under a wall-clock safety cut. Per candidate device ``d`` (MIG
+on, not held whole):
 
 - ``w[d, p, s]`` binary: a new MIG instance of profile ``p`` at legal start ``s`` (``MigProfile.placements``);
 - ``a[c, d, p]`` integer: replicas of class ``c`` (one request shape; a spread model's replicas form their
@@ -34,7 +36,7 @@ scratch), :func:`solve_aggregated` solves the layout-count model instead (how ma
 maximal layout; the model of the mig-bench's bound, whose size does not grow with the cluster) and realises it
 on devices, spreading each model's replicas over nodes and devices.
 
-The exact placement is used only when HiGHS finds a solution in the budget and that solution is no worse
+The exact placement is used only when HiGHS finds a solution within its limits and that solution is no worse
 than the heuristic's, compared as the objective ranks (fewer unplaced replicas, then fewer spreads broken,
 then fewer devices); otherwise the heuristic's placement stands. Everything here is a pure function of an
 :class:`~sharing.slots.Inventory` and requests; the solver is imported on first use, so importing
@@ -98,10 +100,12 @@ def solve_exact(
     no_worse_than: tuple[int, int, int] | None = None,
     min_devices_used: int | None = None,
     prefer_open_nodes: bool = False,
+    cuts: list[str] | None = None,
 ) -> ExactResult | None:
     """The MILP placement of ``reqs`` on ``inv`` as it is (``inv`` is not changed), or None when the instance is
     beyond the exact path (a request that is not a single MIG slot, more than ``max_devices`` candidate
-    devices) or HiGHS found no solution within ``budget_s`` seconds (model building included).
+    devices) or HiGHS found no solution within its node limit (``DEFAULT_NODE_LIMIT``, the work limit) or the
+    wall-clock safety cut ``budget_s`` (model building included; when the cut fires a line goes to ``cuts``).
 
     ``no_worse_than`` (unplaced, spreads broken, devices used: a placement already in hand) and
     ``min_devices_used`` (a lower bound on the devices a full placement needs) only prune: the first cuts off
@@ -140,8 +144,10 @@ def solve_exact(
         obj_max = ev.w_spread * min(no_worse_than[1], len(spread)) + len(devs) + 2  # the cuts bound every incumbent
     left = budget_s - (time.perf_counter() - t0)
     if left <= 0:
+        if cuts is not None:
+            cuts.append("no time left to solve the per-device MILP")
         return None
-    sol = model.solve(left, obj_max)
+    sol = model.solve(left, obj_max, cuts)
     if sol is None:
         return None
     slots = _read_placement(sol.x, devs, ev, cl, len(reqs))
@@ -344,6 +350,14 @@ class BatchOutcome:
     exact_seconds: float  # the whole exact attempt (both models when the per-device one is not tried)
     heuristic_key: tuple[int, int, int]  # (unplaced, spreads broken, devices used)
     exact_key: tuple[int, int, int] | None
+    # Where the wall-clock safety cut fired (empty: every solve ended on its own or on its node limit, so the
+    # placement is the instance's alone)
+    cuts: tuple[str, ...] = ()
+
+    @property
+    def budget_exceeded(self) -> bool:
+        """Whether the safety cut fired: this placement may differ on a faster or less loaded machine."""
+        return bool(self.cuts)
 
 
 def _key(inv: Inventory, slots: Sequence[Slot | None], models: Mapping[str, SlotRequest],
@@ -367,10 +381,12 @@ def place_batch_exact(
     Places and allocates ``reqs`` on ``inv`` (existing allocations are kept as they are) and returns one slot per
     request (None: not placed), like ``place_batch``. The heuristic (``packer`` through ``place_batch``, largest
     first by default) runs on a copy; :func:`solve_exact` (or, beyond ``max_devices``, :func:`solve_aggregated`)
-    runs within ``budget_s``; the exact placement is taken only if it is no worse than the heuristic's in the
-    order (unplaced replicas, spreads broken, devices used): never more devices unless it places more replicas
-    or keeps more spreads. The packer's ``anti_affinity``, ``node_anti_affinity`` and ``prefer_open_nodes``
-    settings are the MILP's. ``outcome``, when given, receives a :class:`BatchOutcome` (for benchmarks and logs).
+    runs within its node limit, all of it cut short at ``budget_s`` of wall clock (the safety cut, which
+    ``outcome`` reports as ``budget_exceeded``); the exact placement is taken only if it is no worse than the
+    heuristic's in the order (unplaced replicas, spreads broken, devices used): never more devices unless it places
+    more replicas or keeps more spreads. The packer's ``anti_affinity``, ``node_anti_affinity`` and
+    ``prefer_open_nodes`` settings are the MILP's. ``outcome``, when given, receives a :class:`BatchOutcome` (for
+    benchmarks and logs).
     """
     aa = bool(getattr(packer, "anti_affinity", True))
     node_aa = bool(getattr(packer, "node_anti_affinity", True))
@@ -382,6 +398,7 @@ def place_batch_exact(
     exact = None
     ekey = None
     secs = 0.0
+    cuts: list[str] = []  # where the wall-clock safety cut fired (the work limit did not bound the solve)
     # Nothing to gain when the heuristic already placed everything on no new device.
     if hkey[0] or hkey[1] or hkey[2] > inv.gpus_in_use():
         t0 = time.perf_counter()
@@ -397,7 +414,8 @@ def place_batch_exact(
             for per_node in (False, True) if aa else (False,):
                 left = budget_s - (time.perf_counter() - t0)
                 lb = solve_aggregated(inv, reqs, left / 2, anti_affinity=aa, node_anti_affinity=node_aa,
-                                      prefer_open_nodes=open_nodes, per_node=per_node, min_devices_used=floor)
+                                      prefer_open_nodes=open_nodes, per_node=per_node, min_devices_used=floor,
+                                      cuts=cuts)
                 if lb is None or not lb.optimal or not all(sl is not None for sl in lb.slots):
                     break
                 floor = lb.devices_used
@@ -410,11 +428,11 @@ def place_batch_exact(
             exact = solve_exact(inv, reqs, budget_s - (time.perf_counter() - t0), anti_affinity=aa,
                                 node_anti_affinity=node_aa, max_devices=max_devices, no_worse_than=hkey,
                                 prefer_open_nodes=open_nodes,
-                                min_devices_used=floor)
+                                min_devices_used=floor, cuts=cuts)
         left = budget_s - (time.perf_counter() - t0)
         if exact is None and left > 0 and len(candidate_devices(inv)) > max_devices and not host_bound:
             exact = solve_aggregated(inv, reqs, left, anti_affinity=aa, node_anti_affinity=node_aa,
-                                     prefer_open_nodes=open_nodes)
+                                     prefer_open_nodes=open_nodes, cuts=cuts)
         secs = time.perf_counter() - t0
     chosen = heur
     if exact is not None:
@@ -436,7 +454,8 @@ def place_batch_exact(
     else:
         _allocate(inv, reqs, chosen, owners)
     if outcome is not None:
-        outcome.append(BatchOutcome("heuristic" if chosen is heur else "exact", exact, secs, hkey, ekey))
+        outcome.append(BatchOutcome("heuristic" if chosen is heur else "exact", exact, secs, hkey, ekey,
+                                    tuple(cuts)))
     return chosen
 
 

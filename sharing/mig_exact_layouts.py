@@ -85,6 +85,7 @@ def solve_aggregated(
     prefer_open_nodes: bool = False,
     per_node: bool = False,
     min_devices_used: int | None = None,
+    cuts: list[str] | None = None,
 ) -> ExactResult | None:
     """The fewest-GPU placement of ``reqs`` on the idle MIG GPUs of a cluster of any size, read off the aggregated
     MILP (how many GPUs of each kind run each maximal layout, how many replicas of each class use each profile
@@ -107,7 +108,7 @@ def solve_aggregated(
 
     None when a candidate GPU already holds something (the per-device MILP,
     :func:`solve_exact`, keeps existing allocations), a request is not a single MIG slot, or no solution came
-    within ``budget_s``."""
+    within the node limit or the safety cut ``budget_s`` (when the cut fires a line goes to ``cuts``)."""
     t0 = time.perf_counter()
     if not reqs:
         return ExactResult((), True, "empty", 0.0, inv.gpus_in_use())
@@ -128,8 +129,10 @@ def solve_aggregated(
     obj_max = lv.w_unplaced * len(reqs) + lv.w_spread * len(spread) + len(devs) + 2
     left = budget_s - (time.perf_counter() - t0)
     if left <= 0:
+        if cuts is not None:
+            cuts.append("no time left to solve the layout-count MILP")
         return None
-    sol = model.solve(left, obj_max)
+    sol = model.solve(left, obj_max, cuts)
     if sol is None:
         return None
     return _best_realisation(inv, reqs, sol, units, lv, cl, t0, anti_affinity, node_anti_affinity,

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from sharing.catalog import GpuModel, MigProfile
 from sharing.slots import AllocationError, DeviceState, Inventory, Slot, SlotRequest
 
-DEFAULT_BUDGET_S = 2.0
+# How much work one solve may do: HiGHS's branch-and-bound node limit. The limit is work, not time, so a snapshot gets
+# the same plan on any machine and under any load (HiGHS is deterministic short of a time limit). On the mig-bench's
+# instances (<= 16 GPUs, up to ~1,200 variables) 100 nodes are at most 1.3 s on this 2-core VM, root node included,
+# and find the device counts a solve of thousands of nodes proves (docs/sharing.md, "Exact placement").
+DEFAULT_NODE_LIMIT = 100
+# The wall-clock safety cut over a whole exact placement: it fires only when the machine is far slower than the work
+# limit assumes, and is counted then (BatchOutcome.budget_exceeded, the controller's
+# slotwise_exact_budget_exceeded_total): that plan may differ from run to run.
+DEFAULT_BUDGET_S = 5.0
 DEFAULT_MAX_DEVICES = 16  # "small" instances: candidate MIG GPUs the MILP is tried on
 
 
@@ -24,7 +32,7 @@ class ExactResult:
     """The MILP's answer: one slot (or None: left unplaced) per request, and what HiGHS said."""
 
     slots: tuple[Slot | None, ...]
-    optimal: bool  # HiGHS proved the device count optimal (within its gap) in the budget
+    optimal: bool  # HiGHS proved the device count optimal (within its gap) in the node limit
     status: str
     seconds: float
     devices_used: int  # devices holding something after the placement (existing ones included)
@@ -99,10 +107,12 @@ class Milp:
         self.rlo.append(low)
         self.rhi.append(high)
 
-    def solve(self, left_s: float, obj_max: float) -> Solution | None:
-        """Solve with HiGHS within what is left of the budget (None: no solution). A relative gap of a quarter
-        of a unit on the largest objective possible proves the counts the objective weighs above its
-        tie-breaks."""
+    def solve(self, left_s: float, obj_max: float, cuts: list[str] | None = None,
+              node_limit: int = DEFAULT_NODE_LIMIT) -> Solution | None:
+        """Solve with HiGHS within ``node_limit`` branch-and-bound nodes (the work limit: the answer depends on the
+        instance only), cut short by what is left of the wall-clock budget, ``left_s`` (the safety cut: when it
+        fires, a line is appended to ``cuts``). None: no solution. A relative gap of a quarter of a unit on the
+        largest objective possible proves the counts the objective weighs above its tie-breaks."""
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
@@ -111,7 +121,10 @@ class Milp:
         A = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.rlo), n)).tocsr()
         res = milp(np.array(self.cost), constraints=LinearConstraint(A, np.array(self.rlo), np.array(self.rhi)),
                    integrality=np.ones(n), bounds=Bounds(np.zeros(n), np.array(self.hi)),
-                   options={"time_limit": solver_limit(left_s), "disp": False, "mip_rel_gap": 0.25 / obj_max})
+                   options={"time_limit": solver_limit(left_s), "node_limit": int(node_limit), "disp": False,
+                            "mip_rel_gap": 0.25 / obj_max})
+        if res.status == 1 and cuts is not None:  # scipy's "time limit reached" (the node limit is its status 4)
+            cuts.append(f"time limit of {solver_limit(left_s):.2f} s: {res.message}")
         if res.x is None:
             return None
         return Solution(np.round(res.x).astype(int), res.status == 0, str(res.message))

@@ -237,6 +237,9 @@ class Plan:
     # Every decision of this tick, model -> why its count is what it is (including those that leave it unchanged;
     # the simulator counts them as ``decisions_by_reason``).
     decisions: dict[str, Reason] = field(default_factory=dict)
+    # Exact placements whose wall-clock safety cut fired this tick (their work limit did not bound them: the plan may
+    # differ on a faster or less loaded machine); the controller counts them as slotwise_exact_budget_exceeded_total.
+    exact_budget_exceeded: int = 0
 
     def of_type(self, kind: type) -> list:
         return [a for a in self.actions if isinstance(a, kind)]

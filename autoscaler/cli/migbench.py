@@ -1,7 +1,7 @@
 """``slotwise mig-bench``: MIG packers (first-fit, cost-aware) against MILP / LP lower bounds.
 
     slotwise mig-bench [--scenarios h100-8,a100-16,...|small|large|all] [--seeds 1-10]
-                       [--fill 0.5] [--order model|decreasing] [--exact-budget 2] [--json OUT]
+                       [--fill 0.5] [--order model|decreasing] [--exact-budget 5] [--json OUT]
 
 Per scenario and seed: a cluster of MIG GPUs and a replica demand drawn from realistic model sizes
 (``autoscaler/benchmarks/mig/bench.py``); each packer places the replicas and the GPUs it used are compared with
@@ -11,10 +11,13 @@ packer's anti-affinity rule. Packers that keep anti-affinity (cost-aware, cost-a
 to LB+AA, the others (first-fit, ``-noaa``) to LB. ``shipped`` is the packer as the decision core builds it
 (``prefer_open_nodes`` on), one replica at a time; ``exact`` is that packer with the batch placed
 by the per-device MILP (``sharing/mig_exact.py``; beyond 16 GPUs the aggregated layout-count MILP)
-within ``--exact-budget`` seconds, the heuristic's placement on a timeout or wherever the MILP's is
-not better; it counts as met only within its budget. ``controller`` is what the controller's tick does with the
-same demand (one ask per model through the decision core's arbitration, with the exact budget it ships,
-``CoreConfig.exact_budget_s``; it places exactly only on <= 16 MIG GPUs or on an empty cluster). A re-layout
+within its work limit (a HiGHS node limit per solve, so the same instance gets the same placement on any machine)
+and the wall-clock safety cut ``--exact-budget``, the heuristic's placement where no solution came or the MILP's is
+not better; it counts as met only where the safety cut did not fire (``in budget``). ``plans`` is a digest of every
+instance's exact placement: two runs that print the same one placed the same replicas on the same slots.
+``controller`` is what the controller's tick does with the same demand (one ask per model through the decision
+core's arbitration, with the exact budget it ships, ``CoreConfig.exact_budget_s``; it places exactly only on <= 16
+MIG GPUs or on an empty cluster). A re-layout
 scenario (demand changes) reports moves, the exact re-layout beside the heuristic one. Results in docs/sharing.md.
 """
 
@@ -49,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--exact-budget",
         type=float,
         default=DEFAULT_BUDGET_S,
-        help=f"seconds the exact (MILP) placement may take per instance (default {DEFAULT_BUDGET_S:g})",
+        help=f"the exact (MILP) placement's wall-clock safety cut per instance, seconds (default {DEFAULT_BUDGET_S:g})",
     )
     p.add_argument("--json", default=None, help="write rows and summary here")
 
@@ -114,7 +117,7 @@ def _print(summary: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
         )
     out.write("\nexact placement: instances where the MILP's placement was kept, proved optimal, within budget\n")
     out.write(f"{'scenario':<10} {'n':>3} {'milp used':>10} {'optimal':>8} {'in budget':>10} {'budget s':>9} "
-              f"{'max s':>6} {'met':>7} {'shipped met':>12}\n")
+              f"{'max s':>6} {'met':>7} {'shipped met':>12} {'plans':>17} {'controller plans':>17}\n")
     by = {(s["scenario"], s["packer"]): s for s in summary}
     for s in summary:
         if s["packer"] != "exact":
@@ -123,7 +126,8 @@ def _print(summary: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
         out.write(
             f"{s['scenario']:<10} {s['instances']:>3} {s['milp_used']:>10} {s['milp_optimal']:>8} "
             f"{s['within_budget']:>10} {s['budget_s']:>9g} {s['milp_seconds_max']:>6.2f} "
-            f"{s['met']:>3}/{s['instances']:<3} {ca['met']:>8}/{ca['instances']:<3}\n"
+            f"{s['met']:>3}/{s['instances']:<3} {ca['met']:>8}/{ca['instances']:<3} {s['plans']:>17} "
+            f"{by[(s['scenario'], 'controller')]['plans'] if (s['scenario'], 'controller') in by else '-':>17}\n"
         )
     out.write("\nre-layout (cost-aware placement, demand changed; exact batch placement; means over seeds)\n")
     out.write(

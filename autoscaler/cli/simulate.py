@@ -81,8 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "against the SLO like any other (count, the default) or left out of the SLO accounting "
                         "(exempt, as some platforms do)")
     p.add_argument("--exact-budget", type=float, default=DEFAULT_EXACT_BUDGET_S, metavar="S",
-                   help="seconds a tick may spend placing its new replicas again exactly (MILP) on a small MIG "
-                        f"cluster, as the controller does (default {DEFAULT_EXACT_BUDGET_S}; 0: the packer only)")
+                   help="the wall-clock safety cut, seconds, on placing a tick's new replicas again exactly (MILP, "
+                        "bounded by a work limit) on a small MIG cluster, as the controller does (default "
+                        f"{DEFAULT_EXACT_BUDGET_S}; 0: the packer only; also with --scenario)")
     p.add_argument("--json", default=None, help="write the scorecard(s) as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of load, replicas and latency vs SLO here")
     p.add_argument("--out", default=None,
@@ -258,7 +259,8 @@ def run_scenario(args: argparse.Namespace) -> int:
     hours = args.hours if args.hours is not None else sc.duration_h
     workload = build_workload(sc.build_trace(hours), sc.specs, history_s=sc.history_h * 3600.0)
     end_s = hours * 3600.0
-    cfg = sc.sim_config(hours, tick_s=args.tick, mode=args.mode, seed=args.seed)
+    cfg = sc.sim_config(hours, tick_s=args.tick, mode=args.mode, seed=args.seed,
+                        exact_budget_s=args.exact_budget)
     runs = [Run(f"{p}/{m}", p, m) for p in names for m in (modes or [sc.arbitration.mode])]
     variants = [(r.label, r.policy, dataclasses.replace(
         cfg, arbitration=dataclasses.replace(sc.arbitration, mode=r.arbitration))) for r in runs]

@@ -17,13 +17,16 @@ from autoscaler.decision.zero import ZeroConfig
 from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.policies.base import Policy
 from sharing.lending import LendingPolicy
+from sharing.mig_exact_model import DEFAULT_BUDGET_S
 from sharing.packer import CostAwarePacker, Packer
 
-# Two seconds: on the mig-bench's clusters the controller's path reaches the bound + 5 % on every instance with it;
-# 0.5 s / 1 s missed 2 / 1-2 of 10 on mixed-16 on a loaded machine (docs/sharing.md, "Exact placement"). Only a tick
-# that opens a GPU, or whose batch the packer finds no room for, on a cluster of <= 16 MIG GPUs (or an empty one)
-# pays it (the decision blocks meanwhile; the controller's `exact_budget_s` setting, 0: off).
-DEFAULT_EXACT_BUDGET_S = 2.0
+# The exact placement's wall-clock safety cut. What bounds a solve is its work limit (sharing's DEFAULT_NODE_LIMIT:
+# HiGHS branch-and-bound nodes, at most ~1.3 s on the mig-bench's clusters here), so a snapshot gets the same plan on
+# any machine; the cut fires only on a machine several times slower, and is counted then
+# (slotwise_exact_budget_exceeded_total; docs/sharing.md, "Exact placement"). Only a tick that opens a GPU, or whose
+# batch the packer finds no room for, on a cluster of <= 16 MIG GPUs (or an empty one) pays for a solve (the decision
+# blocks meanwhile; the controller's `exact_budget_s` setting, 0: off).
+DEFAULT_EXACT_BUDGET_S = DEFAULT_BUDGET_S
 
 
 @dataclass
@@ -99,7 +102,8 @@ def build_core(
     on); ``device_anti_affinity`` (pods-mode lending only) spreads a model's replicas over devices only, not nodes.
     ``limits``: the caps on every model's annotations (None: the safe defaults of :class:`SpecLimits`).
     ``kv_saturation``: the KV-cache fraction at which the rails hold scale-downs (None: off; docs/metrics.md).
-    ``exact_budget_s``: the time a tick may spend on the exact placement of the replicas it starts (0: off).
+    ``exact_budget_s``: the wall-clock safety cut on the exact placement of the replicas a tick starts (0: off; the
+    solves are bounded by their work limit first).
     """
     enabled = lending if lending is not None and lending.enabled else None
     whole_nodes = lending is not None and lending.mode == "pods"

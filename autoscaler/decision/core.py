@@ -159,6 +159,7 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     if asks:
         inventory = snapshot.inventory.copy()
         outcome = _arbitrate(asks, snapshot, metrics, inventory, removals, state, config)
+        plan.exact_budget_exceeded = outcome.exact_budget_exceeded
     for name in _finish_all(snapshot, state, sized, removals, outcome, plan, config):
         if inventory is not None:  # a model that failed places nothing: its slots go back
             for rid, slot in outcome.placed.get(name, ()):

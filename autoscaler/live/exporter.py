@@ -305,6 +305,9 @@ class ControllerMetrics:
             "slotwise_tick_duration_seconds", "Duration of a decision tick.", buckets=TICK_BUCKETS, registry=r
         )
         self.errors = Counter("slotwise_errors", "Errors by kind.", ["kind"], registry=r)
+        self.exact_budget_exceeded = Counter(
+            "slotwise_exact_budget_exceeded", "Exact MIG placements stopped by their wall-clock safety cut, not their "
+            "work limit (exact_budget_s): those plans may differ on another machine.", registry=r)
         self.leader = Gauge("slotwise_is_leader", "1 while this replica is the leader.", registry=r)
         self.actions = Counter(
             "slotwise_actions", "Actuation outcomes per action kind.", ["kind", "outcome"], registry=r
@@ -382,6 +385,8 @@ class ControllerMetrics:
             self._forget(gone)
         self._models = models
 
+        if plan.exact_budget_exceeded:
+            self.exact_budget_exceeded.inc(plan.exact_budget_exceeded)
         scales = {a.model: a for a in plan.of_type(ScaleModel)}
         statuses = {a.model: a for a in plan.of_type(UpdateStatus)}
         for name, obs in snapshot.models.items():

@@ -185,6 +185,8 @@ class SimResult:
     invalid_models: dict[str, str] = field(default_factory=dict)
     latency_at_slo_percentile_s: np.ndarray | None = None  # (M,) each model's latency at its own SLO percentile
     decisions: dict[str, int] = field(default_factory=dict)  # every decision of the scored period, by reason
+    # exact MIG placements whose wall-clock safety cut fired (their plans may differ on another machine)
+    exact_budget_exceeded: int = 0
     burn_in_s: float = 0.0  # the first seconds, not scored (see SimConfig.burn_in_s)
     # Cost attribution (scored ticks only, like gpu_hours; see autoscaler/accounting/cost.py for the units):
     gpu_kinds: tuple[str, ...] = ()  # the cluster's GPU kinds (canonical names), the columns below
@@ -394,6 +396,7 @@ def simulate(
     idle_reserved_s = 0.0
     unplaced_s = 0.0
     decisions: dict[str, int] = {}
+    exact_cuts = 0
     frag_sum, frag_n = 0.0, 0
     next_frag = 0.0
     report_every = max(1, n_ticks // 200)
@@ -413,6 +416,7 @@ def simulate(
             # The oracle knows the load of the tick it is about to serve.
             metrics.future_rate = future[:, k]
         plan = plan_tick(observe.snapshot(now), measure.window(now), state, core, node_state)
+        exact_cuts += plan.exact_budget_exceeded  # (every tick's, burn-in included: a run's plans as a whole)
         if plan.actions:
             act.apply(plan)
             routable = cluster.advance(now)  # instant-start replicas serve this tick
@@ -492,6 +496,7 @@ def simulate(
         scale_events=cluster.scale_events,
         reasons=dict(cluster.reasons),
         decisions={str(k): v for k, v in decisions.items()},
+        exact_budget_exceeded=exact_cuts,
         fragmentation=frag_sum / max(frag_n, 1),
         latency_p95_s=engine.latency_quantile(0.95),
         latency_at_slo_percentile_s=engine.latency_quantile(

@@ -71,6 +71,7 @@ CONTRACT = (
     "slotwise_reclaim_deadline_seconds",
     "slotwise_preemptions_total",
     "slotwise_team_gpus",
+    "slotwise_exact_budget_exceeded_total",
 )
 A100 = load_catalog().get("A100-80GB")
 L4 = load_catalog().get("L4-24GB")
@@ -211,6 +212,10 @@ async def test_metrics_after_a_tick_carry_every_contract_metric(served) -> None:
     assert _value(got, "slotwise_actions_total", kind="scale", outcome="error") == 1
     assert _value(got, "slotwise_errors_total", kind="metrics") == 1
     assert _value(got, "slotwise_is_leader") == 1
+    assert _value(got, "slotwise_exact_budget_exceeded_total") == 0
+    # an exact placement whose wall-clock safety cut fired is counted (its plan may differ on another machine)
+    m.record_tick(dataclasses.replace(_plan(), exact_budget_exceeded=2), _snapshot(), _window(), seconds=0.01)
+    assert _value(await _scrape(served), "slotwise_exact_budget_exceeded_total") == 2
     m.set_leader(False)
     assert _value(await _scrape(served), "slotwise_is_leader") == 0
 

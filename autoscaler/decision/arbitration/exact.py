@@ -20,7 +20,9 @@ out) follow the placements, so the layout that is created is the one the MILP ch
 
 The cost is paid only on clusters of at most ``DEFAULT_MAX_DEVICES`` (16) MIG-enabled GPUs, or of any size with
 nothing on them yet (the controller's first tick on a new cluster: the layout-count model), on ticks whose in-order
-placement opens a GPU or does not fit, and never beyond the budget.
+placement opens a GPU or does not fit. Each solve is bounded by its work limit (a HiGHS node limit: the same
+snapshot gets the same plan on any machine) and the whole by ``budget_s`` of wall clock, a safety cut that is
+counted when it fires (``ArbitrationResult.exact_budget_exceeded``, ``Plan.exact_budget_exceeded``).
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ def _exact_slots(t: Tick, trial: Inventory, asks: list[Ask], owners: list[str], 
     MILP's placement was not the one kept or left a replica out."""
     outcome: list[BatchOutcome] = []
     slots = place_batch_exact(t.packer, trial, [a.request for a in asks], budget_s, owners, outcome=outcome)
+    if outcome[0].budget_exceeded:
+        t.result.exact_budget_exceeded += 1  # (reported: this tick's plan may differ on another machine)
     if outcome[0].used != "exact" or any(s is None for s in slots):
         return None
     return [s for s in slots if s is not None]

@@ -95,6 +95,8 @@ class ArbitrationResult:
     shortfalls: list[Shortfall] = field(default_factory=list)
     preemptions: list[RemoveReplica] = field(default_factory=list)
     team_gpus: dict[str, float] = field(default_factory=dict)  # GPU-equivalents held per team after the tick
+    # exact placements whose wall-clock safety cut fired this tick (sharing.mig_exact.BatchOutcome.budget_exceeded)
+    exact_budget_exceeded: int = 0
 
 
 # What preemption looks at, asked for only when the asks do not all fit: every valid model's damage inputs and the
