@@ -382,7 +382,8 @@ def place_batch_exact(
     request (None: not placed), like ``place_batch``. The heuristic (``packer`` through ``place_batch``, largest
     first by default) runs on a copy; :func:`solve_exact` (or, beyond ``max_devices``, :func:`solve_aggregated`)
     runs within its node limit, all of it cut short at ``budget_s`` of wall clock (the safety cut, which
-    ``outcome`` reports as ``budget_exceeded``); the exact placement is taken only if it is no worse than the
+    ``outcome`` reports as ``budget_exceeded``; the two layout-count solves on a small cluster get half of what is
+    left each); the exact placement is taken only if it is no worse than the
     heuristic's in the order (unplaced replicas, spreads broken, devices used): never more devices unless it places
     more replicas or keeps more spreads. The packer's ``anti_affinity``, ``node_anti_affinity`` and
     ``prefer_open_nodes`` settings are the MILP's. ``outcome``, when given, receives a :class:`BatchOutcome` (for
@@ -430,9 +431,12 @@ def place_batch_exact(
                                 prefer_open_nodes=open_nodes,
                                 min_devices_used=floor, cuts=cuts)
         left = budget_s - (time.perf_counter() - t0)
-        if exact is None and left > 0 and len(candidate_devices(inv)) > max_devices and not host_bound:
-            exact = solve_aggregated(inv, reqs, left, anti_affinity=aa, node_anti_affinity=node_aa,
-                                     prefer_open_nodes=open_nodes, cuts=cuts)
+        if exact is None and len(candidate_devices(inv)) > max_devices and not host_bound:
+            if left > 0:
+                exact = solve_aggregated(inv, reqs, left, anti_affinity=aa, node_anti_affinity=node_aa,
+                                         prefer_open_nodes=open_nodes, cuts=cuts)
+            else:
+                cuts.append("no time left to solve the layout-count MILP")
         secs = time.perf_counter() - t0
     chosen = heur
     if exact is not None:

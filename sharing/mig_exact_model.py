@@ -123,7 +123,9 @@ class Milp:
                    integrality=np.ones(n), bounds=Bounds(np.zeros(n), np.array(self.hi)),
                    options={"time_limit": solver_limit(left_s), "node_limit": int(node_limit), "disp": False,
                             "mip_rel_gap": 0.25 / obj_max})
-        if res.status == 1 and cuts is not None:  # scipy's "time limit reached" (the node limit is its status 4)
+        # scipy's "Time limit reached. (HiGHS Status 13 ...)", status 1; the node limit is HiGHS's solution limit,
+        # which scipy 1.17 reports as status 4 (read by the words: the numbers are scipy's mapping, not HiGHS's)
+        if cuts is not None and "time limit" in str(res.message).lower():
             cuts.append(f"time limit of {solver_limit(left_s):.2f} s: {res.message}")
         if res.x is None:
             return None

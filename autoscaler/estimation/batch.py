@@ -20,7 +20,12 @@ The engines' gauges say it, two ways (:class:`BatchLearner` uses the first where
   formed part-way (its mean running count includes the filling), one replica queueing while another idles (the mean
   over replicas is below the full one's) -- and the batch is a whole number at least the largest reading.
 
-Either is capped at the declaration (the engine's own limit) and used once ``min_readings`` readings agree enough. A
+A cache reading on a step whose requests wait is capped at the running count rounded up: the engines admit no more
+than they run then, though the cache may show room (vLLM keeps a watermark of free blocks, blocks are rounded up, the
+next waiting prompt may not fit). A step whose cache is nearly empty (under ``min_kv`` use: mostly rounding) gives no
+cache reading, and falls to the queue's reading when requests wait.
+
+Either is capped at the declaration (the engine's own limit) and used once there are ``min_readings`` readings. A
 batch comes down at once and goes up only once the readings clear the next whole request by ``raise_margin``: the
 capacity learner starts over at each change (the factor it fit was for the old batch), so a reading that hovers at a
 whole number must not flip it. A model sized at the learned batch rarely queues, so the queue's readings are kept
@@ -79,9 +84,13 @@ class BatchLearner:
         if ready < 1 or not (math.isfinite(running) and running >= 0.0):
             return False
         per = running / ready
-        if math.isfinite(kv_usage) and kv_usage >= self.min_kv and per >= 1.0:
-            _push(self._from_kv, min(per / kv_usage, float(self.declared)), self.memory)
-        elif math.isfinite(waiting) and waiting >= self.min_waiting * ready:
+        queueing = math.isfinite(waiting) and waiting >= self.min_waiting * ready
+        if math.isfinite(kv_usage) and kv_usage >= self.min_kv and per > 0.0:
+            fit = per / kv_usage
+            if queueing:  # requests wait while ``per`` run: no more are admitted, whatever room the cache shows
+                fit = min(fit, float(math.ceil(per - 1e-9)))  # (a watermark, rounded blocks, the next prompt too big)
+            _push(self._from_kv, min(fit, float(self.declared)), self.memory)
+        elif queueing:
             _push(self._from_queue, min(per, float(self.declared)), self.memory)
         else:
             return False

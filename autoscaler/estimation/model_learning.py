@@ -84,8 +84,10 @@ class ModelLearning:
     slot_speeds: tuple[tuple[str, float], ...] = ()  # the spec's declared speeds, unresolved
     kind: str | None = None  # the slot kind most active replicas run on (this tick)
     kinds_seen: set[str] = field(default_factory=set)
-    # ready replicas at the previous observe (the batch is read only over a count that has not just changed)
-    _ready_before: int = field(default=-1, repr=False)
+    # the replicas as the batch learner last saw them, and since when (it reads the gauges only over a set that has
+    # stayed long enough for every sample of the window's last step to be of it)
+    _batch_replicas: tuple | None = field(default=None, repr=False)
+    _batch_since: float = field(default=0.0, repr=False)
     # The last observation scanned and what it held (replicas per kind, the kind all ready ones run on or None):
     # the simulated cluster hands out the same immutable object while the model's replicas do not change.
     _scanned: tuple[ModelObservation, dict[str, int], str | None] | None = field(default=None, repr=False)
@@ -120,12 +122,20 @@ class ModelLearning:
         self._itl_profiles[kind] = (prof, itl.key, out)
         return out
 
-    def _learn_batch(self, batch: BatchLearner, obs: ModelObservation, m: ModelMetrics, ready: int) -> None:
-        """Read the batch from the engines' gauges only while they are over the replicas counted now (the caller: the
-        ready count as at the previous decision; here: none draining). The window's samples are of the last step, so a
-        replica that just left the ready ones (removed, draining, failed) still ran requests in them, and over fewer
-        replicas they read as a larger batch than any replica runs."""
-        if any(r.draining for r in obs.replicas):
+    def _learn_batch(self, batch: BatchLearner, obs: ModelObservation, m: ModelMetrics, ready: int, now: float,
+                     tick_s: float, step_s: float) -> None:
+        """Read the batch from the engines' gauges only over replicas that are all ready, none draining, and unchanged
+        for two metric steps and a decision (a scrape and the step that holds it). The gauges are sums over what was
+        scraped in the window's last step: a replica that left since (removed, drained, failed its readiness probe
+        while still serving) can still be in them, and over fewer ready replicas its requests read as a larger batch
+        than any replica runs -- the one error that would size too few."""
+        replicas = obs.replicas
+        if replicas is not self._batch_replicas and replicas != self._batch_replicas:
+            self._batch_replicas, self._batch_since = replicas, now
+            return
+        if now - self._batch_since < 2.0 * step_s + tick_s - 1e-9:
+            return
+        if ready != len(replicas) or any(r.draining or not r.ready for r in replicas):
             return
         if batch.observe(m.running, m.queue_depth, ready, m.kv_cache_usage):
             self._resize_batch(batch.admitted)
@@ -134,10 +144,12 @@ class ModelLearning:
         """Size with ``concurrency`` requests per replica from now on (the batch the engines admit,
         :mod:`~autoscaler.estimation.batch`): the capacity learner starts over on the prior at that batch. Its factor
         was fit under the old batch, where a full cache's queue read as slow service; kept, it would charge the
-        smaller batch twice. The kinds' declared speeds carry over."""
+        smaller batch twice. The ITL learner starts over at the new batch too; the kinds' declared speeds carry over."""
         old = self.capacity
         prior = replace(old.prior, concurrency=concurrency, _memo={}, _variants={})
         self.capacity = old.restarted(prior)
+        if self.itl is not None:  # (its readings were mapped to batches of the old concurrency: it starts over too)
+            self.itl = ItlLearner(prior.itl_base_s, min(prior.itl_alpha, 2.0), concurrency, prior.percentile)
         self._itl_profiles.clear()
 
     def _first_sight(self, kind: str) -> None:
@@ -198,13 +210,12 @@ class ModelLearning:
         for duration in self.ready.update(obs, now):
             self.cold_start.observe(duration)
         ready = obs.ready_replicas
-        ready_before, self._ready_before = self._ready_before, ready
         ready_kind = self._scan_kinds(obs)
         if m.stale or m.rate.size == 0 or m.partial_reason() is not None:  # a partial window: half a load
             return
         batch = self.batch
-        if batch is not None and ready == ready_before and math.isfinite(m.running):
-            self._learn_batch(batch, obs, m, ready)
+        if batch is not None and math.isfinite(m.running):
+            self._learn_batch(batch, obs, m, ready, now, tick_s, step_s)
         # The samples since the previous decision (a policy tick may span several metric steps).
         n = max(1, min(m.rate.size, round(tick_s / step_s)))
         rate = _tail_mean(m.rate, step_s, n)

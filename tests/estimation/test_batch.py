@@ -116,7 +116,7 @@ def test_sizing_uses_the_batch_the_engines_run() -> None:
     obs = _obs(_rep("r0", True, 0.0), _rep("r1", True, 0.0))
     before = learning.profile()
     assert before.concurrency == 8
-    for k in range(4):  # (the first tick only counts the replicas)
+    for k in range(6):  # (read once the replicas are as they are for two metric steps and a decision: from t = 40)
         learning.observe(obs, _metrics(6.0, 30.0, kv=1.0), 10.0 * (k + 1), 10.0, 10.0)
     assert learning.batch is not None and learning.batch.admitted == 3
     assert learning.profile().concurrency == 3
@@ -145,3 +145,33 @@ def test_no_batch_is_learned_from_a_stale_or_partial_window_or_a_changing_count(
     for k in range(6):
         learning.observe(draining, _metrics(6.0, 30.0, kv=1.0), 200.0 + 10.0 * k, 10.0, 10.0)
     assert learning.batch.readings == 0 and learning.profile().concurrency == 8
+
+
+def test_a_replica_that_drained_and_left_does_not_read_as_a_larger_batch() -> None:
+    # Three replicas run 3 each with requests waiting (no KV gauge: the queue's reading). One drains and is gone; the
+    # window's last step still holds its requests (9 running over the 2 left would read 4.5 -> 5). No reading is
+    # taken until the two left have been the replicas for two metric steps and a decision.
+    learning = ModelLearning.start(SPEC, profile_from_spec(SPEC), 10.0)
+    three = _obs(_rep("r0", True, 0.0), _rep("r1", True, 0.0), _rep("r2", True, 0.0))
+    for k in range(8):
+        learning.observe(three, _metrics(9.0, 30.0), 10.0 * (k + 1), 10.0, 15.0)
+    assert learning.batch is not None and learning.batch.admitted == 3
+    draining = _obs(_rep("r0", True, 0.0), _rep("r1", True, 0.0), _rep("r2", False, 0.0, draining=True))
+    learning.observe(draining, _metrics(9.0, 30.0), 90.0, 10.0, 15.0)
+    two = _obs(_rep("r0", True, 0.0), _rep("r1", True, 0.0))
+    stale_gauges = _metrics(9.0, 30.0)  # the step that still holds the drained replica's requests
+    for now in (100.0, 110.0, 120.0, 130.0):
+        learning.observe(two, stale_gauges, now, 10.0, 15.0)
+        assert learning.batch.admitted == 3
+    for now in (140.0, 150.0, 160.0):  # (two 15 s steps and a 10 s decision after the change: its own gauges)
+        learning.observe(two, _metrics(6.0, 30.0), now, 10.0, 15.0)
+    assert learning.batch.admitted == 3
+
+
+def test_a_cache_with_room_left_while_requests_wait_reads_what_runs() -> None:
+    # 10 running a replica with requests waiting at 0.88 use: r/u says 11.4, but nothing more is admitted (a
+    # watermark of free blocks, the next prompt too large): the batch is 10
+    b = BatchLearner(16)
+    for _ in range(3):
+        b.observe(20.0, 8.0, 2, kv_usage=0.88)
+    assert b.admitted == 10
