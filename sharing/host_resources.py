@@ -25,9 +25,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sharing.slots import Inventory, SlotRequest
+from sharing.slots import Inventory, KindHostTable, SlotRequest
 
-_DIGITS = 6  # deltas equal to 1e-6 GPU are ties, so float noise never outranks the next tie-break
+STRANDING_DIGITS = 6  # deltas equal to 1e-6 GPU are ties, so float noise never outranks the next tie-break
 
 
 @dataclass(frozen=True)
@@ -71,4 +71,32 @@ def stranding_delta(inv: Inventory, node: str, gpus: float, cpu_millis: int, hos
     g = inv.free_gpu_capacity(node) if free_gpus is None else free_gpus
     before = stranded(g, fc, fm, per)
     after = stranded(max(g - gpus, 0.0), fc - cpu_millis, fm - host_memory_gib, per)
-    return round(after - before, _DIGITS)
+    return round(after - before, STRANDING_DIGITS)
+
+
+def stranding_deltas(table: KindHostTable, gpus: float, cpu_millis: int, host_memory_gib: float,
+                     per: HostPerGpu) -> object:
+    """:func:`stranding_delta` for every node of a :class:`~sharing.slots.KindHostTable` at once, NOT rounded (an
+    array; 0 where the node declares no host capacity). Within float noise of the rounded scalar: a caller that ranks
+    by it re-reads the nodes near its minimum with :func:`stranding_delta` for the exact tie-break."""
+    import numpy as np
+
+    g = table.free
+    fc = table.cpu_cap - table.cpu_used
+    fm = table.mem_cap - table.mem_used
+    before = _stranded(g, fc, fm, per)
+    after = _stranded(np.maximum(g - gpus, 0.0), fc - cpu_millis, fm - host_memory_gib, per)
+    return np.where(table.host_accounted, after - before, 0.0)
+
+
+def _stranded(free: object, cpu: object, mem: object, per: HostPerGpu) -> object:
+    """:func:`stranded` over arrays (``inf``: not declared)."""
+    import numpy as np
+
+    usable = free
+    if per.cpu_millis > 0:
+        usable = np.where(np.isfinite(cpu), np.minimum(usable, np.maximum(cpu, 0.0) / per.cpu_millis), usable)
+    if per.memory_gib > 0:
+        usable = np.where(np.isfinite(mem), np.minimum(usable, np.maximum(mem, 0.0) / per.memory_gib), usable)
+    return np.maximum(0.0, free - usable)
+

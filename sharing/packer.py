@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from sharing.catalog import GpuModel, MigProfile
-from sharing.host_resources import HostPerGpu, learn_per_gpu, stranding_delta
+from sharing.host_resources import STRANDING_DIGITS, HostPerGpu, learn_per_gpu, stranding_delta, stranding_deltas
 from sharing.slots import DeviceSignature, DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
 
 
@@ -286,6 +286,11 @@ class FirstFitPacker:
 
 # -- cost-aware packing ------------------------------------------------------------------------
 _COST_DIGITS = 9  # costs equal to 1e-9 $/h are ties, so float noise never outranks the tie-breaks
+# From this many nodes of a kind, a whole slot's best node is read off the kind's host table (arrays) rather than by a
+# loop over the nodes; and how far above the arrays' (unrounded) least stranding delta a node is still ranked by its
+# exact delta (the rounding is to 1e-6: ten times that covers it and the float noise).
+_TABLE_NODES = 32
+_NEAR = 1e-5
 
 
 def charged_fraction(slot: Slot, gpu: GpuModel) -> float:
@@ -757,6 +762,11 @@ class CostAwarePacker:
             return
         cost = round(slot_cost(Slot.whole("-", tuple(range(req.gpus)), gpu), gpu), _COST_DIGITS)
         taken = float(req.gpus)
+        if only_best and len(nodes) >= _TABLE_NODES:
+            hit = self._best_whole_node(inv, req, kind, host, taken)
+            if hit is not None:
+                self._add_whole(inv, kind, cands, cost, taken, hit[0], hit[1], req.gpus)
+            return
         best: tuple[float, str] | None = None
         for node in nodes:
             if inv.idle_gpus(node) >= req.gpus and host.fits(node):
@@ -768,6 +778,31 @@ class CostAwarePacker:
                 self._add_whole(inv, kind, cands, cost, taken, strand, node, req.gpus)
         if best is not None:
             self._add_whole(inv, kind, cands, cost, taken, best[0], best[1], req.gpus)
+
+    @staticmethod
+    def _best_whole_node(inv: Inventory, req: SlotRequest, kind: str, host: _HostView,
+                         taken: float) -> tuple[float, str] | None:
+        """The least (stranding delta, node order) among the nodes of ``kind`` with ``req.gpus`` idle GPUs and room
+        for the request's host CPU/memory: what the loop of :meth:`_whole_candidates_host` picks with ``only_best``,
+        read off the kind's :class:`~sharing.slots.KindHostTable` (kept per node as devices change) in a few array
+        operations. The array deltas are the scalar's operations on the same numbers, unrounded; the nodes within
+        float noise of their minimum get the scalar's rounding (once per distinct value), so the answer is the
+        loop's."""
+        import numpy as np
+
+        table = inv.kind_host_table(kind)
+        ok = (table.idle >= req.gpus) & table.host_fits(req.cpu_millis, req.host_memory_gib)
+        rows = np.flatnonzero(ok)
+        if rows.size == 0:
+            return None
+        if host.per is None:
+            return 0.0, table.nodes[int(rows[0])]
+        approx = stranding_deltas(table, taken, req.cpu_millis, req.host_memory_gib, host.per)[rows]
+        near = approx <= approx.min() + _NEAR
+        values, which = np.unique(approx[near], return_inverse=True)
+        exact = np.array([round(v, STRANDING_DIGITS) for v in values.tolist()])[which]
+        j = int(np.argmin(exact))  # (the first of equals: rows are in node order)
+        return float(exact[j]), table.nodes[int(rows[near][j])]
 
     def _add_whole(self, inv: Inventory, kind: str, cands: list, cost: float, taken: float, strand: float,
                    node: str, gpus: int) -> None:

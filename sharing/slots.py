@@ -505,6 +505,10 @@ class Inventory:
         self._node_free: dict[str, float] = {}
         self._node_idle: dict[str, int] = {}  # node -> idle GPUs, the same way
         self._kind_lists: dict[str, tuple[str, ...]] | None = None  # kind -> its nodes in order (static)
+        # kind -> its nodes' host state as arrays (:meth:`kind_host_table`), and the nodes changed since it was read
+        # (derived data: a copy starts without them)
+        self._tables: dict[str, KindHostTable] = {}
+        self._stale_rows: dict[str, set[str]] = {}
 
     def _build_host(self) -> tuple:
         used: dict[str, tuple[int, float]] = {}
@@ -784,6 +788,29 @@ class Inventory:
         (what :meth:`hold_host` holds is not in it: it asks for no GPU)."""
         return self._host_totals
 
+    def kind_host_table(self, gpu_model: str) -> KindHostTable:
+        """The host state of every node of ``gpu_model`` (canonical name) as arrays, in :meth:`kind_nodes` order:
+        what a packer scoring every node for one request reads in a few array operations instead of a loop. Kept
+        incrementally: a call re-reads only the nodes changed since the previous one (numpy is imported here, on
+        first use, so importing :mod:`sharing` stays dependency-free)."""
+        table = self._tables.get(gpu_model)
+        if table is None:
+            table = self._tables[gpu_model] = KindHostTable.read(self, self.kind_nodes(gpu_model))
+            self._stale_rows[gpu_model] = set()
+            return table
+        stale = self._stale_rows[gpu_model]
+        if stale:
+            for node in stale:
+                table.reread(self, node)
+            stale.clear()
+        return table
+
+    def _touch(self, node: str) -> None:
+        kind = self._nodes[node].gpu_model
+        stale = self._stale_rows.get(kind)
+        if stale is not None:
+            stale.add(node)
+
     def host_fits(self, node: str, cpu_millis: int, host_memory_gib: float) -> bool:
         """Whether ``node`` has room for these host requests now (always, for what it does not declare)."""
         return self._host_reason(node, cpu_millis, host_memory_gib) is None
@@ -825,6 +852,8 @@ class Inventory:
 
     def _host_change(self, node: str, cpu: int, mem: float, gpus: float,
                      also: dict[str, tuple[int, float]] | None = None) -> None:
+        if self._tables:
+            self._touch(node)
         for per_node in (self._host_used,) if also is None else (self._host_used, also):
             if cpu or mem:
                 c, m = per_node.get(node, (0, 0.0))
@@ -1044,6 +1073,8 @@ class Inventory:
         self._devices[key] = new
         self._node_free.pop(d.node, None)
         self._node_idle.pop(d.node, None)
+        if self._tables:
+            self._touch(d.node)
         old_sig, new_sig = d.signature, new.signature
         if old_sig != new_sig:
             groups = self._groups[d.gpu_model]
@@ -1190,3 +1221,56 @@ class Inventory:
         if not d.idle and d.mig_enabled != enabled:
             raise AllocationError(f"GPU {device} on {node!r} is not idle; drain it before switching MIG mode")
         self._put(d, mig_enabled=enabled)
+
+
+class KindHostTable:
+    """One GPU kind's nodes as arrays (:meth:`Inventory.kind_host_table`), row ``i`` = ``nodes[i]``: idle GPUs, free
+    GPU capacity (:meth:`Inventory.free_gpu_capacity`), host CPU (millis) and memory (GiB) held and declared (``inf``:
+    not declared), and whether the node declares either. The same numbers as the Inventory's own per-node answers."""
+
+    __slots__ = ("cpu_cap", "cpu_used", "free", "host_accounted", "idle", "mem_cap", "mem_used", "nodes", "row")
+
+    def __init__(self, nodes: tuple[str, ...]) -> None:
+        import numpy as np
+
+        n = len(nodes)
+        self.nodes = nodes
+        self.row = {name: i for i, name in enumerate(nodes)}
+        self.idle = np.zeros(n, dtype=np.int64)
+        self.free = np.zeros(n)
+        self.cpu_used = np.zeros(n)
+        self.mem_used = np.zeros(n)
+        self.cpu_cap = np.full(n, np.inf)
+        self.mem_cap = np.full(n, np.inf)
+        self.host_accounted = np.zeros(n, dtype=bool)
+
+    @classmethod
+    def read(cls, inv: Inventory, nodes: tuple[str, ...]) -> KindHostTable:
+        table = cls(nodes)
+        for name in nodes:
+            spec = inv.nodes[name]
+            i = table.row[name]
+            if spec.cpu_millis is not None:
+                table.cpu_cap[i] = spec.cpu_millis
+            if spec.host_memory_gib is not None:
+                table.mem_cap[i] = spec.host_memory_gib
+            table.host_accounted[i] = spec.host_accounted
+            table.reread(inv, name)
+        return table
+
+    def reread(self, inv: Inventory, node: str) -> None:
+        i = self.row[node]
+        self.idle[i] = inv.idle_gpus(node)
+        self.free[i] = inv.free_gpu_capacity(node)
+        c, m = inv.host_used(node)
+        self.cpu_used[i] = c
+        self.mem_used[i] = m
+
+    def host_fits(self, cpu_millis: int, host_memory_gib: float) -> object:
+        """Bool per node: room for these host requests (:meth:`Inventory.host_fits`, the same comparisons)."""
+        import numpy as np
+
+        if cpu_millis <= 0 and host_memory_gib <= 0:
+            return np.ones(len(self.nodes), dtype=bool)
+        return ~((self.cpu_used + cpu_millis > self.cpu_cap) | (self.mem_used + host_memory_gib > self.mem_cap + _EPS))
+

@@ -15,15 +15,19 @@ The engines' gauges say it, two ways (:class:`BatchLearner` uses the first where
   any load, queue or none. The answer is the median of the last ``memory`` readings, rounded down (whole requests;
   a cache that admits 7.0 requests of the mean size runs 7, not 8).
 - **From the queue** (``ModelMetrics.queue_depth``), for engines without a KV gauge (TGI): while requests wait, the
-  requests running per ready replica are as many as the engines admit. The answer is the largest of the last
+  requests running per ready replica are as many as the engines admit (a step with fewer than one running a replica
+  is a burst arriving at its end, not a full batch, and is not read). The answer is the largest of the last
   ``memory`` readings, rounded up: every cause of a reading that is off makes it low, never high -- a step whose queue
   formed part-way (its mean running count includes the filling), one replica queueing while another idles (the mean
   over replicas is below the full one's) -- and the batch is a whole number at least the largest reading.
 
-A cache reading on a step whose requests wait is capped at the running count rounded up: the engines admit no more
-than they run then, though the cache may show room (vLLM keeps a watermark of free blocks, blocks are rounded up, the
-next waiting prompt may not fit). A step whose cache is nearly empty (under ``min_kv`` use: mostly rounding) gives no
-cache reading, and falls to the queue's reading when requests wait.
+On a step whose requests wait while the cache is full (``full_kv``, the KV rail's saturation default), the cache's
+reading is capped at the running count rounded up: the engines admit no more than they run then, though the cache may
+show some room (vLLM keeps a watermark of free blocks, blocks are rounded up, the next prompt may not fit). Not below
+that use: requests that arrive in a burst at a step's end wait in it while the step's mean running count is low,
+and say nothing about admission. A step whose cache is nearly empty (under ``min_kv`` use: mostly rounding) gives no
+reading; nor does the queue where the engines have a KV gauge (measured: the code model's burst-edge steps, 0.2
+running a replica with 40-175 waiting at the tick's end, read its 5 as 1).
 
 Either is capped at the declaration (the engine's own limit) and used once there are ``min_readings`` readings. A
 batch comes down at once and goes up only once the readings clear the next whole request by ``raise_margin``: the
@@ -49,7 +53,8 @@ class BatchLearner:
     learned batch is used; ``memory``: how many of the latest readings the answer is read from. ``min_waiting``: the
     mean waiting count per ready replica from which a step counts as queueing (at least one request waiting per
     replica: one request queued for a moment is not a full batch). ``min_kv``: the cache's use below which a reading
-    of it is not taken (a nearly empty cache's ratio is mostly rounding). ``raise_margin``: how far past the next whole
+    of it is not taken (a nearly empty cache's ratio is mostly rounding); ``full_kv``: the use from which a cache with
+    requests waiting counts as admitting no more than run. ``raise_margin``: how far past the next whole
     request the readings must be to raise the batch."""
 
     declared: int
@@ -57,6 +62,7 @@ class BatchLearner:
     memory: int = 10
     min_waiting: float = 1.0
     min_kv: float = 0.05
+    full_kv: float = 0.9
     raise_margin: float = 0.25
     _from_kv: deque[float] = field(default_factory=deque, repr=False)
     _from_queue: deque[float] = field(default_factory=deque, repr=False)
@@ -85,12 +91,16 @@ class BatchLearner:
             return False
         per = running / ready
         queueing = math.isfinite(waiting) and waiting >= self.min_waiting * ready
-        if math.isfinite(kv_usage) and kv_usage >= self.min_kv and per > 0.0:
+        if math.isfinite(kv_usage):
+            if not (kv_usage >= self.min_kv and per > 0.0):
+                return False  # (a nearly empty cache: its ratio is mostly rounding)
             fit = per / kv_usage
-            if queueing:  # requests wait while ``per`` run: no more are admitted, whatever room the cache shows
-                fit = min(fit, float(math.ceil(per - 1e-9)))  # (a watermark, rounded blocks, the next prompt too big)
+            if queueing and kv_usage >= self.full_kv:
+                # a full cache with requests waiting admits no more than run, whatever room it shows (a watermark
+                # of free blocks, blocks rounded up, the next prompt too large)
+                fit = min(fit, float(math.ceil(per - 1e-9)))
             _push(self._from_kv, min(fit, float(self.declared)), self.memory)
-        elif queueing:
+        elif queueing and per >= 1.0:  # (fewer running than a request a replica: a burst arriving, not a full batch)
             _push(self._from_queue, min(per, float(self.declared)), self.memory)
         else:
             return False

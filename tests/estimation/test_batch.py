@@ -168,10 +168,26 @@ def test_a_replica_that_drained_and_left_does_not_read_as_a_larger_batch() -> No
     assert learning.batch.admitted == 3
 
 
-def test_a_cache_with_room_left_while_requests_wait_reads_what_runs() -> None:
-    # 10 running a replica with requests waiting at 0.88 use: r/u says 11.4, but nothing more is admitted (a
+def test_a_full_cache_with_requests_waiting_reads_what_runs() -> None:
+    # 10 running a replica with requests waiting at 0.92 use: r/u says 10.9, but nothing more is admitted (a
     # watermark of free blocks, the next prompt too large): the batch is 10
     b = BatchLearner(16)
     for _ in range(3):
-        b.observe(20.0, 8.0, 2, kv_usage=0.88)
+        b.observe(20.0, 8.0, 2, kv_usage=0.92)
     assert b.admitted == 10
+
+
+def test_a_burst_arriving_at_a_steps_end_says_nothing_about_the_batch() -> None:
+    # The step's mean running count is low while the burst waits at its end: neither the cache (not full) nor the
+    # queue (under one running a replica) reads that as the batch
+    b = BatchLearner(8)
+    for _ in range(5):
+        b.observe(0.2 * 25, 175.0, 25, kv_usage=0.04)  # a nearly empty cache: no reading, and no queue reading
+    assert b.admitted == 8 and b.readings == 0
+    for _ in range(3):
+        b.observe(1.5 * 25, 175.0, 25, kv_usage=0.3)  # 1.5 running a replica fill 0.3: the cache admits 5
+    assert b.admitted == 5
+    tgi = BatchLearner(8)  # no KV gauge: the queue's reading, not under one running a replica
+    for _ in range(5):
+        tgi.observe(0.2 * 25, 175.0, 25)
+    assert tgi.admitted == 8 and tgi.readings == 0

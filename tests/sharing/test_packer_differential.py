@@ -237,3 +237,45 @@ def test_whole_gpus_on_the_models_node_pass_the_device_spread() -> None:
     inv.allocate(Slot.share("n", 0, gpu, 10.0, 0.1), "m-1")
     slot = same_choice(CostAwarePacker(), inv, SlotRequest("m", 79.0, 1.0, kinds=("whole", "share")))
     assert slot is not None and slot.kind == "whole" and slot.devices == (2,)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), anti_affinity=st.booleans())
+def test_the_host_tables_whole_slot_choice_is_the_references_on_a_large_host_accounted_cluster(
+        seed: int, anti_affinity: bool) -> None:
+    # From 32 nodes of a kind a whole slot's node is read off the kind's host table (arrays, kept per node as devices
+    # and host holdings change); it must choose what the reference's loop chooses, through places, releases, pods
+    # without a GPU holding host resources, and copies.
+    rng = random.Random(seed)
+    nodes = [NodeSpec(f"n{i:02d}", rng.choice(("H100-80GB", "A100-80GB")), rng.choice((2, 4, 8)),
+                      cpu_millis=rng.choice((16_000, 32_000, 64_000)), host_memory_gib=rng.choice((128.0, 256.0)))
+             for i in range(rng.randint(40, 70))]
+    inv = Inventory.from_nodes(nodes, CAT)
+    packer = CostAwarePacker(anti_affinity=anti_affinity)
+    held: list[tuple[str, str]] = []
+    cpu_only: list[tuple[str, int, float]] = []
+    for step in range(120):
+        op = rng.random()
+        if op < 0.15 and held:
+            owner, _ = held.pop(rng.randrange(len(held)))
+            for slot in inv.slots_of(owner):
+                inv.release(slot, owner)
+        elif op < 0.25:
+            node = rng.choice(nodes).name
+            cpu, mem = rng.choice((500, 2_000, 8_000)), rng.choice((1.0, 8.0, 32.0))
+            if inv.host_fits(node, cpu, mem):
+                inv.hold_host(node, cpu, mem)
+                cpu_only.append((node, cpu, mem))
+        elif op < 0.3 and cpu_only:
+            inv.unhold_host(*cpu_only.pop(rng.randrange(len(cpu_only))))
+        elif op < 0.33:
+            inv = inv.copy()
+        else:
+            req = SlotRequest(rng.choice(MODELS), None, gpus=rng.choice((1, 1, 2, 4)), kinds=("whole",),
+                              cpu_millis=rng.choice((1_000, 4_000, 12_000)),
+                              host_memory_gib=rng.choice((4.0, 16.0, 64.0)))
+            slot = same_choice(packer, inv, req)
+            if slot is not None:
+                owner = f"{req.model}/r{step}"
+                inv.allocate(slot, owner)
+                held.append((owner, req.model))
