@@ -649,6 +649,8 @@ class CostAwarePacker:
         best: dict[tuple[bool, bool, bool], tuple[float, int, int]] = {}
         # With no class to tell apart, a node's first member beats its others (same stranding, lower position).
         one_class = not used and lo < 0 and (open_nodes is None or not idle)
+        if one_class and len(members) >= _TABLE_NODES:
+            return CostAwarePacker._best_member(inv, members, host, taken)
         prev = -1
         for p in members:
             if one_class:
@@ -664,6 +666,29 @@ class CostAwarePacker:
             if cls not in best or k < best[cls]:
                 best[cls] = k
         return [(p, strand) for strand, _, p in best.values()]
+
+    @staticmethod
+    def _best_member(inv: Inventory, members: Sequence[int], host: _HostView, taken: float) -> list[tuple[int, float]]:
+        """:meth:`_host_members` with one class of member, on a large group: the least (stranding delta, position)
+        among the members whose node has room for the request's host CPU/memory, read off the kind's host table as
+        :meth:`_best_whole_node` does (the same exact rounding for near ties)."""
+        import numpy as np
+
+        table = inv.kind_host_table(inv.nodes[inv.node_at(members[0])].gpu_model)
+        pos = np.asarray(members)
+        rows = table.pos_rows[pos]
+        ok = table.host_fits(host.cpu, host.mem)[rows]
+        if not ok.any():
+            return []
+        pos, rows = pos[ok], rows[ok]
+        if host.per is None:
+            return [(int(pos[0]), 0.0)]
+        approx = stranding_deltas(table, taken, host.cpu, host.mem, host.per)[rows]
+        near = approx <= approx.min() + _NEAR
+        values, which = np.unique(approx[near], return_inverse=True)
+        exact = np.array([round(v, STRANDING_DIGITS) for v in values.tolist()])[which]
+        j = int(np.argmin(exact))  # (the first of equals: members are in position order)
+        return [(int(pos[near][j]), float(exact[j]))]
 
     def _group_memo(self, inv: Inventory, req: SlotRequest) -> dict:
         """Per request shape and inventory rules: DeviceSignature -> the group's best partial slot."""

@@ -1228,7 +1228,8 @@ class KindHostTable:
     GPU capacity (:meth:`Inventory.free_gpu_capacity`), host CPU (millis) and memory (GiB) held and declared (``inf``:
     not declared), and whether the node declares either. The same numbers as the Inventory's own per-node answers."""
 
-    __slots__ = ("cpu_cap", "cpu_used", "free", "host_accounted", "idle", "mem_cap", "mem_used", "nodes", "row")
+    __slots__ = ("cpu_cap", "cpu_used", "free", "host_accounted", "idle", "mem_cap", "mem_used", "nodes", "pos_rows",
+                 "row")
 
     def __init__(self, nodes: tuple[str, ...]) -> None:
         import numpy as np
@@ -1243,6 +1244,7 @@ class KindHostTable:
         self.cpu_cap = np.full(n, np.inf)
         self.mem_cap = np.full(n, np.inf)
         self.host_accounted = np.zeros(n, dtype=bool)
+        self.pos_rows = np.zeros(0, dtype=np.int64)  # device position -> its node's row (-1: another kind's)
 
     @classmethod
     def read(cls, inv: Inventory, nodes: tuple[str, ...]) -> KindHostTable:
@@ -1256,6 +1258,12 @@ class KindHostTable:
                 table.mem_cap[i] = spec.host_memory_gib
             table.host_accounted[i] = spec.host_accounted
             table.reread(inv, name)
+        import numpy as np
+
+        table.pos_rows = np.full(len(inv.devices), -1, dtype=np.int64)
+        for name in nodes:
+            for k in range(inv.nodes[name].gpu_count):
+                table.pos_rows[inv.position(name, k)] = table.row[name]
         return table
 
     def reread(self, inv: Inventory, node: str) -> None:

@@ -241,11 +241,11 @@ def test_whole_gpus_on_the_models_node_pass_the_device_spread() -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), anti_affinity=st.booleans())
-def test_the_host_tables_whole_slot_choice_is_the_references_on_a_large_host_accounted_cluster(
+def test_the_host_tables_choice_is_the_references_on_a_large_host_accounted_cluster(
         seed: int, anti_affinity: bool) -> None:
-    # From 32 nodes of a kind a whole slot's node is read off the kind's host table (arrays, kept per node as devices
-    # and host holdings change); it must choose what the reference's loop chooses, through places, releases, pods
-    # without a GPU holding host resources, and copies.
+    # From 32 nodes of a kind a whole slot's node, and a large device group's member, are read off the kind's host
+    # table (arrays, kept per node as devices and host holdings change); they must choose what the reference's loop
+    # chooses, through places, releases, pods without a GPU holding host resources, and copies.
     rng = random.Random(seed)
     nodes = [NodeSpec(f"n{i:02d}", rng.choice(("H100-80GB", "A100-80GB")), rng.choice((2, 4, 8)),
                       cpu_millis=rng.choice((16_000, 32_000, 64_000)), host_memory_gib=rng.choice((128.0, 256.0)))
@@ -271,9 +271,12 @@ def test_the_host_tables_whole_slot_choice_is_the_references_on_a_large_host_acc
         elif op < 0.33:
             inv = inv.copy()
         else:
-            req = SlotRequest(rng.choice(MODELS), None, gpus=rng.choice((1, 1, 2, 4)), kinds=("whole",),
-                              cpu_millis=rng.choice((1_000, 4_000, 12_000)),
-                              host_memory_gib=rng.choice((4.0, 16.0, 64.0)))
+            host = {"cpu_millis": rng.choice((1_000, 4_000, 12_000)), "host_memory_gib": rng.choice((4.0, 16.0, 64.0))}
+            if rng.random() < 0.5:
+                req = SlotRequest(rng.choice(MODELS), None, gpus=rng.choice((1, 1, 2, 4)), kinds=("whole",), **host)
+            else:  # a time-slice share: the device groups' members (one per node of a group) off the table too
+                req = SlotRequest(rng.choice(MODELS), rng.choice((10.0, 20.0, 40.0)), rng.choice((0.25, 0.5)),
+                                  kinds=("share",), **host)
             slot = same_choice(packer, inv, req)
             if slot is not None:
                 owner = f"{req.model}/r{step}"
