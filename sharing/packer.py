@@ -684,11 +684,8 @@ class CostAwarePacker:
         if host.per is None:
             return [(int(pos[0]), 0.0)]
         approx = stranding_deltas(table, taken, host.cpu, host.mem, host.per)[rows]
-        near = approx <= approx.min() + _NEAR
-        values, which = np.unique(approx[near], return_inverse=True)
-        exact = np.array([round(v, STRANDING_DIGITS) for v in values.tolist()])[which]
-        j = int(np.argmin(exact))  # (the first of equals: members are in position order)
-        return [(int(pos[near][j]), float(exact[j]))]
+        j, strand = _least_rounded(approx)  # (the first of equals: members are in position order)
+        return [(int(pos[j]), strand)]
 
     def _group_memo(self, inv: Inventory, req: SlotRequest) -> dict:
         """Per request shape and inventory rules: DeviceSignature -> the group's best partial slot."""
@@ -823,11 +820,8 @@ class CostAwarePacker:
         if host.per is None:
             return 0.0, table.nodes[int(rows[0])]
         approx = stranding_deltas(table, taken, req.cpu_millis, req.host_memory_gib, host.per)[rows]
-        near = approx <= approx.min() + _NEAR
-        values, which = np.unique(approx[near], return_inverse=True)
-        exact = np.array([round(v, STRANDING_DIGITS) for v in values.tolist()])[which]
-        j = int(np.argmin(exact))  # (the first of equals: rows are in node order)
-        return float(exact[j]), table.nodes[int(rows[near][j])]
+        j, strand = _least_rounded(approx)  # (the first of equals: rows are in node order)
+        return strand, table.nodes[int(rows[j])]
 
     def _add_whole(self, inv: Inventory, kind: str, cands: list, cost: float, taken: float, strand: float,
                    node: str, gpus: int) -> None:
@@ -1022,6 +1016,20 @@ class CostAwarePacker:
 
 
 _MISSING = object()
+
+
+def _least_rounded(approx: object) -> tuple[int, float]:
+    """The index and value of the least of ``approx`` (unrounded stranding deltas) once rounded as the scalar
+    :func:`~sharing.host_resources.stranding_delta` rounds (the first of equals): only the entries within float noise
+    of the minimum are rounded, once per distinct value."""
+    import numpy as np
+
+    a = np.asarray(approx)
+    near = np.flatnonzero(a <= a.min() + _NEAR)
+    values, which = np.unique(a[near], return_inverse=True)
+    exact = np.array([round(v, STRANDING_DIGITS) for v in values.tolist()])[which]
+    j = int(np.argmin(exact))
+    return int(near[j]), float(exact[j])
 
 
 class _HostView:

@@ -430,7 +430,7 @@ def scorecard(
         "decisions_by_reason": {k: int(v) for k, v in result.decisions.items()},
         "scale_events_by_reason": {k: int(v) for k, v in result.reasons.items()},
         # exact MIG placements whose wall-clock safety cut fired (0: every plan of the run was the snapshot's alone)
-        "exact_budget_exceeded": int(getattr(result, "exact_budget_exceeded", 0)),
+        "exact_budget_exceeded": int(result.exact_budget_exceeded),
         "unplaced_replica_minutes": result.unplaced_replica_minutes,
         "gpu_hours_busy": overall["gpu_hours_busy"],
         "utilization_busy": overall["utilization_busy"],
