@@ -22,8 +22,18 @@ from dataclasses import replace
 from typing import Protocol
 
 from sharing.catalog import GpuModel, MigProfile
-from sharing.host_resources import STRANDING_DIGITS, HostPerGpu, learn_per_gpu, stranding_delta, stranding_deltas
-from sharing.slots import DeviceSignature, DeviceState, Inventory, NodeSpec, Slot, SlotKind, SlotRequest
+from sharing.fragmentation import (
+    MILLI,
+    KindFragmentation,
+    KindShapes,
+    WorkloadShapes,
+    allowed_kind,
+    fragmentation_delta,
+    free_milli,
+    milli_after,
+)
+from sharing.host_resources import STRANDING_DIGITS, HostPerGpu, learn_per_gpu, stranded, stranding_deltas
+from sharing.slots import DeviceSignature, DeviceState, Inventory, KindHostTable, NodeSpec, Slot, SlotKind, SlotRequest
 
 
 class Packer(Protocol):
@@ -291,6 +301,9 @@ _COST_DIGITS = 9  # costs equal to 1e-9 $/h are ties, so float noise never outra
 # exact delta (the rounding is to 1e-6: ten times that covers it and the float noise).
 _TABLE_NODES = 32
 _NEAR = 1e-5
+# The fragmentation a placement adds for the target workload (sharing/fragmentation.py), in expected GPUs, is weighed
+# at this share of the GPUs it strands for want of host CPU/memory (both key 6).
+DEFAULT_FRAGMENTATION_WEIGHT = 0.3
 
 
 def charged_fraction(slot: Slot, gpu: GpuModel) -> float:
@@ -419,9 +432,12 @@ class CostAwarePacker:
     name = "cost-aware"
 
     def __init__(self, anti_affinity: bool = True, objective: str = "cost", prefer_open_nodes: bool = False,
-                 node_anti_affinity: bool = True, host_aware: bool = True) -> None:
+                 node_anti_affinity: bool = True, host_aware: bool = True,
+                 fragmentation_weight: float = DEFAULT_FRAGMENTATION_WEIGHT) -> None:
         if objective not in ("cost", "gpus"):
             raise ValueError(f"objective must be 'cost' or 'gpus', got {objective!r}")
+        if not fragmentation_weight >= 0:
+            raise ValueError(f"fragmentation_weight must be >= 0, got {fragmentation_weight!r}")
         self.anti_affinity = anti_affinity
         self.objective = objective
         # Opt-in (lending whole nodes, issue 8): rank a slot on a node with nothing on it after every slot on a
@@ -432,6 +448,13 @@ class CostAwarePacker:
         self.node_anti_affinity = node_anti_affinity
         # The host-resource tie-break (key 6 above); False ranks as before host resources existed (still hard).
         self.host_aware = host_aware
+        # The target workload's fragmentation (:meth:`target_workload`), weighed in the host key at this weight.
+        self.fragmentation_weight = fragmentation_weight
+        self._workload: WorkloadShapes | None = None
+        self._workload_version = 0  # part of the group memo's key: the gap plan ranks partial slots
+        self._scarcity: tuple[tuple, dict[str, float]] | None = None
+        self._kind_shapes: dict[str, KindShapes] = {}
+        self._kind_frag: dict[str, KindFragmentation] = {}
         self._expected: dict[str, tuple[SlotRequest, int]] | None = None
         self._host_asks: dict[str, tuple[SlotRequest, int]] | None = None
         self._fit_cache: dict[tuple, dict[str, float]] = {}
@@ -465,6 +488,131 @@ class CostAwarePacker:
             self._host_asks = None
             return
         self._host_asks = _count_by_model(reqs, lambda prev, r: r)  # per model its last request and its count
+
+    def target_workload(self, shapes: WorkloadShapes | None) -> None:
+        """Tell the packer the workload it should keep room for (None clears): the shapes expected, with their weights
+        (:class:`~sharing.fragmentation.TargetWorkload` learns them from arrivals). The host key (6 in the ranking)
+        then also counts the fragmentation a placement adds for them (:mod:`sharing.fragmentation`) -- on every
+        cluster, host capacity declared or not."""
+        self._workload = shapes if shapes is not None and shapes.shapes and self.fragmentation_weight > 0 else None
+        self._workload_version += 1
+        self._kind_shapes = {}
+        self._kind_frag = {}
+
+    def kind_shapes(self, inv: Inventory, kind: str) -> KindShapes | None:
+        """The target workload as GPU kind ``kind`` sees it, or None without one."""
+        if self._workload is None:
+            return None
+        hit = self._kind_shapes.get(kind)
+        if hit is None or hit.catalog is not inv.catalog:
+            hit = self._kind_shapes[kind] = KindShapes(self._workload, inv.catalog.get(kind), inv.catalog,
+                                                       self.fragmentation_weight)
+        return hit
+
+    def kind_fragmentation(self, inv: Inventory, kind: str) -> KindFragmentation | None:
+        """The kind's per-node fragmentation over ``inv`` (kept per node as the inventory changes), or None."""
+        ks = self.kind_shapes(inv, kind)
+        if ks is None:
+            return None
+        table = inv.kind_host_table(kind)
+        hit = self._kind_frag.get(kind)
+        if hit is None or hit.table is not table or hit.kind is not ks:
+            hit = self._kind_frag[kind] = KindFragmentation(ks, table)
+        return hit
+
+    def kind_scarcity(self, inv: Inventory) -> dict[str, float]:
+        """Per GPU kind, rho_k: the share of its GPUs that target shapes accepting only some kinds will claim (their
+        GPU demand, scaled so the workload's whole demand is the cluster's GPUs, spread over the GPUs of the kinds
+        each accepts). Shapes that accept every kind add nothing. Empty without a target workload."""
+        if self._workload is None:
+            return {}
+        gpus = {k: sum(inv.nodes[n].gpu_count for n in inv.kind_nodes(k)) for k in inv.kind_node_counts()}
+        key = (self._workload_version, id(inv.catalog), tuple(sorted(gpus.items())))
+        if self._scarcity is not None and self._scarcity[0] == key:
+            return self._scarcity[1]
+        cat = inv.catalog
+        shapes = [s for s in self._workload.shapes if s.gpus > 0]
+        dem = [s.weight * s.gpus * (1.0 if s.memory_gib is None else s.compute_fraction) for s in shapes]
+        total_dem = sum(dem)
+        rho = dict.fromkeys(gpus, 0.0)
+        all_gpus = sum(gpus.values())
+        for s, d in zip(shapes, dem, strict=True):
+            accepts = [k for k in gpus if allowed_kind(s, cat.get(k), cat)]
+            acc = sum(gpus[k] for k in accepts)
+            if len(accepts) == len(gpus) or acc <= 0 or total_dem <= 0:
+                continue
+            for k in accepts:
+                rho[k] += d / total_dem * all_gpus / acc
+        self._scarcity = (key, rho)
+        return rho
+
+    def displaced(self, inv: Inventory, gpu_models: tuple[str, ...], kind: str, taken: float) -> float:
+        """GPUs of constrained target shapes a placement taking ``taken`` GPUs of ``kind`` is expected to crowd out:
+        ``taken`` x clip(rho_kind - the least rho of the kinds the request accepts, 0, 1) (:meth:`kind_scarcity`). 0
+        without a target workload, or on the least scarce kind the request may use."""
+        rho = self.kind_scarcity(inv)
+        if not rho:
+            return 0.0
+        if gpu_models:
+            allowed = {inv.catalog.resolve(m) for m in gpu_models if m in inv.catalog}
+            base = min((rho[k] for k in rho if k in allowed), default=0.0)
+        else:
+            base = min(rho.values())
+        return taken * min(max(rho.get(kind, 0.0) - base, 0.0), 1.0)
+
+    def placement_cost(self, inv: Inventory, node: str, taken: float, cpu_millis: int, host_memory_gib: float,
+                       per: HostPerGpu | None, move: tuple[int, int, int] | None) -> float:
+        """Key 6 of the ranking for one placement: the GPU capacity it strands for want of host CPU/memory
+        (:func:`~sharing.host_resources.stranded` at ``per``, 0 without) plus the fragmentation it adds for the target
+        workload (``move`` = (free milli of the devices taken from, milli taken from each, devices); dF x the kind's
+        scale), rounded to :data:`~sharing.host_resources.STRANDING_DIGITS`. The scalar the array paths agree with."""
+        raw = 0.0
+        spec = inv.nodes[node]
+        if per is not None and spec.host_accounted:
+            fc, fm = inv.host_free(node)
+            g = inv.free_gpu_capacity(node)
+            raw = stranded(max(g - taken, 0.0), fc - cpu_millis, fm - host_memory_gib, per) - stranded(g, fc, fm, per)
+        ks = self.kind_shapes(inv, spec.gpu_model) if move is not None and spec.gpu_count else None
+        if ks is not None:
+            fc, fm = inv.host_free(node)
+            frees = [free_milli(inv, inv.device(node, i)) for i in range(spec.gpu_count)]
+            raw = raw + fragmentation_delta(ks, frees, fc, fm, *move, cpu_millis, host_memory_gib) * ks.scale
+        return round(raw, STRANDING_DIGITS)
+
+    def hold_node(self, inv: Inventory, cpu_millis: int, host_memory_gib: float) -> str | None:
+        """Where a pod without a GPU slot (a CPU-only pod) should hold its host CPU/memory, or None when no node has
+        room: the least key-6 cost (GPU capacity stranded at the ratio learned from the slots held, plus fragmentation
+        added for the target workload, its devices unchanged), then the least free GPU capacity, then inventory order
+        (a node without GPUs strands nothing and has none free). Pure, like :meth:`place`."""
+        import numpy as np
+
+        # (cost, free GPU capacity, node order, name): a node without GPUs strands nothing and has none free
+        best: tuple[float, float, int, str] | None = None
+        for i, n in enumerate(inv.nodes.values()):
+            if not n.gpu_count and inv.host_fits(n.name, cpu_millis, host_memory_gib):
+                best = (0.0, 0.0, i, n.name)
+                break
+        per = learn_per_gpu(inv) if self.host_aware and inv.host_accounted else None
+        view = _HostView(self, inv, cpu_millis, host_memory_gib, per)
+        for kind in inv.kind_node_counts():
+            table = inv.kind_host_table(kind)
+            rows = np.flatnonzero(table.host_fits(cpu_millis, host_memory_gib))
+            if rows.size == 0:
+                continue
+            raw = view.costs(table, rows, 0.0, (0, 0, 0))
+            if raw is None:  # nothing to weigh: the first node with room
+                order = np.argsort(table.ordinal[rows], kind="stable")
+                cost = np.zeros(rows.size)
+                free = np.zeros(rows.size)
+            else:
+                cost = np.round(raw, STRANDING_DIGITS)
+                free = table.free[rows]
+                order = np.lexsort((table.ordinal[rows], free, cost))
+            j = int(rows[order[0]])
+            k = (float(cost[order[0]]), float(free[order[0]]), int(table.ordinal[j]), table.nodes[j])
+            if best is None or k < best:
+                best = k
+        return None if best is None else best[3]
 
     def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
         """The best legal slot for ``req`` (the ranking above), or None; ``inv`` is not changed.
@@ -545,12 +693,12 @@ class CostAwarePacker:
     def _host_view(self, inv: Inventory, req: SlotRequest) -> _HostView | None:
         """What host resources change for this placement: None when nothing does (no node declares host capacity,
         or the request asks none and there is no learned ratio to weigh), so the ranking is the one without them."""
-        if not inv.host_accounted:
+        if not inv.host_accounted and self._workload is None:
             return None
-        per = learn_per_gpu(inv, req, self._expected_asks(inv)) if self.host_aware else None
-        if per is None and not req.asks_host:
+        per = learn_per_gpu(inv, req, self._expected_asks(inv)) if self.host_aware and inv.host_accounted else None
+        if per is None and not req.asks_host and self._workload is None:
             return None
-        return _HostView(inv, req, per)
+        return _HostView(self, inv, req.cpu_millis, req.host_memory_gib, per)
 
     def _expected_asks(self, inv: Inventory) -> list[tuple[SlotRequest, int]]:
         """The announced asks (:meth:`host_workload`, else :meth:`expect`'s demand) not yet held: part of the
@@ -631,16 +779,19 @@ class CostAwarePacker:
                 if lazy and level is not None and head != level:
                     break
                 taken = charged_fraction(tmpl, sig.gpu)
-                found = self._host_members(inv, members, used, leave, open_nodes, sig.idle, host, taken)
+                move = _share_move(inv, inv.device_at(members[0]), tmpl)
+                found = self._host_members(inv, members, used, leave, open_nodes, sig.idle, host, taken, move)
+                # a partial slot's crowding out of constrained shapes weighs with its host cost (as in _key)
+                crowd = round(self.displaced(inv, req.gpu_models, kind, taken), _COST_DIGITS)
                 for p, strand in found:
-                    cands.append(((*head, strand, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
+                    cands.append(((*head, strand + crowd, used.get(p, 0), p, start, 1), p, tmpl, kind, sig.idle, 1))
                 if found and level is None:
                     level = head
 
     @staticmethod
     def _host_members(inv: Inventory, members: Sequence[int], used: dict[int, int], leave: tuple[int, int],
                       open_nodes: set[int] | None, idle: bool, host: _HostView,
-                      taken: float) -> list[tuple[int, float]]:
+                      taken: float, move: tuple[int, int, int] | None) -> list[tuple[int, float]]:
         """The members of one device group that may rank first, with their stranding delta, when host resources
         count: per class of member the filters tell apart (on the node to leave, holding the model, on a node
         that holds something), its least (stranding, same-model replicas, position) among the members whose node
@@ -649,8 +800,8 @@ class CostAwarePacker:
         best: dict[tuple[bool, bool, bool], tuple[float, int, int]] = {}
         # With no class to tell apart, a node's first member beats its others (same stranding, lower position).
         one_class = not used and lo < 0 and (open_nodes is None or not idle)
-        if one_class and len(members) >= _TABLE_NODES:
-            return CostAwarePacker._best_member(inv, members, host, taken)
+        if one_class and len(members) >= host.table_nodes:
+            return CostAwarePacker._best_member(inv, members, host, taken, move)
         prev = -1
         for p in members:
             if one_class:
@@ -662,13 +813,14 @@ class CostAwarePacker:
             if not host.fits(node):
                 continue
             cls = (lo <= p < hi, p in used, open_nodes is not None and idle and inv.node_ordinal(p) in open_nodes)
-            k = (host.delta(node, taken), used.get(p, 0), p)
+            k = (host.delta(node, taken, move), used.get(p, 0), p)
             if cls not in best or k < best[cls]:
                 best[cls] = k
         return [(p, strand) for strand, _, p in best.values()]
 
     @staticmethod
-    def _best_member(inv: Inventory, members: Sequence[int], host: _HostView, taken: float) -> list[tuple[int, float]]:
+    def _best_member(inv: Inventory, members: Sequence[int], host: _HostView, taken: float,
+                     move: tuple[int, int, int] | None) -> list[tuple[int, float]]:
         """:meth:`_host_members` with one class of member, on a large group: the least (stranding delta, position)
         among the members whose node has room for the request's host CPU/memory, read off the kind's host table as
         :meth:`_best_whole_node` does (the same exact rounding for near ties)."""
@@ -681,16 +833,17 @@ class CostAwarePacker:
         if not ok.any():
             return []
         pos, rows = pos[ok], rows[ok]
-        if host.per is None:
+        approx = host.costs(table, rows, taken, move)
+        if approx is None:
             return [(int(pos[0]), 0.0)]
-        approx = stranding_deltas(table, taken, host.cpu, host.mem, host.per)[rows]
         j, strand = _least_rounded(approx)  # (the first of equals: members are in position order)
         return [(int(pos[j]), strand)]
 
     def _group_memo(self, inv: Inventory, req: SlotRequest) -> dict:
         """Per request shape and inventory rules: DeviceSignature -> the group's best partial slot."""
         ck = (req.memory_gib, req.compute_fraction, req.kinds, inv.share_reserve_gib,
-              inv.max_compute_oversubscription, self.objective)
+              inv.max_compute_oversubscription, self.objective, self._workload_version,
+              req.gpu_models if self._workload is not None else ())
         memo = self._memo.get(ck)
         if memo is None:
             if len(self._memo) > 2_000:
@@ -709,7 +862,7 @@ class CostAwarePacker:
         """
         best: tuple | None = None
         for slot in partial_candidates(inv, d.gpu, d, req):
-            key = self._key(inv, d.gpu, d, slot, {}, 0)
+            key = self._key(inv, d.gpu, d, slot, {}, 0, host=False, gpu_models=req.gpu_models)
             hk = (key[:-5], key[-1])
             if best is None or hk < best[0]:
                 best = (hk, slot)
@@ -784,22 +937,24 @@ class CostAwarePacker:
             return
         cost = round(slot_cost(Slot.whole("-", tuple(range(req.gpus)), gpu), gpu), _COST_DIGITS)
         taken = float(req.gpus)
-        if only_best and len(nodes) >= _TABLE_NODES:
+        move = (MILLI, MILLI, req.gpus)
+        planned = round(self.displaced(inv, req.gpu_models, kind, taken), _COST_DIGITS)
+        if only_best and len(nodes) >= host.table_nodes:
             hit = self._best_whole_node(inv, req, kind, host, taken)
             if hit is not None:
-                self._add_whole(inv, kind, cands, cost, taken, hit[0], hit[1], req.gpus)
+                self._add_whole(inv, kind, cands, cost, taken, hit[0], hit[1], req.gpus, planned)
             return
         best: tuple[float, str] | None = None
         for node in nodes:
             if inv.idle_gpus(node) >= req.gpus and host.fits(node):
-                strand = host.delta(node, taken)
+                strand = host.delta(node, taken, move)
                 if only_best:
                     if best is None or strand < best[0]:  # nodes come in order: the first of equals stays
                         best = (strand, node)
                     continue
-                self._add_whole(inv, kind, cands, cost, taken, strand, node, req.gpus)
+                self._add_whole(inv, kind, cands, cost, taken, strand, node, req.gpus, planned)
         if best is not None:
-            self._add_whole(inv, kind, cands, cost, taken, best[0], best[1], req.gpus)
+            self._add_whole(inv, kind, cands, cost, taken, best[0], best[1], req.gpus, planned)
 
     @staticmethod
     def _best_whole_node(inv: Inventory, req: SlotRequest, kind: str, host: _HostView,
@@ -817,15 +972,15 @@ class CostAwarePacker:
         rows = np.flatnonzero(ok)
         if rows.size == 0:
             return None
-        if host.per is None:
+        approx = host.costs(table, rows, taken, (MILLI, MILLI, req.gpus))
+        if approx is None:
             return 0.0, table.nodes[int(rows[0])]
-        approx = stranding_deltas(table, taken, req.cpu_millis, req.host_memory_gib, host.per)[rows]
         j, strand = _least_rounded(approx)  # (the first of equals: rows are in node order)
         return strand, table.nodes[int(rows[j])]
 
     def _add_whole(self, inv: Inventory, kind: str, cands: list, cost: float, taken: float, strand: float,
-                   node: str, gpus: int) -> None:
-        rank = self._rank(cost, 1, taken, 0.0, 0, 0, strand)
+                   node: str, gpus: int, planned: float = 0.0) -> None:
+        rank = self._rank(cost, 1, taken, 0.0, 0, 0, strand, planned)
         q = inv.position(node, 0)
         cands.append(((*rank, q, -1, 0), q, None, kind, True, gpus))
 
@@ -923,10 +1078,11 @@ class CostAwarePacker:
             if "whole" in req.kinds:
                 slot = self._whole(inv, node, gpu, req)
                 if slot is not None:
-                    strand = stranding_delta(inv, node.name, slot.gpu_fraction, req.cpu_millis, req.host_memory_gib,
-                                             per)
+                    strand = self.placement_cost(inv, node.name, slot.gpu_fraction, req.cpu_millis,
+                                                 req.host_memory_gib, per, (MILLI, MILLI, req.gpus))
                     key = self._rank(round(slot_cost(slot, gpu), _COST_DIGITS), 1, slot.gpu_fraction, 0.0, 0, 0,
-                                     strand)
+                                     strand, round(self.displaced(inv, req.gpu_models, gpu.name, slot.gpu_fraction),
+                                                   _COST_DIGITS))
                     yield (*key, order, 0, -1), slot
             if req.whole_only:
                 order += 1
@@ -940,12 +1096,12 @@ class CostAwarePacker:
                         continue
                     seen_idle.add(d.mig_enabled)
                 for slot in partial_candidates(inv, gpu, d, req):
-                    yield self._key(inv, gpu, d, slot, same_model, order, per), slot
+                    yield self._key(inv, gpu, d, slot, same_model, order, per, gpu_models=req.gpu_models), slot
             order += 1
 
     def _key(
         self, inv: Inventory, gpu: GpuModel, d: DeviceState, slot: Slot, same: dict[tuple[str, int], int], order: int,
-        per: HostPerGpu | None = None,
+        per: HostPerGpu | None = None, host: bool = True, gpu_models: tuple[str, ...] = (),
     ) -> tuple:
         loss = 0
         if slot.instance is not None and slot.instance not in d.instances():
@@ -954,6 +1110,14 @@ class CostAwarePacker:
         free_after = inv.free_memory_of(d) - (
             gpu.profiles[slot.profile].memory_gib if slot.kind is SlotKind.MIG else slot.memory_gib  # type: ignore[index]
         )
+        move = _share_move(inv, d, slot)
+        planned = crowd = 0.0
+        if self._workload is not None:
+            # A partial slot's planned loss ranks ahead of best fit; the constrained shapes it crowds out weigh with
+            # its host cost (key 6), where a whole slot's rank them first (measured, docs/sharing.md).
+            if move is not None:
+                planned = round(self.kind_shapes(inv, gpu.name).plan.loss(move[0], move[1]), _COST_DIGITS)  # type: ignore[union-attr]
+            crowd = round(self.displaced(inv, gpu_models, gpu.name, charged_fraction(slot, gpu)), _COST_DIGITS)
         rank = self._rank(
             round(slot_cost(slot, gpu), _COST_DIGITS),
             1 if d.idle else 0,
@@ -961,12 +1125,14 @@ class CostAwarePacker:
             round(free_after, 6),
             loss,
             same.get((d.node, d.index), 0),
-            stranding_delta(inv, d.node, charged_fraction(slot, gpu), slot.cpu_millis, slot.host_memory_gib, per),
+            self.placement_cost(inv, d.node, charged_fraction(slot, gpu), slot.cpu_millis, slot.host_memory_gib, per,
+                                move) + crowd if host else 0.0,
+            planned,
         )
         return (*rank, order, d.index, -1 if slot.start is None else slot.start)
 
     def _rank(self, cost: float, opens: int, fraction: float, free_after: float, loss: int, same: int,
-              strand: float = 0.0) -> tuple:
+              strand: float = 0.0, planned: float = 0.0) -> tuple:
         """The ranking key's head for the packer's objective.
 
         "cost": cost, opening a device, best fit, future slots lost, GPUs stranded for want of host CPU/memory,
@@ -976,8 +1142,8 @@ class CostAwarePacker:
         fit, future slots lost, and cost, stranding and same-model replicas as the tie-breaks.
         """
         if self.objective == "gpus":
-            return (opens, fraction, free_after, loss, cost, strand, same)
-        return (cost, opens, free_after, loss, strand, same)
+            return (opens, fraction, planned, free_after, loss, cost, strand, same)
+        return (cost, planned, opens, free_after, loss, strand, same)
 
     @staticmethod
     def _whole(inv: Inventory, node: NodeSpec, gpu: GpuModel, req: SlotRequest) -> Slot | None:
@@ -1032,16 +1198,30 @@ def _least_rounded(approx: object) -> tuple[int, float]:
     return int(near[j]), float(exact[j])
 
 
+def _share_move(inv: Inventory, d: DeviceState, slot: Slot) -> tuple[int, int, int] | None:
+    """The fragmentation move of a partial slot on ``d``: a time-slice share on a GPU without MIG takes its free milli
+    down to what is left after it; a MIG slot has no move (MIG layouts are weighed by ``future_slots``)."""
+    if slot.kind is not SlotKind.SHARE or d.mig_enabled:
+        return None
+    v = free_milli(inv, d)
+    return v, v - milli_after(inv, d, slot.memory_gib), 1
+
+
 class _HostView:
-    """One placement's host resources: the request's CPU/memory, the learned ratio (``per``, None: no tie-break),
-    and per node, computed once, whether the request fits there and its stranding delta (per GPU share taken).
-    Nodes in the same host state (free GPU capacity, free CPU, free memory) share one delta."""
+    """One placement's host resources and fragmentation: the request's CPU/memory, the learned ratio (``per``, None:
+    no stranding), and per node, computed once, whether the request fits there and its key-6 cost
+    (:meth:`CostAwarePacker.placement_cost`). Without a target workload, nodes in the same host state (free GPU
+    capacity, free CPU, free memory) share one cost."""
 
-    __slots__ = ("_by_state", "_deltas", "_fits", "cpu", "inv", "mem", "per")
+    __slots__ = ("_by_state", "_deltas", "_fits", "cpu", "inv", "mem", "packer", "per", "table_nodes")
 
-    def __init__(self, inv: Inventory, req: SlotRequest, per: HostPerGpu | None) -> None:
+    def __init__(self, packer: CostAwarePacker, inv: Inventory, cpu_millis: int, host_memory_gib: float,
+                 per: HostPerGpu | None) -> None:
+        self.packer = packer
         self.inv, self.per = inv, per
-        self.cpu, self.mem = req.cpu_millis, req.host_memory_gib
+        self.cpu, self.mem = cpu_millis, host_memory_gib
+        # From how many nodes the array path pays (the scalar fragmentation is a loop over shapes and devices).
+        self.table_nodes = 2 if packer._workload is not None else _TABLE_NODES
         self._fits: dict[str, bool] = {}
         self._deltas: dict[tuple[str, float], float] = {}
         self._by_state: dict[tuple, float] = {}
@@ -1052,25 +1232,42 @@ class _HostView:
             hit = self._fits[node] = self.inv.host_fits(node, self.cpu, self.mem)
         return hit
 
-    def delta(self, node: str, taken: float) -> float:
-        """:func:`~sharing.host_resources.stranding_delta` of taking ``taken`` GPUs and the request's host
-        resources on ``node``."""
-        if self.per is None:
+    def delta(self, node: str, taken: float, move: tuple[int, int, int] | None) -> float:
+        """:meth:`CostAwarePacker.placement_cost` of taking ``taken`` GPUs (fragmentation: ``move``) and the request's
+        host resources on ``node``."""
+        frag = self.packer._workload is not None and move is not None
+        if self.per is None and not frag:
             return 0.0
-        hit = self._deltas.get((node, taken))
+        hit = self._deltas.get((node, taken, move))
         if hit is None:
             inv = self.inv
-            if not inv.nodes[node].host_accounted:
+            if frag:
+                hit = self.packer.placement_cost(inv, node, taken, self.cpu, self.mem, self.per, move)
+            elif not inv.nodes[node].host_accounted:
                 hit = 0.0
             else:
                 free = inv.free_gpu_capacity(node)
                 state = (free, *inv.host_free(node), taken)
                 hit = self._by_state.get(state)
                 if hit is None:
-                    hit = self._by_state[state] = stranding_delta(inv, node, taken, self.cpu, self.mem, self.per,
-                                                                  free)
-            self._deltas[(node, taken)] = hit
+                    hit = self._by_state[state] = self.packer.placement_cost(inv, node, taken, self.cpu, self.mem,
+                                                                             self.per, None)
+            self._deltas[(node, taken, move)] = hit
         return hit
+
+    def costs(self, table: KindHostTable, rows: object, taken: float, move: tuple[int, int, int] | None) -> object:
+        """:meth:`delta` for rows ``rows`` of a kind's host table at once, NOT rounded (within float noise of the
+        rounded scalar: :func:`_least_rounded` ranks by it), or None when every cost is 0."""
+        import numpy as np
+
+        kf = self.packer.kind_fragmentation(self.inv, self.inv.nodes[table.nodes[0]].gpu_model) if move else None
+        if self.per is None and kf is None:
+            return None
+        raw = (stranding_deltas(table, taken, self.cpu, self.mem, self.per)[rows] if self.per is not None
+               else np.zeros(len(rows)))
+        if kf is not None:
+            raw = raw + kf.deltas(rows, *move, self.cpu, self.mem) * kf.kind.scale
+        return raw
 
 
 def _scan_model_counts(inv: Inventory, model: str) -> dict[tuple[str, int], int]:

@@ -38,6 +38,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from sharing.catalog import Catalog, GpuModel, MigProfile, load_catalog
+from sharing.fragmentation import free_milli
 
 _EPS = 1e-9
 
@@ -1228,14 +1229,20 @@ class KindHostTable:
     GPU capacity (:meth:`Inventory.free_gpu_capacity`), host CPU (millis) and memory (GiB) held and declared (``inf``:
     not declared), and whether the node declares either. The same numbers as the Inventory's own per-node answers."""
 
-    __slots__ = ("cpu_cap", "cpu_used", "free", "host_accounted", "idle", "mem_cap", "mem_used", "nodes", "pos_rows",
-                 "row")
+    __slots__ = ("cpu_cap", "cpu_used", "dev_free", "free", "host_accounted", "idle", "mem_cap", "mem_used", "nodes",
+                 "ordinal", "pos_rows", "row", "version")
 
-    def __init__(self, nodes: tuple[str, ...]) -> None:
+    def __init__(self, nodes: tuple[str, ...], width: int = 0) -> None:
         import numpy as np
 
         n = len(nodes)
         self.nodes = nodes
+        # Per device, its free capacity in milli as fragmentation counts it (:func:`sharing.fragmentation.free_milli`;
+        # 0 past the node's GPU count), and per row a counter bumped on every re-read (what a cache over the table,
+        # such as :class:`~sharing.fragmentation.KindFragmentation`, compares to re-read only the rows that changed).
+        self.dev_free = np.zeros((n, width), dtype=np.int64)
+        self.version = np.zeros(n, dtype=np.int64)
+        self.ordinal = np.zeros(n, dtype=np.int64)  # the node's place in the inventory's node order (static)
         self.row = {name: i for i, name in enumerate(nodes)}
         self.idle = np.zeros(n, dtype=np.int64)
         self.free = np.zeros(n)
@@ -1248,7 +1255,7 @@ class KindHostTable:
 
     @classmethod
     def read(cls, inv: Inventory, nodes: tuple[str, ...]) -> KindHostTable:
-        table = cls(nodes)
+        table = cls(nodes, max((inv.nodes[name].gpu_count for name in nodes), default=0))
         for name in nodes:
             spec = inv.nodes[name]
             i = table.row[name]
@@ -1260,6 +1267,8 @@ class KindHostTable:
             table.reread(inv, name)
         import numpy as np
 
+        order = {name: i for i, name in enumerate(inv.nodes)}
+        table.ordinal[:] = [order[name] for name in nodes]
         table.pos_rows = np.full(len(inv.devices), -1, dtype=np.int64)
         for name in nodes:
             for k in range(inv.nodes[name].gpu_count):
@@ -1273,6 +1282,9 @@ class KindHostTable:
         c, m = inv.host_used(node)
         self.cpu_used[i] = c
         self.mem_used[i] = m
+        for k in range(inv.nodes[node].gpu_count):
+            self.dev_free[i, k] = free_milli(inv, inv.device(node, k))
+        self.version[i] += 1
 
     def host_fits(self, cpu_millis: int, host_memory_gib: float) -> object:
         """Bool per node: room for these host requests (:meth:`Inventory.host_fits`, the same comparisons)."""

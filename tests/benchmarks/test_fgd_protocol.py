@@ -14,7 +14,6 @@ from autoscaler.benchmarks.fgd import policies as P
 from autoscaler.benchmarks.fgd.bench import load_experiment, parse_seeds, run_one
 from autoscaler.benchmarks.fgd.metrics import alloc_curve
 from autoscaler.benchmarks.fgd.sim import PodView, State, simulate
-from autoscaler.benchmarks.fgd.slotwise import SlotwisePolicy
 from autoscaler.benchmarks.fgd.workload import Arrival, Cluster, Pods, target_shapes, tune_rows
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -152,10 +151,11 @@ def test_alloc_curve_bins_by_arrival_percent():
     assert c[25] == 25.0 and c[50] == 50.0 and c[100] == 50.0 and c[26] == 25.0
 
 
-def test_slotwise_is_a_policy_with_fgd_inputs():
-    pods = small_pods()
-    p = SlotwisePolicy(target_shapes(pods))
-    assert p.name == "slotwise"
+def test_slotwise_is_the_product_packer_with_fgd_inputs():
+    from autoscaler.benchmarks.fgd.shipped import ShippedPolicy
+
+    p = policy("slotwise", small_pods())
+    assert isinstance(p, ShippedPolicy) and p.name == "slotwise" and p.shapes is not None
 
 
 needs_data = pytest.mark.skipif(not (DATA / "fgd_replay").exists(), reason="shared FGD data not present")

@@ -6,15 +6,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler.benchmarks.fgd.bench import make_policy
-from autoscaler.benchmarks.fgd.shipped import MIB_PER_GIB, ShippedPolicy, _stranded, pod_request
+from autoscaler.benchmarks.fgd.shipped import MIB_PER_GIB, ShippedPolicy, pod_request
 from autoscaler.benchmarks.fgd.sim import PodView, simulate
 from autoscaler.benchmarks.fgd.workload import MILLI, Arrival, Cluster, Pods, target_shapes
-from sharing.host_resources import HostPerGpu, stranded
 
 pod_rows = st.lists(
     st.tuples(st.integers(0, 24000), st.integers(0, 96000), st.sampled_from([0, 1, 1, 1, 2, 4]),
@@ -23,7 +21,7 @@ pod_rows = st.lists(
 )
 
 
-def _run(rows: list[tuple[int, int, int, int, str]], host_aware: bool, seed: int = 0):
+def _run(rows: list[tuple[int, int, int, int, str]], host_aware: bool, seed: int = 0, learned: bool = False):
     n = 5
     cluster = Cluster.from_columns([f"n{i}" for i in range(n)], [32000, 8000, 64000, 16000, 96000],
                                    [65536, 32768, 262144, 65536, 131072], [2, 4, 8, 1, 8], ["A", "B", "A", "B", "A"])
@@ -31,15 +29,15 @@ def _run(rows: list[tuple[int, int, int, int, str]], host_aware: bool, seed: int
                              [r[2] for r in rows], [r[3] if r[2] == 1 else MILLI for r in rows],
                              [r[4] for r in rows])
     order = np.random.default_rng(seed).permutation(n).astype(np.int64)
-    policy = ShippedPolicy(host_aware=host_aware)
+    policy = ShippedPolicy(host_aware=host_aware, shapes=target_shapes(pods) if learned else None, refresh_every=7)
     res = simulate(cluster, pods, Arrival(np.arange(len(rows), dtype=np.int64), order, seed), policy)
     return res, policy
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=pod_rows, host_aware=st.booleans(), seed=st.integers(0, 3))
-def test_the_adapter_mirrors_the_replay(rows, host_aware: bool, seed: int) -> None:
-    res, policy = _run(rows, host_aware, seed)
+@given(rows=pod_rows, host_aware=st.booleans(), seed=st.integers(0, 3), learned=st.booleans())
+def test_the_adapter_mirrors_the_replay(rows, host_aware: bool, seed: int, learned: bool) -> None:
+    res, policy = _run(rows, host_aware, seed, learned)
     assert policy.mismatches == 0
     state, inv = res.state, policy.inv
     assert state is not None
@@ -58,13 +56,6 @@ def test_pod_requests_map_shares_whole_gpus_and_host() -> None:
     assert share.gpu_models == ("fgd-A", "fgd-B") and (share.cpu_millis, share.host_memory_gib) == (4000, 2.0)
     whole = pod_request(PodView(4, 8000, 1024, 2, 1000, 0), "")
     assert whole.whole_only and whole.gpus == 2 and whole.gpu_models == ()
-
-
-def test_vectorised_stranding_is_the_measure() -> None:
-    per = HostPerGpu(6000.0, 20.0)
-    for free, cpu, mem in [(4.0, 12000.0, 200.0), (1.5, 0.0, 5.0), (8.0, 96000.0, 40.0), (0.0, 1000.0, 1.0)]:
-        got = _stranded(np.array([free]), np.array([cpu]), np.array([mem]), per.cpu_millis, per.memory_gib)
-        assert got[0] == pytest.approx(stranded(free, cpu, mem, per))
 
 
 def test_registered_in_the_benchmark() -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sharing.catalog import load_catalog
 from sharing.cluster import nodes_from_spec
+from sharing.fragmentation import TargetWorkload, WorkloadShapes
 from sharing.packer import CostAwarePacker, _reference_place, _scan_model_counts
 from sharing.slots import AllocationError, Inventory, NodeSpec, Slot, SlotRequest, model_from_owner
 
@@ -68,7 +69,16 @@ def packers(draw) -> CostAwarePacker:
     )
     if draw(st.integers(0, 3)) == 0:
         p.expect(draw(st.lists(requests, max_size=12)))
+    if draw(st.integers(0, 2)) == 0:  # a target workload: the gap plan and fragmentation rank slots too
+        p.target_workload(workload_of(draw(st.lists(requests, min_size=1, max_size=12))))
     return p
+
+
+def workload_of(reqs: list[SlotRequest]) -> WorkloadShapes:
+    work = TargetWorkload(half_life=1e6)
+    for r in reqs:
+        work.observe_request(r)
+    return work.shapes()
 
 
 def check_index(inv: Inventory, names: set[str]) -> None:
@@ -240,9 +250,9 @@ def test_whole_gpus_on_the_models_node_pass_the_device_spread() -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), anti_affinity=st.booleans())
+@given(seed=st.integers(0, 10_000), anti_affinity=st.booleans(), learned=st.booleans())
 def test_the_host_tables_choice_is_the_references_on_a_large_host_accounted_cluster(
-        seed: int, anti_affinity: bool) -> None:
+        seed: int, anti_affinity: bool, learned: bool) -> None:
     # From 32 nodes of a kind a whole slot's node, and a large device group's member, are read off the kind's host
     # table (arrays, kept per node as devices and host holdings change); they must choose what the reference's loop
     # chooses, through places, releases, pods without a GPU holding host resources, and copies.
@@ -252,6 +262,11 @@ def test_the_host_tables_choice_is_the_references_on_a_large_host_accounted_clus
              for i in range(rng.randint(40, 70))]
     inv = Inventory.from_nodes(nodes, CAT)
     packer = CostAwarePacker(anti_affinity=anti_affinity)
+    if learned:  # with a target workload every group's members are ranked off the tables (fragmentation per node)
+        packer.target_workload(workload_of(
+            [SlotRequest("w", None, gpus=g, kinds=("whole",), cpu_millis=c, host_memory_gib=8.0)
+             for g, c in ((1, 4_000), (2, 8_000), (8, 32_000))]
+            + [SlotRequest("s", m, f, kinds=("share",), cpu_millis=1_000) for m, f in ((10.0, 0.25), (40.0, 0.5))]))
     held: list[tuple[str, str]] = []
     cpu_only: list[tuple[str, int, float]] = []
     for step in range(120):

@@ -18,7 +18,6 @@ from autoscaler.benchmarks.fgd.metrics import REPORT_AT, alloc_curve, load_expec
 from autoscaler.benchmarks.fgd.replay import has_replay, load_replay
 from autoscaler.benchmarks.fgd.shipped import ShippedPolicy
 from autoscaler.benchmarks.fgd.sim import Policy, simulate
-from autoscaler.benchmarks.fgd.slotwise import SlotwisePolicy
 from autoscaler.benchmarks.fgd.workload import (
     Arrival,
     Cluster,
@@ -30,7 +29,8 @@ from autoscaler.benchmarks.fgd.workload import (
     target_shapes,
 )
 
-POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "slotwise", "shipped", "shipped-nohost")
+POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "slotwise", "shipped", "shipped-nofrag",
+                "shipped-nohost")
 
 
 def make_policy(name: str, shapes: TargetShapes) -> Policy:
@@ -41,9 +41,12 @@ def make_policy(name: str, shapes: TargetShapes) -> Policy:
         "packing": P.PackingPolicy,
         "bestfit": P.BestFitPolicy,
         "fgd": lambda: P.FGDPolicy(shapes),
-        "slotwise": lambda: SlotwisePolicy(shapes),
-        # the product's CostAwarePacker through an adapter (shipped.py), with and without its host-aware tie-break
-        "shipped": ShippedPolicy,
+        # slotwise = the product's CostAwarePacker through the adapter (shipped.py), learning the target workload
+        # from the arrivals (FGD's target shapes as the prior); "shipped" is the same policy under its older name
+        "slotwise": lambda: ShippedPolicy(shapes=shapes, name="slotwise"),
+        "shipped": lambda: ShippedPolicy(shapes=shapes),
+        # ablations: no target workload (host stranding only), and neither
+        "shipped-nofrag": ShippedPolicy,
         "shipped-nohost": lambda: ShippedPolicy(host_aware=False),
     }
     if name not in makers:

@@ -31,9 +31,9 @@ import numpy as np
 
 from autoscaler.benchmarks.fgd.policies import _Base
 from autoscaler.benchmarks.fgd.sim import PodView, State
-from autoscaler.benchmarks.fgd.workload import MILLI
+from autoscaler.benchmarks.fgd.workload import MILLI, TargetShapes
 from sharing.catalog import Catalog, GpuModel
-from sharing.host_resources import learn_per_gpu
+from sharing.fragmentation import ShapeKey, TargetWorkload, shape_key
 from sharing.packer import CostAwarePacker
 from sharing.slots import Inventory, NodeSpec, Slot, SlotRequest
 
@@ -68,11 +68,18 @@ def pod_request(pod: PodView, spec: str) -> SlotRequest:
 
 class ShippedPolicy(_Base):
     """FGD pods placed by the product's ``CostAwarePacker`` (module docstring); ``host_aware`` False ranks without
-    the host-resource tie-break (host CPU/memory stay hard either way)."""
+    the host-resource tie-break (host CPU/memory stay hard either way); ``shapes`` (FGD's target workload, its own
+    input) seeds the :class:`~sharing.fragmentation.TargetWorkload` the adapter learns from the arrivals and hands the
+    packer every ``refresh_every`` arrivals, as a controller hands it the demand it is about to place; without it the
+    packer weighs no fragmentation."""
 
-    def __init__(self, host_aware: bool = True) -> None:
+    def __init__(self, host_aware: bool = True, shapes: TargetShapes | None = None, refresh_every: int = 200,
+                 name: str | None = None, **packer: float) -> None:
         self.host_aware = host_aware
-        self.name = "shipped" if host_aware else "shipped-nohost"
+        self.shapes = shapes
+        self.refresh_every = refresh_every
+        self.packer_options = packer
+        self.name = name or ("shipped" if host_aware else "shipped-nohost")
         self.mismatches = 0
 
     def bind(self, state: State, rng: np.random.Generator) -> None:
@@ -81,12 +88,29 @@ class ShippedPolicy(_Base):
                                         share_reserve_gib=0.0, max_compute_oversubscription=1.0)
         self.names = list(self.inv.nodes)
         self.index = {n: i for i, n in enumerate(self.names)}
-        self.packer = CostAwarePacker(anti_affinity=False, host_aware=self.host_aware)
+        self.packer = CostAwarePacker(anti_affinity=False, host_aware=self.host_aware, **self.packer_options)
         self.mismatches = 0
+        self.work = None if self.shapes is None else TargetWorkload(prior_shapes(self.shapes, state.specs))
+        self.since = 0
+        if self.work is not None:
+            self.packer.target_workload(self.work.shapes())
+
+    def arrived(self, state: State, pod: PodView) -> None:
+        if self.work is None:
+            return
+        self.work.observe(pod_key(pod, state.specs[pod.spec]), float(pod.mem) / MIB_PER_GIB)
+        self.since += 1
+        if self.since >= self.refresh_every:
+            self.since = 0
+            self.packer.target_workload(self.work.shapes())
 
     def choose(self, state: State, pod: PodView, feas: np.ndarray) -> tuple[int, np.ndarray]:
         if pod.gpu_milli <= 0:
-            node = self._cpu_only_node(state, pod, feas)
+            name = self.packer.hold_node(self.inv, int(pod.cpu), float(pod.mem) / MIB_PER_GIB)
+            node = self.index[name] if name is not None else -1
+            if node not in set(feas.tolist()):  # not expected: the replay's first feasible node, mirrored
+                self.mismatches += 1
+                node = int(feas[0])
             self.inv.hold_host(self.names[node], int(pod.cpu), float(pod.mem) / MIB_PER_GIB)
             return node, np.empty(0, dtype=np.int64)
         req = pod_request(pod, state.specs[pod.spec])
@@ -108,28 +132,20 @@ class ShippedPolicy(_Base):
             slot = Slot.share(name, int(gpus[0]), gpu, float(req.memory_gib or 0.0), req.compute_fraction)
         return slot.with_host(req.cpu_millis, req.host_memory_gib)
 
-    def _cpu_only_node(self, state: State, pod: PodView, feas: np.ndarray) -> int:
-        """A CPU-only pod's node: the least stranding delta at the learned ratio (vectorised
-        :func:`~sharing.host_resources.stranding_delta` over the replay's arrays, which the inventory mirrors), then
-        the least free GPU capacity, then replay order; without the tie-break, the first feasible node."""
-        per = learn_per_gpu(self.inv) if self.host_aware else None
-        if per is None:
-            return int(feas[0])
-        free = state.gpu_sum[feas] / MILLI
-        cpu = state.cpu_left[feas].astype(np.float64)
-        mem = state.mem_left[feas] / MIB_PER_GIB
-        before = _stranded(free, cpu, mem, per.cpu_millis, per.memory_gib)
-        after = _stranded(free, cpu - pod.cpu, mem - pod.mem / MIB_PER_GIB, per.cpu_millis, per.memory_gib)
-        delta = np.round(after - before, 6)
-        order = np.lexsort((np.arange(len(feas)), free, delta))
-        return int(feas[order[0]])
+
+def pod_key(pod: PodView, spec: str) -> ShapeKey:
+    """The target-workload bin of one FGD pod: its slot request's (:func:`pod_request`), or a CPU-only shape."""
+    if pod.gpu_milli <= 0:
+        return (0, None, 0.0, int(pod.cpu), ())
+    return shape_key(pod_request(pod, spec))
 
 
-def _stranded(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, cpu_per: float, mem_per: float) -> np.ndarray:
-    """:func:`sharing.host_resources.stranded` over arrays."""
-    usable = free.copy()
-    if cpu_per > 0:
-        usable = np.minimum(usable, np.maximum(cpu, 0.0) / cpu_per)
-    if mem_per > 0:
-        usable = np.minimum(usable, np.maximum(mem, 0.0) / mem_per)
-    return np.maximum(0.0, free - usable)
+def prior_shapes(shapes: TargetShapes, specs: tuple[str, ...] | list[str]) -> list[tuple[ShapeKey, float, float]]:
+    """FGD's target shapes as the learned workload's prior: (bin, count, host memory 0 = not yet seen)."""
+    out = []
+    for j in range(len(shapes)):
+        spec = shapes.spec[j]
+        view = PodView(-1, int(shapes.cpu[j]), 0, int(shapes.num_gpu[j]), int(shapes.gpu_milli[j]), 0)
+        key = pod_key(view, spec) if view.gpu_milli > 0 else (0, None, 0.0, int(shapes.cpu[j]), ())
+        out.append((key, float(shapes.counts[j]), 0.0))
+    return out
