@@ -306,6 +306,8 @@ class KindFragmentation:
         self.mem = np.zeros(n)
         self.f = np.zeros(n)  # F per node
         self.seen = np.full(n, -1, dtype=np.int64)
+        self._moves: dict[tuple[int, int, int], tuple] = {}  # (v, g, r) -> the change of below / cnt per shape
+        self.t, self.num, self.scpu, self.smem, self.w = kind.arrays()
         self.refresh()
 
     def refresh(self) -> None:
@@ -329,25 +331,29 @@ class KindFragmentation:
     def _f(self, below: object, cnt: object, total: object, cpu: object, mem: object) -> object:
         import numpy as np
 
-        _, num, scpu, smem, w = self.kind.arrays()
-        fits = (cnt >= num[None, :]) & (cpu[:, None] >= scpu[None, :])
+        fits = (cnt >= self.num) & (cpu[:, None] >= self.scpu)
         if self.kind.mem_counts:
-            fits &= (smem[None, :] <= 0) | (mem[:, None] >= smem[None, :])
+            fits &= (self.smem <= 0) | (mem[:, None] >= self.smem)
         frag = np.where(fits, below, total[:, None])
-        return frag @ w + self.kind.other * total
+        return frag @ self.w + self.kind.other * total
 
     def deltas(self, rows: object, v: int, g: int, r: int, cpu_millis: int, host_memory_gib: float) -> object:
         """dF per row of ``rows`` (integers, as float64) when ``r`` devices with ``v`` free lose ``g`` milli each, and
         the host requests are taken."""
         import numpy as np
 
-        self.refresh()
+        if self.table.version.size and (self.table.version != self.seen).any():
+            self.refresh()
         below, cnt = self.below[rows], self.cnt[rows]
         if g or r:
-            t = self.kind.arrays()[0]
-            vg = v - g
-            below = below + r * (np.where(vg < t, vg, 0) - np.where(v < t, v, 0))[None, :]
-            cnt = cnt + r * ((vg >= t).astype(np.int64) - (v >= t))[None, :]
+            move = self._moves.get((v, g, r))
+            if move is None:
+                t = self.t
+                vg = v - g
+                move = self._moves[(v, g, r)] = (r * (np.where(vg < t, vg, 0) - np.where(v < t, v, 0)),
+                                                 r * ((vg >= t).astype(np.int64) - (v >= t)))
+            below = below + move[0]
+            cnt = cnt + move[1]
         after = self._f(below, cnt, self.total[rows] - r * g, self.cpu[rows] - cpu_millis,
                         self.mem[rows] - host_memory_gib)
         return after - self.f[rows]

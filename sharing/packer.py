@@ -526,10 +526,11 @@ class CostAwarePacker:
         each accepts). Shapes that accept every kind add nothing. Empty without a target workload."""
         if self._workload is None:
             return {}
-        gpus = {k: sum(inv.nodes[n].gpu_count for n in inv.kind_nodes(k)) for k in inv.kind_node_counts()}
-        key = (self._workload_version, id(inv.catalog), tuple(sorted(gpus.items())))
+        counts = inv.kind_gpu_counts()
+        key = (self._workload_version, id(inv.catalog), counts)
         if self._scarcity is not None and self._scarcity[0] == key:
             return self._scarcity[1]
+        gpus = dict(counts)
         cat = inv.catalog
         shapes = [s for s in self._workload.shapes if s.gpus > 0]
         dem = [s.weight * s.gpus * (1.0 if s.memory_gib is None else s.compute_fraction) for s in shapes]
@@ -663,12 +664,19 @@ class CostAwarePacker:
         if not req.whole_only:
             self._group_candidates(inv, req, kinds, used, used_by_sig, (lo, hi), open_nodes, cands, host)
         if "whole" in req.kinds:
-            for kind in kinds:
+            only_best = not same and open_nodes is None and self._expected is None
+            heads = {k: self._whole_head(inv, req, k) for k in kinds} if host is not None and only_best else None
+            for kind in kinds if heads is None else sorted(kinds, key=lambda k: (heads[k] is None, heads[k] or ())):
                 if host is None:
                     self._whole_candidates(inv, req, kind, lo, hi, cands, open_nodes)
-                else:
-                    self._whole_candidates_host(inv, req, kind, cands, host,
-                                                only_best=not same and open_nodes is None and self._expected is None)
+                    continue
+                if heads is not None and cands:
+                    # No filter or prefix will reorder the candidates, so a kind whose whole-slot key before the
+                    # host cost is already beaten cannot rank first: its nodes need not be scored.
+                    head = heads[kind]
+                    if head is None or head > min(c[0] for c in cands)[:len(head)]:
+                        continue
+                self._whole_candidates_host(inv, req, kind, cands, host, only_best=only_best)
         if not cands:
             return None
         if open_nodes is not None:
@@ -923,6 +931,16 @@ class CostAwarePacker:
                         cands.append(((*rank, q, -1, 0), q, None, kind, True, need))
                 if done_off and not want_open and not want_open_off:
                     return
+
+    def _whole_head(self, inv: Inventory, req: SlotRequest, kind: str) -> tuple | None:
+        """The key of a whole slot of ``req`` on ``kind`` less its host cost and same-model count (what every node of
+        the kind shares), or None when the kind's GPUs cannot hold it."""
+        gpu = inv.catalog.get(kind)
+        if req.memory_gib is not None and gpu.memory_gib * req.gpus < req.memory_gib:
+            return None
+        cost = round(slot_cost(Slot.whole("-", tuple(range(req.gpus)), gpu), gpu), _COST_DIGITS)
+        planned = round(self.displaced(inv, req.gpu_models, kind, float(req.gpus)), _COST_DIGITS)
+        return self._rank(cost, 1, float(req.gpus), 0.0, 0, 0, 0.0, planned)[:-2]
 
     def _whole_candidates_host(self, inv: Inventory, req: SlotRequest, kind: str, cands: list,
                                host: _HostView, only_best: bool = False) -> None:
@@ -1192,6 +1210,8 @@ def _least_rounded(approx: object) -> tuple[int, float]:
 
     a = np.asarray(approx)
     near = np.flatnonzero(a <= a.min() + _NEAR)
+    if near.size == 1:
+        return int(near[0]), round(float(a[near[0]]), STRANDING_DIGITS)
     values, which = np.unique(a[near], return_inverse=True)
     exact = np.array([round(v, STRANDING_DIGITS) for v in values.tolist()])[which]
     j = int(np.argmin(exact))

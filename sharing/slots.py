@@ -506,6 +506,7 @@ class Inventory:
         self._node_free: dict[str, float] = {}
         self._node_idle: dict[str, int] = {}  # node -> idle GPUs, the same way
         self._kind_lists: dict[str, tuple[str, ...]] | None = None  # kind -> its nodes in order (static)
+        self._kind_gpus: tuple[tuple[str, int], ...] | None = None  # (kind, GPUs) (static)
         # kind -> its nodes' host state as arrays (:meth:`kind_host_table`), and the nodes changed since it was read
         # (derived data: a copy starts without them)
         self._tables: dict[str, KindHostTable] = {}
@@ -733,6 +734,13 @@ class Inventory:
                     lists.setdefault(n.gpu_model, []).append(n.name)
             self._kind_lists = {k: tuple(v) for k, v in lists.items()}
         return self._kind_lists.get(gpu_model, ())
+
+    def kind_gpu_counts(self) -> tuple[tuple[str, int], ...]:
+        """(GPU kind, GPUs of that kind) for every kind with GPUs, sorted by kind (static, computed once)."""
+        if self._kind_gpus is None:
+            self._kind_gpus = tuple(sorted((k, sum(self._nodes[n].gpu_count for n in self.kind_nodes(k)))
+                                           for k in self._kind_nodes))
+        return self._kind_gpus
 
     def node_ordinal(self, position: int) -> int:
         """The position of the device's node in :attr:`nodes` order."""
