@@ -494,7 +494,10 @@ class CostAwarePacker:
         (:class:`~sharing.fragmentation.TargetWorkload` learns them from arrivals). The host key (6 in the ranking)
         then also counts the fragmentation a placement adds for them (:mod:`sharing.fragmentation`) -- on every
         cluster, host capacity declared or not."""
-        self._workload = shapes if shapes is not None and shapes.shapes and self.fragmentation_weight > 0 else None
+        new = shapes if shapes is not None and shapes.shapes and self.fragmentation_weight > 0 else None
+        if new == self._workload:  # the same workload again (a steady fleet's ticks): keep what was derived from it
+            return
+        self._workload = new
         self._workload_version += 1
         self._kind_shapes = {}
         self._kind_frag = {}
