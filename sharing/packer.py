@@ -1131,7 +1131,7 @@ class CostAwarePacker:
         free_after = inv.free_memory_of(d) - (
             gpu.profiles[slot.profile].memory_gib if slot.kind is SlotKind.MIG else slot.memory_gib  # type: ignore[index]
         )
-        move = _share_move(inv, d, slot)
+        move = _share_move(inv, d, slot) if self._workload is not None else None  # only fragmentation reads it
         planned = crowd = 0.0
         if self._workload is not None:
             # A partial slot's planned loss ranks ahead of best fit; the constrained shapes it crowds out weigh with
