@@ -399,6 +399,9 @@ class CostAwarePacker:
     2. **cost**: :func:`slot_cost` (charged share of the GPU x its price), so with the default
        prices a 20 GiB replica takes an A100-40GB 3g.20gb ($0.75/h) over an H100-80GB 1g.20gb
        ($0.88/h) or an H200 1g.35gb ($1.13/h);
+       With a target workload (:meth:`target_workload`), next: **the gap plan's loss** for a time-slice share
+       (:mod:`sharing.gap_plan`: a share should leave a gap the planned mix fills; measured ahead of best fit), and
+       for a whole slot the constrained capacity it crowds out (:meth:`displaced`);
     3. **no newly opened device** (a device with nothing on it and no MIG instance costs a
        whole GPU of capacity the moment anything lands there);
     4. **best fit**: least free memory left on the device (consolidation is what keeps GPU count
@@ -408,7 +411,8 @@ class CostAwarePacker:
     6. **least GPU capacity stranded for want of host CPU/memory** on the node (``host_aware``, on by default;
        :func:`sharing.host_resources.stranding_delta` at the CPU and memory per GPU learned from the slots held,
        the request and the announced demand): only where nodes declare host capacity and requests host
-       resources, else 0 for every candidate;
+       resources, else 0 for every candidate; with a target workload plus the fragmentation the placement adds for
+       it (:meth:`placement_cost`) and, for partial slots, the constrained capacity it crowds out;
     7. **fewest replicas of the same model** on the device (soft spreading), then inventory order.
 
     Host CPU and memory are hard: a slot carries its request's ``cpu_millis`` / ``host_memory_gib`` and no slot
