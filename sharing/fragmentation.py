@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 from sharing.catalog import Catalog, GpuModel
 from sharing.gap_plan import GapPlan
+from sharing.slots import FREE_MILLI as MILLI  # a device's free milli: sharing.slots.free_milli
 
 if TYPE_CHECKING:
-    from sharing.slots import DeviceState, Inventory, KindHostTable, SlotRequest
+    from sharing.slots import KindHostTable, SlotRequest
 
-MILLI = 1000  # fragmentation's unit: 1/1000 of a GPU
 WEIGHT_SCALE = 10_000  # integer weights per unit of probability (resolution 1e-4)
 TARGET_COVERAGE = 0.95  # FGD's cut: the most popular shapes covering this share of the weight
 # A learned shape is (GPUs, a share's GPU memory or None for whole GPUs, compute fraction, CPU millis, accepted kinds).
@@ -172,25 +172,6 @@ class TargetWorkload:
 def _sortable(key: ShapeKey) -> tuple:
     gpus, memory, compute, cpu, models = key
     return (gpus, -1.0 if memory is None else memory, compute, cpu, models)
-
-
-def free_milli(inv: Inventory, d: DeviceState) -> int:
-    """A device's free GPU capacity in milli, as fragmentation counts it: an idle GPU 1000, a time-slice GPU its free
-    memory share (floored), anything else (held whole, MIG-enabled) 0 -- MIG layouts have their own measure
-    (``future_slots``)."""
-    if d.idle:
-        return MILLI
-    if d.whole_owner is not None or d.mig_enabled:
-        return 0
-    return max(0, math.floor(inv.free_memory_of(d) / d.memory_gib * MILLI + 1e-9))
-
-
-def milli_after(inv: Inventory, d: DeviceState, memory_gib: float) -> int:
-    """:func:`free_milli` of a time-slice device after a share of ``memory_gib`` lands on it."""
-    if d.mig_enabled:
-        return 0
-    free = (inv.share_room_gib(d, None) if not d.idle else d.memory_gib) - memory_gib
-    return max(0, math.floor(free / d.memory_gib * MILLI + 1e-9))
 
 
 def allowed_kind(shape: TargetShape, gpu: GpuModel, catalog: Catalog) -> bool:

@@ -29,11 +29,20 @@ from sharing.fragmentation import (
     WorkloadShapes,
     allowed_kind,
     fragmentation_delta,
+)
+from sharing.host_resources import STRANDING_DIGITS, HostPerGpu, learn_per_gpu, stranded, stranding_deltas
+from sharing.slots import (
+    DeviceSignature,
+    DeviceState,
+    Inventory,
+    KindHostTable,
+    NodeSpec,
+    Slot,
+    SlotKind,
+    SlotRequest,
     free_milli,
     milli_after,
 )
-from sharing.host_resources import STRANDING_DIGITS, HostPerGpu, learn_per_gpu, stranded, stranding_deltas
-from sharing.slots import DeviceSignature, DeviceState, Inventory, KindHostTable, NodeSpec, Slot, SlotKind, SlotRequest
 
 
 class Packer(Protocol):

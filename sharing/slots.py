@@ -38,7 +38,6 @@ from functools import cached_property
 from types import MappingProxyType
 
 from sharing.catalog import Catalog, GpuModel, MigProfile, load_catalog
-from sharing.fragmentation import free_milli
 
 _EPS = 1e-9
 
@@ -1230,6 +1229,29 @@ class Inventory:
         if not d.idle and d.mig_enabled != enabled:
             raise AllocationError(f"GPU {device} on {node!r} is not idle; drain it before switching MIG mode")
         self._put(d, mig_enabled=enabled)
+
+
+FREE_MILLI = 1000  # fragmentation's unit (sharing/fragmentation.py): 1/1000 of a GPU
+
+
+def free_milli(inv: Inventory, d: DeviceState) -> int:
+    """A device's free GPU capacity in milli, as fragmentation counts it: an idle GPU 1000, a time-slice GPU its free
+    memory share (floored), anything else (held whole, MIG-enabled) 0 -- MIG layouts have their own measure
+    (``future_slots``)."""
+    if d.idle:
+        return FREE_MILLI
+    if d.whole_owner is not None or d.mig_enabled:
+        return 0
+    return max(0, math.floor(inv.free_memory_of(d) / d.memory_gib * FREE_MILLI + 1e-9))
+
+
+def milli_after(inv: Inventory, d: DeviceState, memory_gib: float) -> int:
+    """:func:`free_milli` of a time-slice device after a share of ``memory_gib`` lands on it."""
+    if d.mig_enabled:
+        return 0
+    free = (inv.share_room_gib(d, None) if not d.idle else d.memory_gib) - memory_gib
+    return max(0, math.floor(free / d.memory_gib * FREE_MILLI + 1e-9))
+
 
 
 class KindHostTable:

@@ -17,10 +17,9 @@ from sharing.fragmentation import (
     TargetWorkload,
     WorkloadShapes,
     fragmentation_delta,
-    free_milli,
     shape_key,
 )
-from sharing.slots import Inventory, NodeSpec, Slot, SlotRequest
+from sharing.slots import Inventory, NodeSpec, Slot, SlotRequest, free_milli
 
 GPU = GpuModel("g", 1000.0, 0, 0, price_per_hour=1.0)  # 1 GiB per milli, as the FGD replay maps GPUs
 OTHER = GpuModel("o", 1000.0, 0, 0, price_per_hour=1.0)
