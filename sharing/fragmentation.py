@@ -189,14 +189,15 @@ class KindShapes:
                  count_memory: bool = False) -> None:
         t, num, cpu, mem, w = [], [], [], [], []
         other = 0
+        self.share_demand: dict[int, float] = {}  # share sizes (milli on this kind) -> weight: what the gap plan prices
         for s in workload.shapes:
-            if s.gpus <= 0:
+            if s.gpus <= 0 or not allowed_kind(s, gpu, catalog):
                 other += s.weight
                 continue
-            if not allowed_kind(s, gpu, catalog):
-                other += s.weight
-                continue
-            t.append(s.demand_milli(gpu))
+            d = s.demand_milli(gpu)
+            if s.gpus == 1 and s.memory_gib is not None and d < MILLI:
+                self.share_demand[d] = self.share_demand.get(d, 0.0) + s.weight
+            t.append(d)
             num.append(s.gpus)
             cpu.append(s.cpu_millis)
             mem.append(s.host_memory_gib if count_memory else 0.0)
@@ -207,13 +208,6 @@ class KindShapes:
         self.catalog = catalog
         self.scale = weight / (workload.total * MILLI)  # F counts milli-GPUs; the cost is in GPUs
         self._arrays: tuple | None = None
-        # share sizes (milli on this kind) -> weight: what the gap plan prices
-        self.share_demand: dict[int, float] = {}
-        for s in workload.shapes:
-            if s.gpus == 1 and s.memory_gib is not None and s.weight > 0 and (allowed_kind(s, gpu, catalog)):
-                d = s.demand_milli(gpu)
-                if d < MILLI:
-                    self.share_demand[d] = self.share_demand.get(d, 0.0) + s.weight
         self._plan: GapPlan | None = None
 
     @property
@@ -298,9 +292,8 @@ class KindFragmentation:
         rows = np.flatnonzero(table.version != self.seen)
         if rows.size == 0:
             return
-        t = self.kind.arrays()[0]
         free = table.dev_free[rows]
-        lt = free[:, :, None] < t[None, None, :]
+        lt = free[:, :, None] < self.t[None, None, :]
         self.below[rows] = (free[:, :, None] * lt).sum(1)
         self.cnt[rows] = (~lt).sum(1)  # padding columns hold 0 free: below every demand (>= 1), never counted
         self.total[rows] = free.sum(1)
@@ -323,8 +316,7 @@ class KindFragmentation:
         the host requests are taken."""
         import numpy as np
 
-        if self.table.version.size and (self.table.version != self.seen).any():
-            self.refresh()
+        self.refresh()
         below, cnt = self.below[rows], self.cnt[rows]
         if g or r:
             move = self._moves.get((v, g, r))

@@ -65,13 +65,19 @@ def stranding_delta(inv: Inventory, node: str, gpus: float, cpu_millis: int, hos
     """How much placing a pod that takes ``gpus`` of GPU capacity and these host requests on ``node`` raises its
     stranded GPU capacity (:func:`stranded`), rounded; 0 without ``per`` or on a node that declares no host
     capacity. ``free_gpus``: ``inv.free_gpu_capacity(node)`` when the caller has it."""
+    return round(stranding_raw(inv, node, gpus, cpu_millis, host_memory_gib, per, free_gpus), STRANDING_DIGITS)
+
+
+def stranding_raw(inv: Inventory, node: str, gpus: float, cpu_millis: int, host_memory_gib: float,
+                  per: HostPerGpu | None, free_gpus: float | None = None) -> float:
+    """:func:`stranding_delta` before its rounding (what a caller adding other costs to it rounds once)."""
     if per is None or not inv.nodes[node].host_accounted:
         return 0.0
     fc, fm = inv.host_free(node)
     g = inv.free_gpu_capacity(node) if free_gpus is None else free_gpus
     before = stranded(g, fc, fm, per)
     after = stranded(max(g - gpus, 0.0), fc - cpu_millis, fm - host_memory_gib, per)
-    return round(after - before, STRANDING_DIGITS)
+    return after - before
 
 
 def stranding_deltas(table: KindHostTable, gpus: float, cpu_millis: int, host_memory_gib: float,

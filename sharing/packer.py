@@ -30,7 +30,7 @@ from sharing.fragmentation import (
     allowed_kind,
     fragmentation_delta,
 )
-from sharing.host_resources import STRANDING_DIGITS, HostPerGpu, learn_per_gpu, stranded, stranding_deltas
+from sharing.host_resources import STRANDING_DIGITS, HostPerGpu, learn_per_gpu, stranding_deltas, stranding_raw
 from sharing.slots import (
     DeviceSignature,
     DeviceState,
@@ -583,12 +583,8 @@ class CostAwarePacker:
         (:func:`~sharing.host_resources.stranded` at ``per``, 0 without) plus the fragmentation it adds for the target
         workload (``move`` = (free milli of the devices taken from, milli taken from each, devices); dF x the kind's
         scale), rounded to :data:`~sharing.host_resources.STRANDING_DIGITS`. The scalar the array paths agree with."""
-        raw = 0.0
+        raw = stranding_raw(inv, node, taken, cpu_millis, host_memory_gib, per)
         spec = inv.nodes[node]
-        if per is not None and spec.host_accounted:
-            fc, fm = inv.host_free(node)
-            g = inv.free_gpu_capacity(node)
-            raw = stranded(max(g - taken, 0.0), fc - cpu_millis, fm - host_memory_gib, per) - stranded(g, fc, fm, per)
         ks = self.kind_shapes(inv, spec.gpu_model) if move is not None and spec.gpu_count else None
         if ks is not None:
             fc, fm = inv.host_free(node)

@@ -1253,7 +1253,6 @@ def milli_after(inv: Inventory, d: DeviceState, memory_gib: float) -> int:
     return max(0, math.floor(free / d.memory_gib * FREE_MILLI + 1e-9))
 
 
-
 class KindHostTable:
     """One GPU kind's nodes as arrays (:meth:`Inventory.kind_host_table`), row ``i`` = ``nodes[i]``: idle GPUs, free
     GPU capacity (:meth:`Inventory.free_gpu_capacity`), host CPU (millis) and memory (GiB) held and declared (``inf``:

@@ -16,9 +16,9 @@ decision core actually runs, through an adapter that mirrors the replay's cluste
 
 Where the mapping is not exact: **CPU-only pods** are not the packer's (a slot needs a GPU). The adapter holds
 their CPU and memory on the node (:meth:`~sharing.slots.Inventory.hold_host`, as the live snapshot does for pods
-without a GPU slot) and picks the node itself: with the host-aware tie-break, the least
-:func:`~sharing.host_resources.stranding_delta` (at the ratio the packer learns), then the least free GPU
-capacity, then replay order; without it, the first feasible node in replay order. The packer chooses whole GPUs
+without a GPU slot) on the node :meth:`~sharing.packer.CostAwarePacker.hold_node` picks: the least stranding and
+fragmentation cost (at the ratio the packer learns, for the workload it was handed), then the least free GPU
+capacity, then replay order; with nothing to weigh, the first node with room. The packer chooses whole GPUs
 from a node's highest indices (the replay's default is the lowest; the count is the same). The replay's
 per-node pod limit is not modelled (1,001 pods, never reached). If the packer finds no slot where the replay's
 filter found one (it should not happen: the test checks the two agree), the pod goes to the replay's first
