@@ -295,11 +295,14 @@ def _exp_bin_means(mean: float, k: int) -> np.ndarray:
     """Conditional means of an exponential(mean) over K equal-probability bins (closed form)."""
     p = np.linspace(0.0, 1.0, k + 1)
     lo, hi = p[:-1], p[1:]
-    # E[X | F(X) in [lo, hi)] = mean * (1 + [(1-lo)ln(1-lo) - (1-hi)ln(1-hi)] / (hi - lo)), with 0 ln 0 = 0.
+    # E[X | F(X) in [lo, hi)] = (1/(hi-lo)) * integral_lo^hi -mean*ln(1-u) du
+    #                       = mean * (1 - [(1-lo)ln(1-lo) - (1-hi)ln(1-hi)] / (hi - lo)), with 0 ln 0 = 0.
+    # (The sign matters: with "+" the points are mirrored about the mean -- same mean and variance, but the
+    # top bin comes out negative.)
     def xlogx(u: np.ndarray) -> np.ndarray:
         return np.where(u > 0, u * np.log(np.where(u > 0, u, 1.0)), 0.0)
 
-    return mean * (1.0 + (xlogx(1.0 - lo) - xlogx(1.0 - hi)) / (hi - lo))
+    return mean * (1.0 - (xlogx(1.0 - lo) - xlogx(1.0 - hi)) / (hi - lo))
 
 
 def profile_from_spec(spec: ModelSpec, k: int = 32) -> ServiceProfile:

@@ -34,7 +34,8 @@ def test_erlang_c_stable_for_large_c() -> None:
     assert v[0] > v[1] > v[2]
 
 
-def _profile(conc: int = 4, slo: float = 2.0) -> ServiceProfile:
+def _profile(conc: int = 4, slo: float = 5.0) -> ServiceProfile:
+    # an exponential(1 s) prior: its top bin's mean is 1 + ln 32 = 4.47 s, so a 5 s SLO is reachable
     spec = ModelSpec("m", service_time_ms=1000.0, concurrency=conc, slo_latency_ms=slo * 1e3)
     return profile_from_spec(spec)
 
@@ -75,6 +76,24 @@ def test_profile_from_spec() -> None:
     np.testing.assert_allclose(ttft.latency_part_s, 0.2 * ttft.occupancy_s)
 
 
+def test_prior_points_are_the_exponential_bins_conditional_means() -> None:
+    """Each prior point lies inside its own equal-probability bin of the exponential (never negative).
+
+    A reflected set (the points mirrored about the mean) has the same mean and variance, so only the
+    points themselves catch it: the top bin's conditional mean is then below zero.
+    """
+    k, mean = 32, 0.25
+    occ = profile_from_spec(ModelSpec("m", service_time_ms=mean * 1000.0)).occupancy_s
+    assert len(occ) == k and (occ > 0).all()
+    assert np.all(np.diff(occ) > 0)  # bins in quantile order
+    u = np.linspace(0.0, 1.0, k + 1)
+    quantile = -mean * np.log1p(-u[:-1])  # each bin's lower edge; the upper edge of the top bin is infinite
+    upper = np.append(-mean * np.log1p(-u[1:-1]), np.inf)
+    assert np.all(occ >= quantile) and np.all(occ <= upper)
+    # the top bin's conditional mean in closed form: mean * (1 + ln k)
+    assert occ[-1] == pytest.approx(mean * (1.0 + np.log(k)))
+
+
 def test_profile_from_samples_keeps_mean() -> None:
     rng = np.random.default_rng(0)
     occ = rng.lognormal(0.0, 1.0, 5000)
@@ -88,7 +107,7 @@ def test_profile_from_samples_keeps_mean() -> None:
 def test_predicted_latency_meets_slo_exactly_at_the_sized_replicas() -> None:
     from autoscaler.estimation.capacity import min_replicas_for_slo, predicted_latency_s
 
-    spec = ModelSpec(name="m", slo_latency_ms=300, service_time_ms=100, concurrency=4)
+    spec = ModelSpec(name="m", slo_latency_ms=600, service_time_ms=100, concurrency=4)  # top bin: 447 ms
     prof = profile_from_spec(spec)
     n = min_replicas_for_slo(50.0, prof)
     # sized replicas meet the SLO, one fewer does not: the predicted latency brackets the SLO the same way
