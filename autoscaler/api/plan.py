@@ -240,6 +240,10 @@ class Plan:
     # Exact placements whose wall-clock safety cut fired this tick (their work limit did not bound them: the plan may
     # differ on a faster or less loaded machine); the controller counts them as slotwise_exact_budget_exceeded_total.
     exact_budget_exceeded: int = 0
+    # Fleet-wide stages that failed this tick (stage -> what failed: "forecast", "arbitration", "lend"), each
+    # failure confined to the models it came from where it could be traced to them (those models hold, reported on
+    # their status); the controller logs each and counts it as slotwise_errors{kind="stage-<stage>"}.
+    stage_failures: dict[str, str] = field(default_factory=dict)
 
     def of_type(self, kind: type) -> list:
         return [a for a in self.actions if isinstance(a, kind)]

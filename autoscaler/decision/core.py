@@ -16,13 +16,18 @@ with a cause, never a silent Pending pod. When the asks do not all fit, arbitrat
 One model cannot stop or reconfigure the others: before anything is decided every spec is held against the
 operator's caps and team bindings (:func:`autoscaler.decision.admission.admit`; a model over one is treated as
 invalid), and an exception while one model is sized or its actions are emitted fails that model only -- it gets a
-status with a false condition naming the error (an Event), keeps its replicas, and the others proceed.
+status with a false condition naming the error (an Event), keeps its replicas, and the others proceed. The stages
+that see the whole fleet at once confine a failure the same way: the forecast (a model whose samples cannot be
+folded in holds; autoscaler/decision/forecast_stage.py), arbitration (a model whose ask makes it raise holds, the
+others are arbitrated without it: :func:`_arbitration_stage`), lending (a model whose need cannot be worked out is a
+guess, so nothing new is lent; a failed lend stage drops only its own actions). Each is named in
+``Plan.stage_failures``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +55,7 @@ from autoscaler.decision.arbitration import (
     arbitrate,
 )
 from autoscaler.decision.config import CoreConfig
+from autoscaler.decision.forecast_stage import forecast_of, forecast_stage
 from autoscaler.decision.lend import lend_stage
 from autoscaler.decision.state import ControllerState, ModelState, SizedLoad
 from autoscaler.estimation.capacity import ServiceProfile, predicted_latency_s, profile_from_spec
@@ -57,7 +63,7 @@ from autoscaler.estimation.forecast import FleetForecaster
 from autoscaler.estimation.idle_times import IdleTimes, fleet_pool, merge_into
 from autoscaler.estimation.model_learning import ModelLearning
 from autoscaler.estimation.work import WorkInputs, offered_rate, offered_rates, work_unit
-from autoscaler.policies.base import Forecast, PolicyContext
+from autoscaler.policies.base import PolicyContext
 from autoscaler.policies.keepalive import histogram_range_s
 from sharing.slots import Inventory, Slot
 
@@ -69,68 +75,6 @@ class Decision:
     # The inventory after this tick's placements (None: nothing placed). plan_tick (decision/tick.py) diffs it
     # against the snapshot's to plan MIG re-layouts and the time-slicing config.
     inventory: Inventory | None = None
-
-
-def _forecast(
-    forecaster: FleetForecaster, name: str, cold_start_s: float, now: float, config: CoreConfig
-) -> Forecast | None:
-    # Lead time: a replica asked for now serves only after its cold start, and the next chance to
-    # correct comes one tick later; metrics arrive late by the metric lag.
-    horizon_s = cold_start_s + config.policy.tick_s + config.metric_lag_s
-    # (and what a replica asked for now serves: from its cold start to the end of the window, the next decision's
-    # replicas' ready time; autoscaler/policies/horizon.py)
-    found = forecaster.lead_quantiles(name, now, horizon_s, cold_start_s)
-    if found is None:
-        return None
-    values, ready = found
-    after = None if ready is None else Forecast(forecaster.levels, ready, horizon_s - cold_start_s)
-    return Forecast(quantiles=forecaster.levels, values=values, horizon_s=horizon_s, ready=after)
-
-
-def _update_forecaster(
-    snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig
-) -> FleetForecaster:
-    """Keep the fleet forecaster's models in step with the valid specs, then fold in new samples."""
-    forecaster = state.forecaster
-    if forecaster is None:
-        forecaster = state.forecaster = config.forecaster_factory()
-    valid = frozenset(n for n, o in snapshot.models.items() if o.spec is not None)
-    if valid != state.forecast_models:
-        # A model joining with a metrics window that already spans forecast steps (a controller restart,
-        # a fixed annotation: Prometheus kept its past) starts from that past, not from its prior.
-        for name in valid - state.forecast_models:
-            m = metrics.models.get(name)
-            if (m is not None and not m.stale and m.rate.size * metrics.step_s >= forecaster.step_s
-                    and not forecaster.has_history(name)):
-                forecaster.warm_start({name: m.rate}, metrics.step_s)
-        priors = {n: o.spec.expected_rps for n, o in snapshot.models.items() if o.spec is not None}
-        forecaster.sync(sorted(valid), priors)
-        state.forecast_models = valid
-    work = _work_signal(snapshot, state) if config.policy.learns else None
-    forecaster.observe(snapshot.now, metrics, work)
-    return forecaster
-
-
-def _work_signal(snapshot: ClusterSnapshot,
-                 state: ControllerState) -> Callable[[list[tuple[str, ModelMetrics]]], list[np.ndarray]]:
-    """What the forecaster forecasts for a model that learns: its offered work (autoscaler/estimation/work.py), read
-    for the models it asks about together; the request rate for one that does not learn (yet)."""
-    def signal(rows: list[tuple[str, ModelMetrics]]) -> list[np.ndarray]:
-        out = [m.rate for _, m in rows]
-        asks: list[WorkInputs] = []
-        where: list[int] = []
-        for i, (name, m) in enumerate(rows):
-            ms = state.models.get(name)
-            obs = snapshot.models.get(name)
-            if ms is None or ms.learning is None or obs is None:
-                continue
-            asks.append(WorkInputs(m, obs.ready_replicas, ms.learning.capacity, ms.work_unit, ms.arrival_scv,
-                                   ms.profile().median_budget_s))
-            where.append(i)
-        for i, work in zip(where, offered_rates(asks), strict=True):
-            out[i] = work
-        return out
-    return signal
 
 
 @dataclass
@@ -149,17 +93,22 @@ class _Sized:
 def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig) -> Decision:
     plan = Plan(now=snapshot.now)
     snapshot = admit(snapshot, config.limits, config.arbitration)  # over a cap or a team binding: invalid
-    forecaster = _update_forecaster(snapshot, metrics, state, config) if config.policy.uses_forecast else None
-    sized, removals = _size_models(snapshot, metrics, state, config, forecaster, plan)
+    forecaster, unforecast = (forecast_stage(snapshot, metrics, state, config, plan) if config.policy.uses_forecast
+                              else (None, {}))
+    sized, removals = _size_models(snapshot, metrics, state, config, forecaster, plan, unforecast)
 
     inventory: Inventory | None = None  # copied only when something is to be placed: most ticks place nothing
     outcome = ArbitrationResult()
     room = _room(snapshot.inventory, config)
     asks = [_ask(s, i, room) for i, s in enumerate(sized) if s.target > s.obs.active_replicas]
     if asks:
-        inventory = snapshot.inventory.copy()
-        outcome = _arbitrate(asks, snapshot, metrics, inventory, removals, state, config)
+        outcome, inventory, refused = _arbitration_stage(asks, snapshot, metrics, removals, state, config, plan)
         plan.exact_budget_exceeded = outcome.exact_budget_exceeded
+        if refused:  # their asks could not be arbitrated: they hold (reported), the others' outcome stands
+            for s in sized:
+                if s.obs.name in refused:
+                    _report_failed(s.obs, refused[s.obs.name], state, plan)
+            sized = [s for s in sized if s.obs.name not in refused]
     for name in _finish_all(snapshot, state, sized, removals, outcome, plan, config):
         if inventory is not None:  # a model that failed places nothing: its slots go back
             for rid, slot in outcome.placed.get(name, ()):
@@ -170,13 +119,18 @@ def decide(snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerS
     if lending is not None and (lending.enabled or snapshot.lent):
         # (disabled with GPUs still lent: they are reclaimed)
         after = inventory if inventory is not None else snapshot.inventory
-        plan.actions.extend(lend_stage(snapshot, metrics, plan, after, state, config, forecaster))
+        try:
+            plan.actions.extend(lend_stage(snapshot, metrics, plan, after, state, config, forecaster))
+        except Exception as e:
+            # Lending is the last stage: the models' actions stand, nothing is lent or reclaimed this tick (what is
+            # lent stays lent, and is looked at again on the next tick).
+            plan.stage_failures["lend"] = f"{type(e).__name__}: {e}"[:300]
     return Decision(plan=plan, state=state, inventory=inventory)
 
 
 def _size_models(
     snapshot: ClusterSnapshot, metrics: MetricsWindow, state: ControllerState, config: CoreConfig,
-    forecaster: FleetForecaster | None, plan: Plan,
+    forecaster: FleetForecaster | None, plan: Plan, unforecast: Mapping[str, Exception] | None = None,
 ) -> tuple[list[_Sized], dict[str, list[RemoveReplica]]]:
     """Every due model sized (its policy inside its behaviour and rails), and the replicas its scale-down removes;
     invalid specs reported on ``plan``.
@@ -194,6 +148,9 @@ def _size_models(
             ms = _model_state(obs, obs.spec, state, config)
             if snapshot.now < ms.next_decision_at and not zero.needs_activation(obs, metrics.models.get(name)):
                 continue  # (a model whose decision failed stays reported until one succeeds)
+            if unforecast and name in unforecast:
+                e = unforecast[name]  # its samples could not be forecast: it holds, the others proceed
+                raise RuntimeError(f"its load could not be forecast ({type(e).__name__}: {e})")
             entries.append((obs, ms, _learn(obs, obs.spec, ms, metrics, config, snapshot.now)))
         except Exception as e:
             entries.append((obs, None, e))
@@ -338,7 +295,8 @@ def _decide(obs: ModelObservation, spec: ModelSpec, ms: ModelState, learned: _Le
         ready_replicas=obs.ready_replicas,
         metrics=m,
         metrics_step_s=learned.step_s,
-        forecast=None if m.stale or forecaster is None else _forecast(forecaster, obs.name, cold_start_s, now, config),
+        forecast=(None if m.stale or forecaster is None
+                  else forecast_of(forecaster, obs.name, cold_start_s, now, config)),
         capacity=profile,
         state=ms.policy_state,
         sizing_quantile=None if learning is None else learning.quantile.quantile,
@@ -399,6 +357,53 @@ def _ask(s: _Sized, order: int, room: int) -> Ask:
         speed=None if learning is None else learning.relative_speed,
         pods=spec.pods_per_replica,
     )
+
+
+def _arbitration_stage(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindow,
+                       removals: dict[str, list[RemoveReplica]], state: ControllerState, config: CoreConfig,
+                       plan: Plan) -> tuple[ArbitrationResult, Inventory, dict[str, Exception]]:
+    """Arbitration of the fleet's asks, on a copy of the snapshot's inventory: the outcome, the inventory after it,
+    and the models whose asks it could not take (each with its error).
+
+    Arbitration sees every ask at once, so one model's ask that makes it raise would stop every model's scale-up.
+    When it raises, each ask is tried alone (on throwaway copies) to find the ones that raise by themselves; those
+    models hold, and the others are arbitrated again as if they had not asked. Should the rest still raise together,
+    none of them is placed this tick (each holds, reported) -- placements are never made from a half-run arbitration.
+    The extra runs happen only on a failure: a tick that raises nothing costs one copy of the small arbitration
+    state."""
+    arb = state.arbitration
+    saved = (dict(arb.borrowed), arb.at, state.replica_seq)
+
+    def restore() -> None:
+        arb.borrowed, arb.at, state.replica_seq = dict(saved[0]), saved[1], saved[2]
+
+    inventory = snapshot.inventory.copy()
+    try:
+        return _arbitrate(asks, snapshot, metrics, inventory, removals, state, config), inventory, {}
+    except Exception as e:
+        first = e
+    failed: dict[str, Exception] = {}
+    for ask in asks:
+        restore()
+        try:
+            _arbitrate([ask], snapshot, metrics, snapshot.inventory.copy(), removals, state, config)
+        except Exception as e:
+            failed[ask.model] = e
+    restore()
+    rest = [a for a in asks if a.model not in failed]
+    inventory = snapshot.inventory.copy()
+    outcome = ArbitrationResult()
+    if rest:
+        try:
+            outcome = _arbitrate(rest, snapshot, metrics, inventory, removals, state, config)
+        except Exception as e:  # only together: none of them is placed this tick
+            restore()
+            inventory = snapshot.inventory.copy()
+            failed.update((a.model, e) for a in rest)
+    error = next(iter(failed.values()), first)
+    plan.stage_failures["arbitration"] = (f"{type(error).__name__}: {error}; models held: "
+                                          f"{', '.join(sorted(failed))}")[:300]
+    return outcome, inventory, failed
 
 
 def _arbitrate(asks: list[Ask], snapshot: ClusterSnapshot, metrics: MetricsWindow, inventory: Inventory,

@@ -156,7 +156,13 @@ def lend_stage(
                 continue
             entry = cache.get(name)
             if entry is None or entry.next_at <= now:
-                entry = cache[name] = need_soon(obs, state, config, lending, forecaster, metrics, now, entry)
+                try:
+                    entry = cache[name] = need_soon(obs, state, config, lending, forecaster, metrics, now, entry)
+                except Exception as e:  # its need is unknown: a guess, as for a model without a forecast
+                    cache.pop(name, None)
+                    plan.stage_failures["lend"] = f"model {name}: need-soon failed ({type(e).__name__}: {e})"[:300]
+                    hold = True
+                    continue
             hold = hold or entry.guess
             extra = entry.replicas - after.get(name, obs.active_replicas)
             if extra > 0:

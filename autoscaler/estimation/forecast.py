@@ -82,6 +82,9 @@ class FleetForecaster:
         self._where: dict[str, tuple[int, int]] = {}  # model -> (shard, row)
         self._pending: dict[str, np.ndarray] = {}  # warm-start history of models not yet in a shard
         self._clock: int | None = None  # steps completed at the last observe()
+        # Models whose last due step could not be folded in (their signal or their step raised, or came out
+        # infinite), until one folds: the step is a missing one for the forecast, and the decision core holds them.
+        self.failed: dict[str, Exception] = {}
 
     # ----------------------------------------------------------------- set-up
 
@@ -122,6 +125,7 @@ class FleetForecaster:
             if name not in wanted:
                 self._shards[s].names.remove(name)
                 del self._where[name]
+                self.failed.pop(name, None)
                 changed.add(s)
         for name in names:
             if name in self._where:
@@ -223,14 +227,44 @@ class FleetForecaster:
                 if m is None or m.stale or m.rate.size == 0 or m.partial is not None:  # missing, not halved
                     continue
                 rows.append((i, name, m))
-            series = [m.rate for _, _, m in rows] if signal is None else signal([(n, m) for _, n, m in rows])
-            for (i, _, _), rate in zip(rows, series, strict=True):
-                rate = rate[: rate.size - offset] if offset else rate
-                y[i] = aggregate(rate, per, d)
+            for (i, name, _), rate in zip(rows, self._series(rows, signal), strict=True):
+                if rate is None:
+                    continue  # (its signal raised: recorded in failed, a missing step)
+                try:  # one model's series cannot stop the shard's other models
+                    rate = rate[: rate.size - offset] if offset else rate
+                    y[i] = aggregate(rate, per, d)
+                    if np.isinf(y[i]).any():
+                        y[i] = np.nan
+                        raise FloatingPointError("its rate is infinite")
+                except Exception as e:
+                    self.failed[name] = e
+                    continue
+                self.failed.pop(name, None)
             shard.batch.update(y)
             _set_quantiles(shard, shard.batch.predict_quantiles(self.horizon, self.levels))
             shard.step, shard.boundary_s = k, k * self.step_s
         return True
+
+    def _series(self, rows: list[tuple[int, str, ModelMetrics]],
+                signal: Callable[[list[tuple[str, ModelMetrics]]], Sequence[np.ndarray]] | None,
+                ) -> list[np.ndarray | None]:
+        """The series of each row: read together; should that raise, row by row, so that only the model whose
+        read raises is left out (None in its place, its error in :attr:`failed`)."""
+        if signal is None:
+            return [m.rate for _, _, m in rows]
+        try:
+            return list(signal([(n, m) for _, n, m in rows]))
+        except Exception:
+            pass
+        out: list[np.ndarray | None] = []
+        for _, name, m in rows:
+            try:
+                (one,) = signal([(name, m)])
+                out.append(one)
+            except Exception as e:
+                self.failed[name] = e
+                out.append(None)
+        return out
 
     def quantiles(self, name: str, now: float, lead_s: float) -> np.ndarray | None:
         """Per level, the forecast of the peak step rate (req/s) from now to ``now + lead_s``: the

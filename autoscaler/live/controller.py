@@ -50,7 +50,15 @@ from autoscaler.decision.node_actions import NodeActionState, gpu_resources
 from autoscaler.decision.scaledown import DEFAULT_KV_SATURATION
 from autoscaler.decision.state import ControllerState, fresh_state
 from autoscaler.decision.tick import plan_tick
-from autoscaler.live.activations import DEFAULT_TTL_S, ActivationBook
+from autoscaler.live.activations import (
+    ACTIVATION_AUDIENCE,
+    DEFAULT_TTL_S,
+    ActivationBook,
+    ReportAuth,
+    kube_token_review,
+    refused_counter,
+    service_account_user,
+)
 from autoscaler.live.cost_metrics import CostMetrics
 from autoscaler.live.exporter import ControllerMetrics
 from autoscaler.live.health import Health, start_http
@@ -62,6 +70,7 @@ from autoscaler.live.kube.leader import LeaderElector
 from autoscaler.live.kube.lending import LendingActuator, workloads_path
 from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
 from autoscaler.live.kube.pods import slim_pod
+from autoscaler.live.kube.routing import pod_ips
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
 from autoscaler.live.kube.translate import build_view
 from autoscaler.live.kube.watches import ENDPOINT_SLICE_WATCH, WATCHES, Watch, by_role, stamped
@@ -126,6 +135,10 @@ class ControllerSettings:
     activator_namespace: str | None = None
     activator_selector: str = "app.kubernetes.io/name=slotwise,app.kubernetes.io/component=activator"
     activation_ttl_s: float = DEFAULT_TTL_S
+    # who may report (POST /v1/activations): a token of this ServiceAccount (in the activator's namespace), issued
+    # for ``activator_token_audience`` (empty: any audience the apiserver accepts), checked by a TokenReview
+    activator_service_account: str = "slotwise-activator"
+    activator_token_audience: str = ACTIVATION_AUDIENCE
 
 
 def _collection(group_path: str, resource: str, namespace: str | None) -> str:
@@ -256,6 +269,7 @@ class Controller:
                                           teams=settings.arbitration.teams)
         # GPU-slot-seconds and cost per team/namespace/model, on the same /metrics registry
         self.cost = CostMetrics(self.exporter.registry, load_catalog(), settings.prices)
+        self.report_auth = self._report_auth(api_client)
         self._cost_at: float | None = None  # when cost was last recorded (None: not since leading)
         # Alive while the loop beat within a minute (or three ticks): a slow tick is not a dead loop.
         self.health = Health(settings.tick_s, max_missed_ticks=max(3, math.ceil(60.0 / settings.tick_s)),
@@ -360,6 +374,9 @@ class Controller:
             self.exporter.error("cluster_object")
         window = await self.metrics_window(view)
         plan = self.plan(view, window)
+        for stage, what in plan.stage_failures.items():  # (confined to the models named; the rest is planned)
+            log.error("decision stage %s failed: %s", stage, what)
+            self.exporter.error(f"stage-{stage}")
         report: ActuationReport | None = None
         try:
             # Leadership is re-checked right before writing (the decision took time) and before every write.
@@ -455,7 +472,8 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """Observe always (a follower keeps warm caches), decide and act only as the leader; until ``stop``."""
         runner = await start_http(self.exporter, self.health, self.settings.http_host, self.settings.http_port,
-                                  self.activations, leading=self.gate.open, allowed=self._activator_ips())
+                                  self.activations, leading=self.gate.open, allowed=self._activator_ips(),
+                                  auth=self.report_auth)
         try:
             await self.discover()
         except BaseException:
@@ -502,6 +520,21 @@ class Controller:
             for w in waits:
                 w.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+
+    def _report_auth(self, api_client: object) -> ReportAuth | None:
+        """Who may report activations: the activator ServiceAccount's token (a TokenReview) and, the second check,
+        its pod among the activator pods the informer knows (docs/scale-to-zero.md, Security). None: the activator
+        is not enabled."""
+        pods = self.activator_pods
+        if pods is None:
+            return None
+        ns = self.settings.activator_namespace or self.settings.lease_namespace
+        refused = refused_counter(self.exporter.registry)
+        user = service_account_user(ns, self.settings.activator_service_account)
+        return ReportAuth(kube_token_review(api_client), user, pods.items,
+                          audience=self.settings.activator_token_audience or None,
+                          peer_ips=lambda p: pod_ips(p.get("status") or {}),
+                          on_refused=lambda reason: refused.labels(reason).inc())
 
     def _activator_ips(self) -> Callable[[], set[str]] | None:
         """Where activation reports are taken from: the IPs of the activator pods the informer knows (any phase: a

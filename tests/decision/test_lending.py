@@ -490,6 +490,7 @@ class RampForecaster:
     levels: tuple[float, ...] = (0.5, 0.9, 0.99)
     step_s: float = 60.0
     calls: int = 0
+    failed: dict[str, Exception] = field(default_factory=dict)  # (FleetForecaster's: none fails here)
 
     def has_history(self, name: str) -> bool:
         return True
@@ -589,6 +590,36 @@ def test_stale_metrics_hold_lending() -> None:
 
     assert run(stale=False)
     assert not run(stale=True)
+
+
+def test_a_model_whose_need_cannot_be_read_holds_new_lending_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The lend stage works out every model's need over the reclaim horizon; one model's raising there stopped the
+    # whole tick (every model's decision with it). Now its need is a guess: nothing new is lent, the plan stands.
+    from autoscaler.decision import lend
+
+    def run() -> object:
+        inv = inv_of(("a", "H100-80GB", 4), ("b", "H100-80GB", 4))
+        models = {"w": one_replica(inv), "v": ModelObservation("v", WHOLE.with_(name="v"), 0)}
+        snap = ClusterSnapshot(now=1000.0, models=models, inventory=inv)
+        config = CoreConfig(policy=HoldPolicy(wants={"v": 1}), lending=ON)
+        return tick(snap, fresh_state(forecaster=RampForecaster(2.0, 2.0, 100.0)), config)  # type: ignore[arg-type]
+
+    healthy = run()
+    assert healthy.of_type(LendGpus)  # (what the failure takes away)
+    need_soon = lend.need_soon
+
+    def failing(obs, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if obs.name == "w":
+            raise ValueError("math domain error")
+        return need_soon(obs, *args, **kwargs)
+
+    monkeypatch.setattr(lend, "need_soon", failing)
+    plan = run()
+    assert not plan.of_type(LendGpus)
+    assert "w" in plan.stage_failures["lend"] and "ValueError" in plan.stage_failures["lend"]
+    models = [a for a in plan.actions if not isinstance(a, (LendGpus, ReclaimGpus))]
+    assert models == [a for a in healthy.actions if not isinstance(a, (LendGpus, ReclaimGpus))]
+    assert any(isinstance(a, PlaceReplica) and a.model == "v" for a in models)
 
 
 def test_no_forecast_means_no_lending() -> None:

@@ -191,6 +191,81 @@ def test_a_model_whose_offered_work_cannot_be_read_fails_alone(monkeypatch: pyte
     assert any(isinstance(a, ScaleModel) for a in plan.actions if a.model == "good")
 
 
+def test_a_model_whose_samples_cannot_be_forecast_holds_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The forecaster folds in a step for a whole shard of models at once (their offered work read together); one
+    # model's window that cannot be read stopped every model's decision (the error left decide). Now that model's
+    # step is a missing one, it holds (reported), and the others are forecast and decided.
+    from autoscaler.estimation import work
+
+    alone, together = work.offered_rate, work.offered_rates
+
+    def batch(rows):  # type: ignore[no-untyped-def]
+        if any(r.metrics is bad_metrics[0] for r in rows):
+            raise FloatingPointError("overflow in the stacked windows")
+        return together(rows)
+
+    def one(m, *args):  # type: ignore[no-untyped-def]
+        if m is bad_metrics[0]:
+            raise FloatingPointError("overflow in this model's window")
+        return alone(m, *args)
+
+    from autoscaler.decision import forecast_stage
+
+    for module in (core, forecast_stage):
+        monkeypatch.setattr(module, "offered_rates", batch)
+    monkeypatch.setattr(core, "offered_rate", one)
+    config = build_core(make_policy("slotwise"), metric_lag_s=15.0)
+    state = fresh_state()
+    bad_metrics: list[ModelMetrics] = []
+    plans = []
+    for now in (100.0, 130.0, 160.0, 190.0):  # (the forecast step is 60 s: 160 s folds the first step in)
+        metrics = window(["bad", "good"], now=now)
+        bad_metrics[:] = [metrics.models["bad"]]
+        plans.append(core.decide(snapshot({"bad": GOOD, "good": GOOD}, gpus="8xH100-80GB", now=now), metrics,
+                                 state, config).plan)
+    assert state.forecaster is not None and "bad" in state.forecaster.failed
+    failed = [a for p in plans for a in statuses(p, "bad") if a.reason is Reason.DECISION_FAILED]
+    assert failed and not failed[-1].condition_ok and "forecast" in failed[-1].message
+    assert "FloatingPointError" in failed[-1].message
+    assert not any(isinstance(a, ScaleModel) and a.model == "bad" for p in plans[2:] for a in p.actions)
+    assert "forecast" in plans[2].stage_failures
+    # the good model was forecast and decided on every tick
+    assert all(p.decisions.get("good") is not None for p in plans)
+    assert state.forecaster.quantiles("good", 190.0, 60.0) is not None
+
+
+class RaisingPacker(CostAwarePacker):
+    """The packer, raising whenever it is asked to place one model: a model whose ask breaks arbitration."""
+
+    def __init__(self, bad: str) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def place(self, inv: Inventory, req: SlotRequest) -> Slot | None:
+        if req.model == self.bad:
+            raise OverflowError("cannot convert float infinity to integer")
+        return super().place(inv, req)
+
+
+def test_a_model_whose_ask_breaks_arbitration_holds_alone() -> None:
+    # Arbitration sees every ask at once: one model's ask that makes it raise stopped every model's scale-up.
+    policy = Wants({"good": 2, "bad": 2})
+    reference = core.decide(snapshot({"good": GOOD}), window(["good"]), fresh_state(),
+                            CoreConfig(policy=policy, packer=RaisingPacker("bad"))).plan
+    state = fresh_state()
+    d = core.decide(snapshot({"bad": GOOD, "good": GOOD}), window(["bad", "good"]), state,
+                    CoreConfig(policy=policy, packer=RaisingPacker("bad")))
+    assert lines_of(d.plan, "good") == lines_of(reference, "good")
+    assert [a.replicas for a in d.plan.of_type(ScaleModel) if a.model == "good"] == [2]
+    (status,) = statuses(d.plan, "bad")
+    assert not status.condition_ok and "OverflowError" in status.message
+    assert [type(a) for a in d.plan.actions if getattr(a, "model", None) == "bad"] == [UpdateStatus]
+    assert "bad" in d.plan.stage_failures["arbitration"]
+    assert d.inventory is not None
+    assert {d.inventory.model_of(owner) for owner, _ in d.inventory.allocations()} == {"good"}
+    assert state.replica_seq == 2  # the failed runs' replica names are not spent
+
+
 def test_a_models_placement_work_is_bounded_whatever_its_annotations() -> None:
     """Counted in packer calls: before issue 16 the slicer's 100,000 max replicas of 0.01-GPU shares meant one
     placement per share the GPUs could take (200 here, 1,000 per GPU at 0.001: the 102 s tick)."""
