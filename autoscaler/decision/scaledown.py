@@ -3,7 +3,8 @@
 Every policy's result passes through :func:`normalize`, once per decision (``decide`` calls it), the way HPA's
 ``normalizeDesiredReplicasWithBehaviors`` wraps its metric recommendation and Ray Serve's rails wrap every policy:
 
-1. **rails**: stale or missing metrics hold the current count (never scale down on missing data); a partially
+1. **rails**: stale or missing metrics hold the current count (never scale down on missing data; the hold enters
+   the down-stabilization window as the current count, as a partial hold does); a partially
    observed window (:meth:`~autoscaler.api.snapshot.ModelMetrics.partial_reason`: a scrape target down, no
    request rate for the newest step) never scales down either -- what is missing reads as low load, and the
    replicas whose scrapes time out are the overloaded ones -- but may scale up on what it does show (HPA counts a
@@ -82,8 +83,11 @@ def normalize(policy: Policy, ctx: PolicyContext, window: ScaleDownState | None 
     window = window if window is not None else ScaleDownState()
     spec, current = ctx.spec, ctx.current_replicas
     if ctx.metrics.stale:
+        # (the hold enters the down window as the current count, as a partial hold does: a scale-down once the data
+        # is fresh again waits a whole window of it)
         held = min(max(current, spec.min_replicas), spec.max_replicas)
-        return Scaled(held, Reason.METRICS_STALE, "holding replicas", ctx.state, window)
+        return Scaled(held, Reason.METRICS_STALE, "holding replicas", ctx.state,
+                      _hold_in_window(policy.behavior, window, ctx.now, current))
     gap = ctx.metrics.partial_reason()
     result = policy.decide(ctx)
     behavior = policy.behavior

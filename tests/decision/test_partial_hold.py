@@ -131,6 +131,19 @@ def test_after_a_partial_hold_a_scale_down_waits_a_whole_window() -> None:
     assert normalize(p, ctx(8, metrics(), now=1020.0 + SLOTWISE_LIKE.stabilization_s + 1), w).desired < 8
 
 
+def test_after_a_stale_hold_a_scale_down_waits_a_whole_window() -> None:
+    # The same for a stale window (issue 30): the hold enters the down window as the current count. Before, the
+    # window kept only the decisions before the data went stale, so a scale-down came on the first fresh window.
+    p = Scripted(SLOTWISE_LIKE, wants=2)
+    w = SETTLED
+    for t in (1000.0, 1010.0, 1020.0):
+        res = normalize(p, ctx(8, metrics(stale=True), now=t), w)
+        assert (res.desired, res.reason) == (8, Reason.METRICS_STALE)
+        w = res.scale_down
+    assert normalize(p, ctx(8, metrics(), now=1030.0), w).desired == 8  # held by the window
+    assert normalize(p, ctx(8, metrics(), now=1020.0 + SLOTWISE_LIKE.stabilization_s + 1), w).desired < 8
+
+
 def test_partial_hold_through_decide_emits_no_scale_down() -> None:
     spec = ModelSpec(name="a", slo_latency_ms=1000, max_replicas=50)
     inv = Inventory.from_nodes(nodes_from_spec("8xH100-80GB:mig"))
