@@ -18,6 +18,7 @@ reclaimed; a lent GPU never holds an inference replica and is never free in the 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import uuid
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ from autoscaler.live.exporter import ControllerMetrics, gpu_slots
 from autoscaler.live.kube.discovery import ASSUMED, POLICY, ServedApis
 from autoscaler.live.kube.lending import LendingActuator, Phase, workloads_path
 from autoscaler.live.kube.lending_rules import (
+    ORIGINAL_LIMIT_ANNOTATION,
     eviction_grace,
     eviction_order,
     inference_pods,
@@ -45,7 +47,10 @@ from autoscaler.live.kube.lending_rules import (
     lent_node_patch,
     parse_rfc3339,
     quantity_count,
+    recorded_limits,
     released_node_patch,
+    remember_original,
+    restore_lending_limit,
     rfc3339_precise,
     set_lending_limit,
 )
@@ -323,6 +328,33 @@ def test_set_lending_limit_touches_one_entry_and_caps_at_the_nominal_quota() -> 
     assert "no flavor 'gold'" in set_lending_limit(cq, "gold", "nvidia.com/gpu", 1)
     assert [quantity_count(q) for q in ("8", 8, "8000m", "1.5", "8Gi", None, True)] == [8, 8, 8, None, None,
                                                                                         None, None]
+
+
+def test_the_operators_lending_limit_is_recorded_once_and_given_back_exactly() -> None:
+    """Issue 30: the record is taken before slotwise's first change only (later changes are slotwise's own values);
+    the rollback gives back the value as it was served, or no key at all when it was unset, and takes the record
+    off; an entry recorded for another flavor stays."""
+    def cq(limit: object, annotations: dict | None = None) -> dict:
+        res = {"name": "nvidia.com/gpu", "nominalQuota": 8, **({} if limit is None else {"lendingLimit": limit})}
+        return {"metadata": {"name": "inference", "annotations": annotations or {}}, "spec": {"resourceGroups": [
+            {"coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": "h100", "resources": [res]}]}]}}
+
+    for original in (None, 3, "3"):
+        first = remember_original(cq(original), "h100", "nvidia.com/gpu")
+        assert first is not None and recorded_limits({"metadata": {"annotations": first}}) == {
+            "h100/nvidia.com/gpu": original}
+        later = cq("5", first)  # slotwise's own value since
+        assert remember_original(later, "h100", "nvidia.com/gpu") is None
+        groups, value, annotations = restore_lending_limit(later, "h100", "nvidia.com/gpu")
+        res = groups[0]["flavors"][0]["resources"][0]
+        assert value == original and res.get("lendingLimit", None) == original
+        assert ("lendingLimit" in res) == (original is not None)
+        assert annotations == {ORIGINAL_LIMIT_ANNOTATION: None}
+    assert restore_lending_limit(cq("5"), "h100", "nvidia.com/gpu") is None  # never changed by slotwise
+    both = cq("5", {ORIGINAL_LIMIT_ANNOTATION: json.dumps({"h100/nvidia.com/gpu": 2, "a100/nvidia.com/gpu": None})})
+    assert json.loads(restore_lending_limit(both, "h100", "nvidia.com/gpu")[2][ORIGINAL_LIMIT_ANNOTATION]) == {
+        "a100/nvidia.com/gpu": None}
+    assert recorded_limits(cq("5", {ORIGINAL_LIMIT_ANNOTATION: "not json"})) == {}
 
 
 def test_node_patches_are_idempotent_and_keep_other_taints() -> None:

@@ -41,6 +41,7 @@ from autoscaler.live.kube.lending import LendingActuator, discover_kueue_version
 from autoscaler.live.kube.lending_rules import (
     DEACTIVATED_FOR_ANNOTATION,
     DEACTIVATED_LABEL,
+    ORIGINAL_LIMIT_ANNOTATION,
     eviction_refusal,
     kueue_version,
     lent_node_patch,
@@ -567,13 +568,16 @@ async def test_kueue_speaks_v1beta2_and_reactivates_only_what_it_deactivated(api
 async def test_kueue_lending_switched_off_rolls_back_the_limit_and_the_workloads_it_deactivated(
         api: client.ApiClient, ns: str, nodes: list[str], kueue_crds: None) -> None:
     """Mode 7, Kueue: lending off after a restart, nothing lent any more (the reclaims are over): the inference
-    ClusterQueue lends nothing again and the Workloads slotwise deactivated go back to Kueue (on quota that is not
-    inference's); one deactivated by someone else stays as it is."""
+    ClusterQueue's lendingLimit goes back to the operator's own (recorded by the earlier run's first change; issue
+    30: it was set to 0) and the Workloads slotwise deactivated go back to Kueue; one deactivated by someone else
+    stays as it is."""
     custom = client.CustomObjectsApi(api)
     g, v = "kueue.x-k8s.io", "v1beta2"
     cq = f"inference-{uuid.uuid4().hex[:6]}"
+    # the earlier run lent 2 GPUs; the operator had lent 1 before it
+    record = {ORIGINAL_LIMIT_ANNOTATION: json.dumps({"h100/nvidia.com/gpu": 1})}
     await custom.create_cluster_custom_object(g, v, "clusterqueues", {
-        "apiVersion": f"{g}/{v}", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "apiVersion": f"{g}/{v}", "kind": "ClusterQueue", "metadata": {"name": cq, "annotations": record},
         "spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
             {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4, "lendingLimit": 2}]}]}]}})
     await make_node(api, nodes, f"off-kq-{uuid.uuid4().hex[:6]}", 2)
@@ -598,11 +602,62 @@ async def test_kueue_lending_switched_off_rolls_back_the_limit_and_the_workloads
     assert DEACTIVATED_LABEL not in (ours["metadata"].get("labels") or {})
     assert (await custom.get_namespaced_custom_object(g, v, ns, "workloads", "theirs"))["spec"]["active"] is False
     got = await custom.get_cluster_custom_object(g, v, "clusterqueues", cq)
-    assert got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] == "0"
+    assert got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["lendingLimit"] == 1
+    assert ORIGINAL_LIMIT_ANNOTATION not in (got["metadata"].get("annotations") or {})
     # done once: the controller need not call apply for it any more
     assert not act.cleanup_due
     r = await act.apply([], await live_view(api, nodes, clock(), policy))
     assert not r.applied and not r.errors
+
+
+@aio
+@pytest.mark.parametrize("original", [None, 3], ids=["unset", "three"])
+async def test_kueue_rollback_restores_the_operators_lending_limit_in_a_new_process(
+        api: client.ApiClient, ns: str, nodes: list[str], kueue_crds: None, original: int | None) -> None:
+    """Issue 30: the operator's ClusterQueue had its own lendingLimit (or none: the whole nominalQuota may be
+    lent). slotwise lends (it writes the limit), then a NEW process -- a restart, or the other replica leading --
+    runs with lending off: the rollback gives back exactly the operator's value (unset stays unset), not 0, and
+    leaves no mark behind; a later process with lending off changes nothing (the operator owns the limit again)."""
+    custom = client.CustomObjectsApi(api)
+    g, v = "kueue.x-k8s.io", "v1beta2"
+    cq = f"inference-{uuid.uuid4().hex[:6]}"
+    resource: dict[str, Any] = {"name": "nvidia.com/gpu", "nominalQuota": 4}
+    if original is not None:
+        resource["lendingLimit"] = original
+    await custom.create_cluster_custom_object(g, v, "clusterqueues", {
+        "apiVersion": f"{g}/{v}", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
+                                     "flavors": [{"name": "h100", "resources": [resource]}]}]}})
+    node = await make_node(api, nodes, f"orig-kq-{uuid.uuid4().hex[:6]}", 2)
+
+    async def limit() -> tuple[dict, dict]:
+        got = await custom.get_cluster_custom_object(g, v, "clusterqueues", cq)
+        return got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0], got["metadata"]
+
+    on = LendingPolicy(enabled=True, mode="kueue", kueue_cluster_queue=cq, kueue_flavor="h100")
+    clock = Clock()
+    r = await LendingActuator(api, on, clock=clock).apply([LendGpus(node, (0, 1), "H100-80GB")],
+                                                          await live_view(api, nodes, clock(), on))
+    assert r.lends == 1 and not r.errors, r.errors
+    assert (await limit())[0]["lendingLimit"] == "2"
+    # a new process with lending off; the training is gone (nothing lent any more)
+    off = dataclasses.replace(on, enabled=False)
+    clock.t += 60
+    fresh = LendingActuator(api, off, clock=clock)
+    r = await fresh.apply([], await live_view(api, nodes, clock(), off))
+    assert not r.errors, r.errors
+    res, meta = await limit()
+    assert res.get("lendingLimit") == original, f"rolled back to {res.get('lendingLimit')!r}, not the operator's"
+    assert not [k for k in (meta.get("annotations") or {}) if k.startswith("slotwise.io/")], meta.get("annotations")
+    assert not fresh.cleanup_due
+    # the operator changes it later; the next process with lending off leaves it alone
+    res["lendingLimit"] = 1
+    await custom.patch_cluster_custom_object(g, v, "clusterqueues", cq, {"spec": {"resourceGroups": [
+        {"coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": "h100", "resources": [res]}]}]}},
+        _content_type=MERGE)
+    r = await LendingActuator(api, off, clock=clock).apply([], await live_view(api, nodes, clock(), off))
+    assert not r.errors and not [line for line in r.applied if line.startswith("lending-limit")], r.applied
+    assert (await limit())[0]["lendingLimit"] == 1
 
 
 @pytest.mark.asyncio

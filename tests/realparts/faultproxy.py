@@ -5,8 +5,9 @@ The apiserver stays the source of truth: every request the proxy does not fail o
 What it adds are the faults a real cluster produces rarely and at the wrong moment -- armed by the test, each
 one consumed by the next matching request:
 
-* :meth:`FaultProxy.fail_next` -- answer the next K requests (lists, watches, writes) with HTTP 500 (or another
-  status) and a ``Status`` body, without asking the apiserver;
+* :meth:`FaultProxy.fail_next` -- answer the next K requests (lists, watches, writes; or only those a predicate
+  matches, e.g. the GETs) with HTTP 500 (or another status, e.g. a 429 with its ``Retry-After`` header) and a
+  ``Status`` body, without asking the apiserver;
 * :meth:`FaultProxy.gone_next_watch` -- the next watch gets "410 Gone": either an ``ERROR`` event with code 410
   as the stream's only line (what the apiserver sends for a compacted resourceVersion) or an HTTP 410;
 * :meth:`FaultProxy.cut_next_watch` -- forward N events of the next watch, then drop the connection mid-stream;
@@ -60,6 +61,7 @@ class SeenRequest:
     fault: str | None = None  # the injected fault, if any
     at: float = field(default_factory=time.time)  # wall clock when the proxy received it
     done_at: float | None = None  # wall clock when the request was forwarded upstream (None: never)
+    body: bytes = b""  # what the client sent, as forwarded (empty for a request the proxy answered itself)
 
     @property
     def watch(self) -> bool:
@@ -91,6 +93,8 @@ class FaultProxy:
         self.requests: list[SeenRequest] = []
         self._fail_left = 0
         self._fail_status = 500
+        self._fail_match: Callable[[SeenRequest], bool] | None = None
+        self._fail_headers: dict[str, str] = {}
         self._gone_next: str | None = None  # "event" | "http"
         self._cut_after: int | None = None
         self._watch_gate = asyncio.Event()
@@ -152,9 +156,12 @@ class FaultProxy:
 
     # --- faults ---------------------------------------------------------------------------------------------
 
-    def fail_next(self, count: int, status: int = 500) -> None:
-        """Answer the next ``count`` requests (of any kind) with ``status`` and a Status body."""
+    def fail_next(self, count: int, status: int = 500, *, match: Callable[[SeenRequest], bool] | None = None,
+                  headers: dict[str, str] | None = None) -> None:
+        """Answer the next ``count`` requests (of any kind, or those for which ``match(seen)`` is true; the others
+        pass) with ``status``, a Status body and ``headers`` (e.g. ``{"Retry-After": "1"}`` on a 429)."""
         self._fail_left, self._fail_status = count, status
+        self._fail_match, self._fail_headers = match, dict(headers or {})
 
     def gone_next_watch(self, *, as_event: bool = True) -> None:
         """The next watch gets 410 Gone: an ERROR event (``as_event``) or an HTTP 410 response."""
@@ -239,10 +246,13 @@ class FaultProxy:
                 await asyncio.sleep(seconds)
         if self._closing:
             return self._answer(seen, 503, _status_body(503, "ServiceUnavailable", "FaultProxy is closing"))
-        if self._fail_left > 0:
+        if self._fail_left > 0 and (self._fail_match is None or self._fail_match(seen)):
             self._fail_left -= 1
             seen.fault = f"http-{self._fail_status}"
-            return self._answer(seen, self._fail_status, _status_body(self._fail_status, "InternalError", "injected"))
+            response = self._answer(seen, self._fail_status,
+                                    _status_body(self._fail_status, "InternalError", "injected"))
+            response.headers.update(self._fail_headers)
+            return response
         if seen.watch and self._gone_next is not None:
             form, self._gone_next = self._gone_next, None
             seen.fault = f"gone-{form}"
@@ -258,7 +268,7 @@ class FaultProxy:
         # in a long test session): the body would be relayed still compressed, without its Content-Encoding
         headers["Accept-Encoding"] = "identity"
         body = await request.read()
-        seen.done_at = time.time()
+        seen.done_at, seen.body = time.time(), body
         async with self._session.request(
             request.method, self.upstream + request.path_qs, headers=headers, data=body or None
         ) as upstream:

@@ -51,6 +51,10 @@ with their own grace period: keep ``terminationGracePeriodSeconds`` of workloads
 carries slotwise's mark (label ``slotwise.io/deactivated=reclaim``, annotations of when and for which node); on a
 later tick that lends capacity again, every marked Workload whose reclaim is over is reactivated (the mark off:
 Kueue queues it and admits it as the lendingLimit allows); Workloads deactivated by anyone else are never touched.
+The operator's own lendingLimit (a value, or none at all) is recorded on the ClusterQueue, in the same patch as
+slotwise's first change of it (annotation ``slotwise.io/original-lending-limit``): lending switched off, once every
+reclaim is over and nothing is lent, gives exactly that back -- in this process, after a restart or in the other
+replica's term alike -- and takes the record off; a limit slotwise never changed (no record) is left as it is.
 The Kueue API version comes from discovery too (v1beta2 preferred, v1beta1 otherwise). What the server serves
 (:class:`~autoscaler.live.kube.discovery.ServedApis`) is the controller's one discovery at start when it is handed
 over (``apis=`` or :attr:`LendingActuator.apis`), else asked on first use; a new term asks again.
@@ -107,6 +111,8 @@ from autoscaler.live.kube.lending_rules import (
     reactivate_patch,
     reclaim_event,
     released_node_patch,
+    remember_original,
+    restore_lending_limit,
     retry_after_s,
     rfc3339_precise,
     set_lending_limit,
@@ -289,8 +295,9 @@ class LendingActuator:
     @property
     def cleanup_due(self) -> bool:
         """Kueue mode with lending switched off: what lending left is not rolled back yet (the lendingLimit back to
-        0, the Workloads slotwise deactivated given back to Kueue). Call :meth:`apply` while it is true, even with
-        nothing lent and no reclaim in flight: it rolls back once every reclaim is over and nothing is lent."""
+        the operator's own value, the Workloads slotwise deactivated given back to Kueue). Call :meth:`apply` while
+        it is true, even with nothing lent and no reclaim in flight: it rolls back once every reclaim is over and
+        nothing is lent."""
         return self.policy.mode == "kueue" and not self.policy.enabled and not self._rolled_back
 
     async def apply(self, actions: Sequence[Any], view: ClusterView, gate: WriteGate = ALWAYS_OPEN
@@ -865,6 +872,16 @@ class LendingActuator:
             return KUEUE_VERSION
         return version
 
+    async def _cluster_queue(self, version: str) -> dict[str, Any]:
+        """The inference ClusterQueue as the server has it now (:class:`Gone` when it does not exist)."""
+        name = self.policy.kueue_cluster_queue
+        try:
+            return await self._custom.get_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues", name)
+        except ApiException as e:
+            if e.status == 404:
+                raise Gone(f"ClusterQueue {name}") from None
+            raise
+
     async def _limit(self, tick: _Tick, lends: Sequence[LendGpus]) -> bool:
         """Set the inference ClusterQueue's lendingLimit for this tick; False when it could not be written."""
         r = tick.report
@@ -877,13 +894,7 @@ class LendingActuator:
 
         async def attempt() -> tuple[int, bool]:
             version = await self._kueue()
-            try:
-                cq = await self._custom.get_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues",
-                                                                  p.kueue_cluster_queue)
-            except ApiException as e:
-                if e.status == 404:
-                    raise Gone(f"ClusterQueue {p.kueue_cluster_queue}") from None
-                raise
+            cq = await self._cluster_queue(version)
             got = set_lending_limit(cq, p.kueue_flavor, p.kueue_resource, target)
             if isinstance(got, str):
                 raise ValueError(got)
@@ -891,8 +902,12 @@ class LendingActuator:
             if not changed:
                 return written, False
             await self._hook("lending-limit", p.kueue_cluster_queue)
-            patch = {"metadata": {"resourceVersion": cq["metadata"]["resourceVersion"]},
-                     "spec": {"resourceGroups": groups}}
+            meta: dict[str, Any] = {"resourceVersion": cq["metadata"]["resourceVersion"]}
+            # the operator's value, in the same write as slotwise's first change of it: never one without the other
+            original = remember_original(cq, p.kueue_flavor, p.kueue_resource)
+            if original is not None:
+                meta["annotations"] = original
+            patch = {"metadata": meta, "spec": {"resourceGroups": groups}}
             tick.gate.check(line)
             await self._custom.patch_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues",
                                                            p.kueue_cluster_queue, patch, _content_type=MERGE_PATCH,
@@ -982,12 +997,55 @@ class LendingActuator:
         job.phase = Phase.EVICT
 
     async def _roll_back(self, tick: _Tick) -> None:
-        """Kueue mode, lending switched off, every reclaim over and nothing lent: the inference ClusterQueue lends
-        nothing (lendingLimit 0), then the Workloads slotwise deactivated go back to Kueue -- admitted, if at all,
-        on quota that is not inference's. Once per process and term."""
-        if await self._limit(tick, ()):
+        """Kueue mode, lending switched off, every reclaim over and nothing lent: the inference ClusterQueue's
+        lendingLimit goes back to the operator's own (:meth:`_restore_limit`), then the Workloads slotwise
+        deactivated go back to Kueue -- admitted, if at all, as the operator's quotas allow. Once per process and
+        term."""
+        if await self._restore_limit(tick):
             await self._reactivate(tick, "lending switched off: rolled back")
             self._rolled_back = True
+
+    async def _restore_limit(self, tick: _Tick) -> bool:
+        """The lendingLimit recorded before slotwise first changed it, back on the ClusterQueue (unset: the key
+        removed), the record taken off in the same write (with the read ``resourceVersion``). Not 0: that would
+        take from the cohort what the operator lends it. Nothing recorded (slotwise never changed it) or the
+        ClusterQueue gone: nothing to give back. False when it could not be written (tried again next tick)."""
+        r = tick.report
+        p = self.policy
+        line = f"lending-limit ClusterQueue {p.kueue_cluster_queue} {p.kueue_flavor}/{p.kueue_resource}"
+
+        async def attempt() -> tuple[Any, bool]:
+            version = await self._kueue()
+            cq = await self._cluster_queue(version)
+            got = restore_lending_limit(cq, p.kueue_flavor, p.kueue_resource)
+            if got is None:
+                return None, False
+            groups, value, annotations = got
+            await self._hook("lending-limit", p.kueue_cluster_queue)
+            patch = {"metadata": {"resourceVersion": cq["metadata"]["resourceVersion"], "annotations": annotations},
+                     "spec": {"resourceGroups": groups}}
+            tick.gate.check(f"{line} restored")
+            await self._custom.patch_cluster_custom_object(KUEUE_GROUP, version, "clusterqueues",
+                                                           p.kueue_cluster_queue, patch, _content_type=MERGE_PATCH,
+                                                           field_manager=FIELD_MANAGER)
+            return value, True
+
+        try:
+            value, restored = await self._retrying(tick, attempt)
+        except LeadershipLost:
+            raise
+        except Gone:
+            r.skipped.append((line, "gone"))
+            return True
+        except Exception as e:
+            log.warning("%s: not restored: %s", line, api_error(e))
+            r.errors.append(f"{line}: not restored: {api_error(e)}")
+            return False
+        if restored:
+            r.applied.append(f"{line} restored to the operator's {'unset' if value is None else value}")
+        else:
+            r.skipped.append((line, "never-changed"))
+        return True
 
     async def _reactivate(self, tick: _Tick, why: str) -> None:
         """Kueue mode, capacity lent again: every Workload slotwise deactivated (its mark) whose reclaim is over

@@ -2,13 +2,14 @@
 labelled preemptible) and in what order, the eviction's grace, the node patches that lend and release a node, the
 Kueue ClusterQueue's lendingLimit, the Kueue API version to use, the marks on the Workloads a reclaim deactivated
 (so that only those are reactivated), how an eviction's 429 is told apart (a PodDisruptionBudget's refusal from
-plain throttling) with its ``Retry-After``, the Warning Event of an overdue reclaim, and the timestamps a reclaim
-survives a restart by."""
+plain throttling) with its ``Retry-After``, the Warning Event of an overdue reclaim, the timestamps a reclaim
+survives a restart by, and the record of the operator's own lendingLimit that a rollback gives back."""
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +42,11 @@ DEACTIVATED_FOR_ANNOTATION = "slotwise.io/deactivated-for"  # "<node> (<reclaim 
 # ClusterQueue spec.resourceGroups[].flavors[].resources[].lendingLimit, Workload spec.active -- are the same):
 # discovery's list, the one place versions are named.
 KUEUE_VERSIONS = tuple(KUEUE[1])
+# Kueue mode: the inference ClusterQueue's lendingLimit as the operator had it before slotwise first changed it,
+# kept on the ClusterQueue itself -- so a restarted controller, or the other replica once it leads, gives back the
+# operator's value too. JSON {"<flavor>/<resource>": the lendingLimit as the API served it, or null: it was unset};
+# an entry is written with slotwise's first change of that limit and taken off when the limit is given back.
+ORIGINAL_LIMIT_ANNOTATION = "slotwise.io/original-lending-limit"
 RECLAIM_OVERDUE_REASON = "ReclaimOverdue"  # the Warning Event of a reclaim in flight past its deadline
 RECLAIM_FORCED_REASON = "ReclaimForced"  # ... and of the pods deleted past the deadline + force_after_s
 DEFAULT_RETRY_AFTER_S = 1.0  # a 429 without Retry-After: wait this long before asking again
@@ -216,13 +222,13 @@ def quantity_count(value: Any) -> int | None:
     return None
 
 
-def set_lending_limit(cq: Mapping[str, Any], flavor: str, resource: str, limit: int) -> tuple[list, int, bool] | str:
-    """The ClusterQueue's ``spec.resourceGroups`` with ``lendingLimit`` of (flavor, resource) set to ``limit``
-    (capped by its nominalQuota) -> (resourceGroups, the limit written, changed), or a problem string."""
+def _edited_groups(cq: Mapping[str, Any], flavor: str, resource: str,
+                   edit: Callable[[dict[str, Any]], None]) -> tuple[list, bool]:
+    """A copy of the ClusterQueue's ``spec.resourceGroups`` with ``edit`` applied (in place) to the copy of every
+    (flavor, resource) entry -> (resourceGroups, whether there was one). The rest is kept as served: a merge patch
+    replaces the whole list."""
     groups = [dict(g) for g in ((cq.get("spec") or {}).get("resourceGroups") or [])]
     found = False
-    changed = False
-    written = limit
     for g in groups:
         flavors = []
         for f in g.get("flavors") or []:
@@ -233,19 +239,88 @@ def set_lending_limit(cq: Mapping[str, Any], flavor: str, resource: str, limit: 
                     r = dict(r)
                     if r.get("name") == resource:
                         found = True
-                        nominal = quantity_count(r.get("nominalQuota"))
-                        written = min(limit, nominal) if nominal is not None else limit
-                        if quantity_count(r.get("lendingLimit")) != written or "lendingLimit" not in r:
-                            r["lendingLimit"] = str(written)
-                            changed = True
+                        edit(r)
                     resources.append(r)
                 f["resources"] = resources
             flavors.append(f)
         g["flavors"] = flavors
+    return groups, found
+
+
+def set_lending_limit(cq: Mapping[str, Any], flavor: str, resource: str, limit: int) -> tuple[list, int, bool] | str:
+    """The ClusterQueue's ``spec.resourceGroups`` with ``lendingLimit`` of (flavor, resource) set to ``limit``
+    (capped by its nominalQuota) -> (resourceGroups, the limit written, changed), or a problem string."""
+    outcome = {"written": limit, "changed": False}
+
+    def edit(r: dict[str, Any]) -> None:
+        nominal = quantity_count(r.get("nominalQuota"))
+        written = min(limit, nominal) if nominal is not None else limit
+        outcome["written"] = written
+        if quantity_count(r.get("lendingLimit")) != written or "lendingLimit" not in r:
+            r["lendingLimit"] = str(written)
+            outcome["changed"] = True
+
+    groups, found = _edited_groups(cq, flavor, resource, edit)
     if not found:
         name = (cq.get("metadata") or {}).get("name")
         return f"ClusterQueue {name} has no flavor {flavor!r} with resource {resource!r}"
-    return groups, written, changed
+    return groups, int(outcome["written"]), bool(outcome["changed"])
+
+
+def _limit_key(flavor: str, resource: str) -> str:
+    return f"{flavor}/{resource}"
+
+
+def recorded_limits(cq: Mapping[str, Any]) -> dict[str, Any]:
+    """The operator's lendingLimits slotwise recorded on the ClusterQueue (:data:`ORIGINAL_LIMIT_ANNOTATION`):
+    ``"<flavor>/<resource>"`` -> the value (None: unset); {} when there is no record or it is not one."""
+    text = ((cq.get("metadata") or {}).get("annotations") or {}).get(ORIGINAL_LIMIT_ANNOTATION)
+    try:
+        record = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return dict(record) if isinstance(record, dict) else {}
+
+
+def _limit_of(cq: Mapping[str, Any], flavor: str, resource: str) -> Any:
+    """The (flavor, resource) entry's lendingLimit as served (None: unset, or no such entry)."""
+    seen: list[Any] = []
+    _edited_groups(cq, flavor, resource, lambda r: seen.append(r.get("lendingLimit")))
+    return seen[0] if seen else None
+
+
+def remember_original(cq: Mapping[str, Any], flavor: str, resource: str) -> dict[str, str] | None:
+    """The annotations (merge patch) recording the (flavor, resource) lendingLimit the ClusterQueue has now, to go
+    with slotwise's change of it; None when it is recorded already (by the first change: what it says now is
+    slotwise's own value)."""
+    record = recorded_limits(cq)
+    key = _limit_key(flavor, resource)
+    if key in record:
+        return None
+    record[key] = _limit_of(cq, flavor, resource)
+    return {ORIGINAL_LIMIT_ANNOTATION: json.dumps(record, sort_keys=True)}
+
+
+def restore_lending_limit(cq: Mapping[str, Any], flavor: str, resource: str
+                          ) -> tuple[list, Any, dict[str, str | None]] | None:
+    """The operator's (flavor, resource) lendingLimit given back: (resourceGroups with the recorded value -- the key
+    removed when it was unset --, that value, the annotations merge patch taking the record off), or None when
+    nothing is recorded (slotwise never changed that limit: it is the operator's as it stands)."""
+    record = recorded_limits(cq)
+    key = _limit_key(flavor, resource)
+    if key not in record:
+        return None
+    value = record.pop(key)
+
+    def edit(r: dict[str, Any]) -> None:
+        if value is None:
+            r.pop("lendingLimit", None)
+        else:
+            r["lendingLimit"] = value
+
+    groups, _ = _edited_groups(cq, flavor, resource, edit)  # an entry gone meanwhile: only the record goes
+    left = json.dumps(record, sort_keys=True) if record else None
+    return groups, value, {ORIGINAL_LIMIT_ANNOTATION: left}
 
 
 def kueue_version(served: Iterable[str]) -> str | None:
