@@ -41,6 +41,7 @@ from autoscaler.api.plan import (
     SetSlotTemplate,
     SetTimeSlicing,
     Shortfall,
+    ShortfallCause,
     UpdateStatus,
 )
 from autoscaler.api.snapshot import ClusterSnapshot
@@ -621,6 +622,46 @@ async def test_steady_noisy_load_writes_status_and_events_rarely(api: ApiClient,
     events = [w for w in done if "/events" in w[1]]
     assert len(events) == len(ms)  # one Event per model: the decision did not change
     assert len({e["message"] for e in await _events(api, ns)}) == len(ms)
+
+
+@aio
+async def test_a_lasting_shortfall_writes_its_event_rarely_and_a_new_cause_at_once(api: ApiClient,
+                                                                                  proxied: ApiClient,
+                                                                                  proxy: FaultProxy,
+                                                                                  ns: str) -> None:
+    """Issue 30: a model short of replicas for 10 minutes (60 decisions, the missing count moving 1..3) wrote an
+    Event on every decision -- 60 writes (a new Event per count, bumped every tick). Now one Event, written on the
+    first decision and bumped at most every status_refresh_s (its count carries the decisions between); a
+    different cause is written on the decision that brings it, and so is the old one when it comes back."""
+    m = await make_model(api, ns, "llm-short", replicas=2)
+    now = [T0]
+    act = KubeActuator(proxied, ActuatorConfig(), clock=lambda: now[0])
+    unplaceable = "no free GPU slot fits the replica"
+
+    async def decide(*shortfalls: Shortfall) -> list[tuple[str, str]]:
+        mark = len(proxy.requests)
+        r = await act.apply(Plan(now[0], list(shortfalls)), view_of([m]))
+        assert not r.errors, r.errors
+        return [w for w in writes(proxy, mark) if "/events" in w[1]]
+
+    events = []
+    for i in range(60):
+        now[0] = T0 + 10.0 * i
+        events += await decide(Shortfall(m.key, 1 + i % 3, unplaceable))
+    assert 1 <= len(events) <= 3, events  # the first, then at most one per 300 s of the 600 s
+    [event] = [e for e in await _events(api, ns) if e["involvedObject"]["name"] == m.name]
+    assert event["reason"] == "Unplaceable" and 1 < event["count"] <= 60, event["count"]
+    # another cause: its own Event at once; while both last, neither is written again before the refresh
+    now[0] += 10
+    borrowing = Shortfall(m.key, 2, "team at its borrowing limit", ShortfallCause.BORROWING_LIMIT)
+    assert len(await decide(borrowing)) == 1
+    now[0] += 10
+    assert len(await decide(Shortfall(m.key, 1, unplaceable))) == 1  # came back after a decision without it
+    now[0] += 10
+    assert len(await decide(Shortfall(m.key, 1, unplaceable), borrowing)) == 1  # borrowing's back, the other lasts
+    now[0] += 10
+    assert await decide(Shortfall(m.key, 2, unplaceable), borrowing) == []
+    assert sorted(e["reason"] for e in await _events(api, ns)) == ["BorrowingLimit", "Unplaceable"]
 
 
 async def _events(api: ApiClient, ns: str) -> list[dict]:

@@ -249,3 +249,64 @@ async def test_dra_nodes_that_cannot_be_read_stop_no_other_action(api, ns) -> No
     assert r.why("mig-layout some-node") == ["dra-unknown"] and any("DRA nodes" in e for e in r.errors), r
     assert r.applied == [f"scale {mm.key}: 1 -> 2 (forecast)"], r
     assert (await apps.read_namespaced_deployment_scale("llm", ns)).spec.replicas == 2
+
+
+@aio
+async def test_tainted_devices_and_devices_the_device_class_leaves_out_are_no_capacity(api, ns) -> None:
+    """Issue 30: devices[].taints (KEP 5055; the CRD carries upstream's DeviceTaint schema) and the DeviceClass the
+    claims name, both read back through the API. Of five whole H100s: gpu-0 NoSchedule, gpu-1 NoExecute, gpu-2 a
+    taint of effect None (no effect), gpu-3 left out by the admin's narrowed gpu.nvidia.com DeviceClass, gpu-4
+    tainted by a DeviceTaintRule (alpha ``v1alpha3``, served as a CRD too, tests/realparts/dra_taint_rule_crds.yaml):
+    only gpu-2 is free. The MIG device is selected by mig.nvidia.com and free too."""
+    from realparts.dra import gpu_device, mig_device, resource_slice
+
+    custom = client.CustomObjectsApi(api)
+
+    def taint(dev: dict[str, Any], effect: str) -> dict[str, Any]:
+        return {**dev, "taints": [{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": effect}]}
+
+    devices = [taint(gpu_device(H100, 0), "NoSchedule"), taint(gpu_device(H100, 1), "NoExecute"),
+               taint(gpu_device(H100, 2), "None"), gpu_device(H100, 3), gpu_device(H100, 4),
+               mig_device(H100, 5, "3g", 0)]
+    rule = {"apiVersion": f"{G}/v1alpha3", "kind": "DeviceTaintRule", "metadata": {"name": "drain-gpu-4"},
+            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "dra-taint", "device": "gpu-4"},
+                     "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"}}}
+    # NVIDIA's class, narrowed by the admin to leave gpu-3 (PCIe bus 0000:13:00.0) out
+    gpu_class = {"apiVersion": f"{G}/{V}", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+                 "spec": {"selectors": [
+                     {"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                                            "device.attributes['gpu.nvidia.com'].type == 'gpu'"}},
+                     {"cel": {"expression": "device.attributes['gpu.nvidia.com'].pcieBusID != '0000:13:00.0'"}}]}}
+    mig_class = {"apiVersion": f"{G}/{V}", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
+                 "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                                                               "device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}}
+    async with crds_installed(api, "dra_crds.yaml", "dra_taint_rule_crds.yaml"), \
+            nodes_created(api, [_bare("dra-taint")]):
+        sl = resource_slice("dra-taint", devices)
+        await custom.create_cluster_custom_object(G, V, "resourceslices", sl)
+        bad = resource_slice("dra-bad", [{**gpu_device(H100, 0), "taints": [{"key": "k", "effect": "Sometimes"}]}])
+        with pytest.raises(client.ApiException) as refused:  # the schema is upstream's: effect is an enum
+            await custom.create_cluster_custom_object(G, V, "resourceslices", bad)
+        assert refused.value.status == 422
+        for c in (gpu_class, mig_class):
+            await custom.create_cluster_custom_object(G, V, "deviceclasses", c)
+        await custom.create_cluster_custom_object(G, "v1alpha3", "devicetaintrules", rule)
+        rules = (await custom.list_cluster_custom_object(G, "v1alpha3", "devicetaintrules"))["items"]
+        listed = await _listed(api, ns)
+        (served,) = [s for s in listed["resource_slices"] if s["spec"]["nodeName"] == "dra-taint"]
+        assert served["spec"]["devices"][0]["taints"][0]["effect"] == "NoSchedule"  # kept by the server
+        classes = (await custom.list_cluster_custom_object(G, V, "deviceclasses"))["items"]
+        nodes = [n for n in listed["nodes"] if n["metadata"]["name"] == "dra-taint"]
+        v = read_view([], [], nodes, now=0.0, resource_slices=listed["resource_slices"], device_classes=classes,
+                      device_taint_rules=rules)
+        await custom.delete_cluster_custom_object(G, V, "resourceslices", sl["metadata"]["name"])
+        for c in (gpu_class, mig_class):
+            await custom.delete_cluster_custom_object(G, V, "deviceclasses", c["metadata"]["name"])
+    inv = v.snapshot.inventory
+    free = [i for i in range(inv.nodes["dra-taint"].gpu_count) if inv.device("dra-taint", i).idle]
+    # index 0 is the MIG GPU (MIG GPUs first), then gpu-0..4 as indices 1..5: only gpu-2 (index 3) is free whole
+    assert free == [3], (free, v.problems)
+    assert not inv.device("dra-taint", 0).occupants(("3g", 0))  # the MIG instance: selected, untainted, free
+    assert any("gpu-0: tainted gpu.nvidia.com/unhealthy=xid-79:NoSchedule" in x for x in v.problems), v.problems
+    assert any("gpu-3: not selected by DeviceClass gpu.nvidia.com" in x for x in v.problems), v.problems
+    assert any("gpu-4: tainted example.com/maintenance:NoSchedule" in x for x in v.problems), v.problems

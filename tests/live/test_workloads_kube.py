@@ -216,6 +216,67 @@ async def test_a_statefulset_model_scales(api: client.ApiClient, ns: str) -> Non
 
 
 @aio
+async def test_a_statefulset_with_an_ordinal_gap_loses_only_the_replicas_planned(api: client.ApiClient,
+                                                                                ns: str) -> None:
+    """Issue 30: pods 0, 1, 3, 4 of a 5-replica StatefulSet (pod 2 deleted by hand, not yet recreated); the plan
+    takes one replica off (4 -> 3, the highest ordinal, pod 4). ``spec.replicas = 3`` would have the controller
+    delete ordinals 3 AND 4 -- two running replicas for a plan of one. slotwise writes 4: only pod 4 goes (and the
+    controller recreates pod 2)."""
+    prefix = f"stsgap-{uuid.uuid4().hex[:6]}"
+    async with gpu_nodes(api, prefix, 5):
+        await client.AppsV1Api(api).create_namespaced_stateful_set(ns, {
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "gap-llm", "annotations": ANNOTATIONS},
+            "spec": {"replicas": 5, "serviceName": "gap-llm", "selector": {"matchLabels": {"app": "gap-llm"}},
+                     "template": template("gap-llm")}})
+        play = ClusterPlay(api, ns, node_prefix=prefix, workloads=True)
+        await settle(play)
+        await client.CoreV1Api(api).delete_namespaced_pod("gap-llm-2", ns, grace_period_seconds=0)
+        v = await read_view(api, ns, prefix, STATEFULSET)
+        key = f"{ns}/gap-llm"
+        running = [r.replica_id for r in v.snapshot.models[key].replicas]
+        assert running == [f"{ns}/gap-llm-{i}" for i in (0, 1, 3, 4)]
+        assert v.models[key].replicas == 5
+
+        act = KubeActuator(api, ActuatorConfig())
+        plan = Plan(1.0, [RemoveReplica(key, f"{ns}/gap-llm-4"), ScaleModel(key, 3, 4, Reason.FORECAST)])
+        r = await act.apply(plan, v)
+        assert not r.errors, r
+        assert (await client.AppsV1Api(api).read_namespaced_stateful_set_scale("gap-llm", ns)).spec.replicas == 4
+        (line,) = r.applied
+        assert line.startswith(f"scale {key}: 4 -> 3 (forecast): wrote 4, not 3: StatefulSet ordinal gap"), line
+        await settle(play)
+        names = sorted(p.metadata.name for p in (await client.CoreV1Api(api).list_namespaced_pod(ns)).items)
+        assert names == [f"gap-llm-{i}" for i in range(4)]  # of the running ones only pod 4 went; 2 is back
+
+        # a pod the selector matches that is no ordinal of the set: which pods a scale-down takes is unknown, so
+        # the scale-down holds (reported) rather than guess
+        stray = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stray", "labels": {"app": "gap-llm"}},
+                 "spec": {**template("gap-llm")["spec"], "automountServiceAccountToken": False}}
+        await client.CoreV1Api(api).create_namespaced_pod(ns, stray)
+        v = await read_view(api, ns, prefix, STATEFULSET)
+        assert f"{ns}/stray" in [r.replica_id for r in v.snapshot.models[key].replicas]
+        r = await act.apply(Plan(2.0, [ScaleModel(key, 3, 5, Reason.FORECAST)]), v)
+        assert not r.errors and r.why(f"scale {key}") == ["ordinal-unknown"], r
+        assert (await client.AppsV1Api(api).read_namespaced_stateful_set_scale("gap-llm", ns)).spec.replicas == 4
+
+
+def test_statefulset_scale_down_replicas_for_gaps_and_ordinals_start() -> None:
+    """The pure rule behind it: keep the ``keep`` lowest ordinals of the replicas there, remove the rest."""
+    from autoscaler.live.kube.workloads import ordinals_start, statefulset_replicas_keeping
+
+    pods = ["s-0", "s-1", "s-3", "s-4"]
+    assert statefulset_replicas_keeping("s", 0, pods, 3) == 4  # pod 4 goes, not 3 and 4
+    assert statefulset_replicas_keeping("s", 0, pods, 2) == 3  # 3 and 4 go
+    assert statefulset_replicas_keeping("s", 0, ["s-0", "s-1", "s-2"], 2) == 2  # no gap: the plan's count
+    assert statefulset_replicas_keeping("s", 0, pods, 4) == 5  # nothing running planned away: none goes
+    # spec.ordinals.start (1.26+): pods 10, 11, 13 of start 10; keep 2 -> ordinals [10, 13) stay
+    assert ordinals_start({"spec": {"ordinals": {"start": 10}}}) == 10 and ordinals_start({"spec": {}}) == 0
+    assert statefulset_replicas_keeping("s", 10, ["s-10", "s-11", "s-13"], 2) == 3
+    assert statefulset_replicas_keeping("s", 0, ["s-0", "other-1"], 1) is None  # an ordinal unknown: hold
+
+
+@aio
 async def test_an_argo_rollout_scales_via_its_scale_subresource(api: client.ApiClient, ns: str) -> None:
     prefix = f"ro-{uuid.uuid4().hex[:6]}"
     async with crds_installed(api, "rollout_crds.yaml"), gpu_nodes(api, prefix, 4):
@@ -327,23 +388,41 @@ async def test_a_slot_template_change_reaches_every_template_of_a_leaderworkerse
 
 
 @aio
-async def test_a_rollout_with_workload_ref_gets_no_template_write_and_no_error(api: client.ApiClient, ns: str) -> None:
-    """Review finding: a Rollout whose pods come from a Deployment (``workloadRef``) has no template of its own; a
-    slot change for it raised every tick (an error line). Now it is skipped with the reason."""
+async def test_a_rollout_with_workload_ref_gets_its_slot_template_in_the_referenced_deployment(
+        api: client.ApiClient, ns: str) -> None:
+    """Issue 30: a Rollout whose pods come from a Deployment (``workloadRef``) has no template of its own. Argo
+    rolls out the referenced Deployment's template ("to perform an update, the change should be made to the Pod
+    template field of the Deployment", argo-rollouts docs/migrating.md), so that is where the slot goes; the
+    Rollout stays without a template. A reference to another kind (a ReplicaSet) is refused ``no-pod-template``."""
     from autoscaler.api.plan import SetSlotTemplate
 
     async with crds_installed(api, "rollout_crds.yaml"):
-        objs = client.CustomObjectsApi(api)
-        await client.AppsV1Api(api).create_namespaced_deployment(ns, {
+        objs, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
+        await apps.create_namespaced_deployment(ns, {
             "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "base"},
             "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "ref-llm"}}, "template": template("ref-llm")}})
-        await objs.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts", {
-            "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
-            "metadata": {"name": "ref-llm", "annotations": ANNOTATIONS},
-            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "ref-llm"}},
-                     "workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "base"}}})
-        v = await read_view(api, ns, "none", ROLLOUT)
-        key = f"{ns}/ref-llm"
-        change = SetSlotTemplate(key, {"limits": {"nvidia.com/mig-3g.40gb": "1"}}, {"nvidia.com/gpu.product": H100})
-        r = await KubeActuator(api, ActuatorConfig()).apply(Plan(0.0, [change]), v)
-        assert not r.errors and r.why(f"template {key}") == ["no-pod-template"], r
+        for name, ref in (("ref-llm", {"apiVersion": "apps/v1", "kind": "Deployment", "name": "base"}),
+                          ("rs-llm", {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "base-rs"})):
+            await objs.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts", {
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+                "metadata": {"name": name, "annotations": ANNOTATIONS},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}}, "workloadRef": ref}})
+        apis = await discover(api)
+        rollouts = (await objs.list_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts"))["items"]
+        deps = [api.sanitize_for_serialization(d) for d in (await apps.list_namespaced_deployment(ns)).items]
+        stamp = stamped(ROLLOUT.kind, ROLLOUT.api_version(apis.pick(ROLLOUT.api)))
+        v = build_view([stamped("Deployment", "apps/v1")(d) for d in deps], [], [],
+                       workloads=[stamp(o) for o in rollouts], now=time.time())
+        key, rs_key = f"{ns}/ref-llm", f"{ns}/rs-llm"
+        assert v.models[key].resources == {"limits": {"nvidia.com/gpu": "8"}}  # read from the Deployment
+        limits = {"limits": {"nvidia.com/mig-3g.40gb": "1"}}
+        plan = Plan(0.0, [SetSlotTemplate(key, limits, {"nvidia.com/gpu.product": H100}),
+                          SetSlotTemplate(rs_key, limits, {"nvidia.com/gpu.product": H100})])
+        r = await KubeActuator(api, ActuatorConfig()).apply(plan, v)
+        assert not r.errors and r.applied == [f"template {key}: resources {limits} nodeSelector "
+                                              f"{{'nvidia.com/gpu.product': '{H100}'}}"], r
+        assert r.why(f"template {rs_key}") == ["no-pod-template"], r
+        got = api.sanitize_for_serialization(await apps.read_namespaced_deployment("base", ns))
+        assert got["spec"]["template"]["spec"]["containers"][0]["resources"] == limits
+        rollout = await objs.get_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts", "ref-llm")
+        assert "template" not in rollout["spec"]  # the Rollout itself is left as it is

@@ -18,11 +18,17 @@ What each action becomes:
   scale-down the plan's ``RemoveReplica`` pods get ``controller.kubernetes.io/pod-deletion-cost=-1000`` so the
   ReplicaSet removes them first (honoured from Kubernetes 1.22 on, harmless before); a StatefulSet or a
   LeaderWorkerSet removes its highest ordinals / group indices whatever the pods say, so nothing is marked there
-  (the removals are skipped ``by-index``). A preemption (a ``RemoveReplica`` with ``preempted_by``) takes the same
-  path, and once the scale-down is written the victim workload gets a Warning Event ``Preempted`` with the core's
-  message (one per replica; repeats bump the count).
+  (the removals are skipped ``by-index``). A StatefulSet keeps ordinals ``[start, start + replicas)``: with an
+  ordinal gap (pods 0, 1, 3, 4) the plan's count would remove more running pods than planned, so its scale-down
+  writes the value that removes only the highest ones the plan takes off
+  (``workloads.statefulset_replicas_keeping``; skipped ``ordinal-unknown`` when a replica has no ordinal). A
+  preemption (a ``RemoveReplica`` with ``preempted_by``) takes the same path, and once the scale-down is written
+  the victim workload gets a Warning Event ``Preempted`` with the core's message (one per replica; repeats bump
+  the count).
 - ``SetSlotTemplate``: a JSON patch of the pod template: the container's ``resources`` replaced whole (so the old
-  GPU resource goes, e.g. ``nvidia.com/gpu`` -> ``nvidia.com/mig-3g.40gb``) and its ``nodeSelector``.
+  GPU resource goes, e.g. ``nvidia.com/gpu`` -> ``nvidia.com/mig-3g.40gb``) and its ``nodeSelector``. An Argo
+  Rollout with ``workloadRef`` has its template in the referenced Deployment, which is what gets the patch (Argo
+  rolls out that Deployment's template changes); a reference to another kind is skipped ``no-pod-template``.
 - ``SetTimeSlicing``: the device plugin's time-slicing ConfigMap (create, or update one key).
 - ``SetMigLayout``: the MIG safety gate (:mod:`~autoscaler.live.kube.mig_gate`), only with ``mig_relayout``.
 - ``UpdateStatus``: the ``slotwise.io/status`` annotation (merge patch of that key only) and a core/v1 Event;
@@ -35,7 +41,11 @@ What each action becomes:
 - ``Shortfall``: an Event whose reason and message say the cause
   (:func:`~autoscaler.live.kube.writes.shortfall_event`): a Warning for a refusal (``Unplaceable``,
   ``BorrowingLimit``, ``MinRuntime``, ``Outranked``, ``PreemptionTooCostly``, ``MaxReplicas``), Normal for headroom
-  not granted and for capacity being freed (``Reclaiming``, ``Preempting``).
+  not granted and for capacity being freed (``Reclaiming``, ``Preempting``). Aggregated on its number-free text (the
+  missing count moves); a shortfall that lasts -- the same Event on the model's previous decision too -- is
+  written on its first decision and then bumped at most every ``status_refresh_s`` (the bump's ``count`` carries
+  the decisions held between, as Kubernetes' event series do), while one that is new or comes back (another cause,
+  other words, absent on the previous decision) is written at once.
 - ``PlaceReplica``: nothing; kube-scheduler places the pods (reported as skipped ``scheduler-placed``).
 - A model another autoscaler scales (``ManagedModel.autoscaled_by``: an HPA or a KEDA ScaledObject,
   :mod:`~autoscaler.live.kube.autoscalers`): its ``ScaleModel`` and ``RemoveReplica`` are skipped ``autoscaled-by``
@@ -121,7 +131,14 @@ from autoscaler.live.kube.objects import (
 )
 from autoscaler.live.kube.routing_act import RoutingActuation
 from autoscaler.live.kube.term import ALWAYS_OPEN, LeadershipLost, WriteGate
-from autoscaler.live.kube.workloads import by_name, split_api_version
+from autoscaler.live.kube.workloads import (
+    STATEFULSET,
+    by_name,
+    ordinals_start,
+    split_api_version,
+    statefulset_replicas_keeping,
+    template_home,
+)
 from autoscaler.live.kube.writes import (
     ADVISE,
     COEXISTENCE_DEFAULT,
@@ -174,7 +191,8 @@ class ActuatorConfig:
     component: str = "slotwise"
     conflict_backoff_s: float = 0.05  # first retry's backoff cap (full jitter, doubling per retry)
     event_dedup_window_s: float = 600.0  # same Event again within this -> count bump instead of a new object
-    status_refresh_s: float = 300.0  # a status whose numbers alone moved is rewritten at most this often
+    # a status whose numbers alone moved is rewritten at most this often; so is a lasting shortfall's Event
+    status_refresh_s: float = 300.0
     status_change_ratio: float = 0.2  # a forecast / latency moved by more than this share is a material change
     retry_after_max_s: float = 2.0  # a 429's Retry-After up to this is waited for within the tick, else it fails
     # a model an HPA or a KEDA ScaledObject scales (ManagedModel.autoscaled_by): never a /scale write; "hands-off"
@@ -267,8 +285,10 @@ class _Tick:
 class _Seen:
     name: str
     namespace: str
-    count: int
-    last: float
+    count: int  # the count the Event has on the server
+    last: float  # last seen (written or held): the de-duplication window runs from here
+    written: float = -float("inf")  # last written (created or bumped)
+    held: int = 0  # occurrences not written yet (a lasting shortfall's): the next bump adds them to the count
 
 
 Hook = Callable[[str, str], Awaitable[None]]
@@ -297,6 +317,8 @@ class KubeActuator:
         self.gate = MigGate(max_nodes=config.max_nodes_relayout, timeout_s=config.mig_timeout_s,
                             retry_after_s=config.mig_timeout_s)
         self._seen: dict[tuple, _Seen] = {}
+        # model -> the Event keys of its shortfalls on its previous decision: only those may be held (lasting)
+        self._shortfalls: dict[str, set[tuple]] = {}
         self._event_seq = 0
         self._told: dict[str, tuple[str, str]] = {}  # model -> (autoscaled_by, coexistence) its Event told
         # Test seam: awaited after every read and before the write that depends on it, with (what, object key),
@@ -346,8 +368,10 @@ class KubeActuator:
                 r.skipped.extend((describe(x), "no-scale") for x in rems)
         for a in plan.of_type(PlaceReplica):
             r.skipped.append((describe(a), "scheduler-placed"))
+        now_short: dict[str, set[tuple]] = {}
         for a in plan.of_type(Shortfall):
-            await self._guard(tick, a, self._shortfall)
+            await self._guard(tick, a, lambda t, a=a: self._shortfall(t, a, now_short))
+        self._shortfalls = now_short  # a model without a shortfall this tick: its next one is new
         short: dict[str, dict[str, int]] = {}
         for a in plan.of_type(Shortfall):
             causes = short.setdefault(a.model, {})
@@ -512,17 +536,24 @@ class KubeActuator:
         target = a.replicas + mm.unavailable_replicas
 
         group, version, plural = _address(mm)
+        wrote = target
 
         async def attempt() -> str:
-            nonlocal marked, live
+            nonlocal marked, live, wrote
             # the workload's /scale subresource, whatever its kind (a LeaderWorkerSet's counts groups)
             scale = await _or_gone(self._objects.get_namespaced_custom_object_scale(
                 group, version, mm.namespace, plural, mm.name), mm.key)
             current = live = int((scale.get("spec") or {}).get("replicas") or 0)
-            outcome = scale_outcome(current, target, mm.replicas, decrease=a.replicas < a.previous)
+            wrote = target
+            if target < current and by_name(mm.kind, mm.api_version) is STATEFULSET:
+                got = await self._ordinal_target(tick, mm, a)
+                if got is None:
+                    return "ordinal-unknown"
+                wrote = min(got, current)  # a scale-down never turns into a scale-up (pods above it not yet gone)
+            outcome = scale_outcome(current, wrote, mm.replicas, decrease=a.replicas < a.previous)
             if outcome != "write":
                 return outcome
-            if target < current and not marked:
+            if wrote < current and not marked:
                 await self._mark_for_removal(tick, mm, removals)
                 marked = True
             await self._hook("scale", mm.key)
@@ -532,11 +563,11 @@ class KubeActuator:
                 "kind": "Scale",
                 "metadata": {"name": mm.name, "namespace": mm.namespace,
                              "resourceVersion": (scale.get("metadata") or {}).get("resourceVersion")},
-                "spec": {"replicas": target},
+                "spec": {"replicas": wrote},
             }
             await self._objects.replace_namespaced_custom_object_scale(
                 group, version, mm.namespace, plural, mm.name, body, field_manager=FIELD_MANAGER)
-            return f"{current} -> {target}"
+            return f"{current} -> {wrote}"
 
         try:
             outcome = await self._retrying(tick, attempt)
@@ -548,15 +579,37 @@ class KubeActuator:
             r.skipped.append((f"{line}: scale is {live}, planned from {mm.replicas}", "stale-view"))
             r.skipped.extend((describe(x), "stale-view") for x in removals)
             return
+        if outcome == "ordinal-unknown":
+            # which pods a StatefulSet would remove is not known: holding loses nothing, a guess might lose more
+            r.skipped.append((f"{line}: a replica's StatefulSet ordinal is unknown", "ordinal-unknown"))
+            r.skipped.extend((describe(x), "ordinal-unknown") for x in removals)
+            return
         if outcome == "unchanged":
             r.skipped.append((line, "unchanged"))
             if not marked:
                 r.skipped.extend((describe(x), "unchanged") for x in removals)
             return
         tick.scale_writes += 1
+        if wrote != target:
+            line = (f"{line}: wrote {wrote}, not {target}: StatefulSet ordinal gap (only the {live - wrote}"
+                    " highest ordinals go; the missing ones below are recreated)")
         r.applied.append(line)
         # only once the scale-down is written: a skipped or failed one is planned again next tick
         await self._preempted(tick, mm, removals)
+
+    async def _ordinal_target(self, tick: _Tick, mm: ManagedModel, a: ScaleModel) -> int | None:
+        """A StatefulSet scale-down's ``spec.replicas``: the controller deletes every ordinal at or above
+        ``start + replicas``, so with a gap (pods 0, 1, 3, 4) the plan's count (3) would remove 3 AND 4; this is
+        the value that removes only the highest replicas the plan takes off (:func:`statefulset_replicas_keeping`,
+        from the view's replicas that are not already going). None: some replica's ordinal is unknown."""
+        group, version, plural = _address(mm)
+        obj = await _or_gone(self._objects.get_namespaced_custom_object(group, version, mm.namespace, plural,
+                                                                        mm.name), mm.key)
+        obs = tick.view.snapshot.models.get(mm.key)
+        if obs is None:
+            return a.replicas + mm.unavailable_replicas
+        pods = [r.replica_id.rpartition("/")[2] for r in obs.replicas if not r.draining]
+        return statefulset_replicas_keeping(mm.name, ordinals_start(obj), pods, a.replicas)
 
     async def _preempted(self, tick: _Tick, mm: ManagedModel, removals: list[RemoveReplica]) -> None:
         """A Warning Event ``Preempted`` on the victim workload per preempted replica (the core's message)."""
@@ -667,7 +720,7 @@ class KubeActuator:
                 return False
             await self._hook("template", mm.key)
             tick.gate.check(f"template {mm.key}")
-            await self._patch_object(mm, ops)
+            await self._patch_object(mm, ops, obj)
             return True
 
         if await self._retrying(tick, attempt):
@@ -695,7 +748,9 @@ class KubeActuator:
         async def attempt() -> str | None:
             obj, where = await self._pod_templates(mm)
             meta = obj["metadata"]
-            owner = {"apiVersion": mm.api_version, "kind": mm.kind, "name": mm.name, "uid": meta.get("uid") or mm.uid}
+            # owned by the object whose pod template references it (a Rollout's workloadRef: that Deployment)
+            owner = {"apiVersion": str(obj["apiVersion"]), "kind": str(obj["kind"]), "name": str(meta["name"]),
+                     "uid": meta.get("uid") or mm.uid}
             body = claim_template(mm.namespace, owner, claim, version, self.config.component)
             name = body["metadata"]["name"]
             ops: list[dict[str, Any]] = [
@@ -715,7 +770,7 @@ class KubeActuator:
             tick.gate.check(f"ResourceClaimTemplate {mm.namespace}/{name}")
             await dra.ensure_claim_template(body)
             tick.gate.check(f"template {mm.key}")
-            await self._patch_object(mm, ops)
+            await self._patch_object(mm, ops, obj)
             return name
 
         name = await self._retrying(tick, attempt)
@@ -726,29 +781,51 @@ class KubeActuator:
         r.applied.append(f"{line}: ResourceClaimTemplate {mm.namespace}/{name} ({', '.join(target.nodes)})")
 
     async def _pod_templates(self, mm: ManagedModel) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any], int]]]:
-        """The workload read fresh, and where a slot change goes in it: ``(JSON pointer of a pod template, its pod
-        spec, the container's index)`` per template (:meth:`WorkloadKind.containers`: a LeaderWorkerSet has two)."""
+        """The object that holds the model's pod template(s), read fresh, and where a slot change goes in it:
+        ``(JSON pointer of a pod template, its pod spec, the container's index)`` per template
+        (:meth:`WorkloadKind.containers`: a LeaderWorkerSet has two). That object is the workload itself, or, for
+        an Argo Rollout with ``workloadRef``, the Deployment it references: Argo rolls out that Deployment's
+        template changes (its docs: "to perform an update, the change should be made to the Pod template field of
+        the Deployment"). The object is stamped with its ``apiVersion`` and ``kind`` (:meth:`_patch_object`
+        patches what it names)."""
         group, version, plural = _address(mm)
         obj = await _or_gone(self._objects.get_namespaced_custom_object(group, version, mm.namespace, plural,
                                                                         mm.name), mm.key)
+        obj = {**obj, "apiVersion": mm.api_version, "kind": mm.kind}
         kind = by_name(mm.kind, mm.api_version)
+        if kind is not None and not kind.templates(obj):
+            home = template_home(obj)
+            if home is None:
+                # a workloadRef to another kind (ReplicaSet, PodTemplate) or none at all: nothing slotwise writes
+                raise NoPodTemplate(f"{mm.kind} {mm.key} has no pod template of its own, nor a Deployment's")
+            kind, name = home
+            ref_group, ref_version = kind.group, kind.versions[0]
+            obj = await _or_gone(self._objects.get_namespaced_custom_object(ref_group, ref_version, mm.namespace,
+                                                                            kind.resource, name),
+                                 f"{mm.namespace}/{name}")
+            obj = {**obj, "apiVersion": kind.api_version(ref_version), "kind": kind.kind}
         where = []
         for pointer, idx in kind.containers(obj, mm.container) if kind is not None else ():
             node: Any = obj
             for part in pointer.strip("/").split("/"):
                 node = node[part]
             where.append((pointer, node["spec"], idx))
-        if kind is not None and not kind.templates(obj):
-            # an Argo Rollout with workloadRef: its pods come from another Deployment's template (not written)
-            raise NoPodTemplate(f"{mm.kind} {mm.key} has no pod template of its own")
         if not where:
             raise ValueError(f"container {mm.container!r} not in the pod template of {mm.kind} {mm.key}")
         return obj, where
 
-    async def _patch_object(self, mm: ManagedModel, ops: list[dict[str, Any]]) -> None:
-        """One JSON patch on the model's workload, whatever its kind."""
+    async def _patch_object(self, mm: ManagedModel, ops: list[dict[str, Any]],
+                            obj: Mapping[str, Any] | None = None) -> None:
+        """One JSON patch on the model's workload, whatever its kind; or on ``obj`` (what :meth:`_pod_templates`
+        read: the Deployment a Rollout's ``workloadRef`` names)."""
         group, version, plural = _address(mm)
-        await self._objects.patch_namespaced_custom_object(group, version, mm.namespace, plural, mm.name, ops,
+        name = mm.name
+        if obj is not None and (obj.get("kind"), obj.get("apiVersion")) != (mm.kind, mm.api_version):
+            kind = by_name(str(obj.get("kind")), str(obj.get("apiVersion")))
+            assert kind is not None
+            group, version = split_api_version(str(obj["apiVersion"]))
+            plural, name = kind.resource, str(obj["metadata"]["name"])
+        await self._objects.patch_namespaced_custom_object(group, version, mm.namespace, plural, name, ops,
                                                            _content_type="application/json-patch+json",
                                                            field_manager=FIELD_MANAGER)
 
@@ -895,11 +972,30 @@ class KubeActuator:
         await self._event(tick, self._deployment_ref(mm, meta.get("uid")), type_, reason, message,
                           aggregate=True)
 
-    async def _shortfall(self, tick: _Tick, a: Shortfall) -> None:
+    async def _shortfall(self, tick: _Tick, a: Shortfall, now_short: dict[str, set[tuple]]) -> None:
+        """The shortfall's Event; one that lasts (the same Event on the model's previous decision) only every
+        ``status_refresh_s``: a model short for an hour is one write per refresh, not one per tick (skipped
+        ``event-held``, its occurrence counted on the next bump). ``now_short`` collects this tick's Event keys."""
         mm = self._model(tick, a.model)
         type_, reason, message = shortfall_event(a)
-        if await self._event(tick, self._deployment_ref(mm, mm.uid), type_, reason, message):
+        ref = self._deployment_ref(mm, mm.uid)
+        key = self._event_key(ref, type_, self._event_reason(reason), message[:EVENT_MESSAGE_MAX], aggregate=True)
+        now_short.setdefault(a.model, set()).add(key)
+        if key in self._shortfalls.get(a.model, ()) and self._hold(key, tick.now, self.config.status_refresh_s):
+            tick.report.skipped.append((describe(a), "event-held"))
+            return
+        if await self._event(tick, ref, type_, reason, message, aggregate=True):
             tick.report.applied.append(describe(a))
+
+    def _hold(self, key: tuple, now: float, every_s: float) -> bool:
+        """Whether a repeat of the Event ``key`` waits (counted, not written): written less than ``every_s`` ago
+        and still known (an Event forgotten or never written is written)."""
+        seen = self._seen.get(key)
+        if seen is None or self.config.dry_run or now - seen.written >= every_s:
+            return False
+        seen.held += 1
+        seen.last = now
+        return True
 
     @staticmethod
     def _deployment_ref(mm: ManagedModel, uid: str | None) -> dict[str, str]:
@@ -915,8 +1011,7 @@ class KubeActuator:
         text); False when skipped or failed."""
         if self.config.dry_run:
             return False  # a dry run writes nothing; the plan is in the log and the report
-        if self.config.report_only:
-            reason = "DryRun" + reason
+        reason = self._event_reason(reason)
         line = f"event {type_} {reason} {ref['kind']} {ref.get('namespace', '')}/{ref['name']}".replace(" /", " ")
         if tick.events >= self.config.max_events_per_tick:
             tick.report.skipped.append((line, "rate-limit"))
@@ -936,11 +1031,21 @@ class KubeActuator:
         log.debug("%s (%s): %s", line, outcome, message)
         return True
 
+    def _event_reason(self, reason: str) -> str:
+        """The reason an Event is written with: prefixed ``DryRun`` in report mode."""
+        return "DryRun" + reason if self.config.report_only else reason
+
+    @staticmethod
+    def _event_key(ref: Mapping[str, str], type_: str, reason: str, message: str, *, aggregate: bool) -> tuple:
+        """What Events are de-duplicated by: the object, type, reason and message (with ``aggregate``: its
+        number-free text)."""
+        text = stable_text(message) if aggregate else message
+        return ref["kind"], ref.get("namespace", ""), ref["name"], ref.get("uid", ""), type_, reason, text
+
     async def _record(self, tick: _Tick, ref: Mapping[str, str], type_: str, reason: str, message: str,
                       aggregate: bool) -> str:
         now = tick.now
-        text = stable_text(message) if aggregate else message
-        key = (ref["kind"], ref.get("namespace", ""), ref["name"], ref.get("uid", ""), type_, reason, text)
+        key = self._event_key(ref, type_, reason, message, aggregate=aggregate)
         window = self.config.event_dedup_window_s
         self._seen = {k: s for k, s in self._seen.items() if now - s.last <= window}
         if len(self._seen) >= EVENT_CACHE_MAX:  # bounded like client-go's LRU: forget the least recently seen
@@ -948,15 +1053,16 @@ class KubeActuator:
                 del self._seen[k]
         seen = self._seen.get(key)
         if seen is not None:
-            bump: dict[str, Any] = {"count": seen.count + 1, "lastTimestamp": rfc3339(now)}
+            count = seen.count + seen.held + 1  # the repeats held since the last write count too
+            bump: dict[str, Any] = {"count": count, "lastTimestamp": rfc3339(now)}
             if aggregate:
                 bump["message"] = message  # the latest numbers, on the one Event
             tick.gate.check(f"event {reason} {ref['name']}")
             try:
                 await self._core.patch_namespaced_event(
                     seen.name, seen.namespace, bump, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
-                seen.count += 1
-                seen.last = now
+                seen.count, seen.held = count, 0
+                seen.last = seen.written = now
                 return "bumped"
             except ApiException as e:
                 if e.status != 404:  # 404: the Event expired (TTL) meanwhile: write a new one
@@ -981,7 +1087,7 @@ class KubeActuator:
         }
         tick.gate.check(f"event {reason} {ref['name']}")
         await self._core.create_namespaced_event(namespace, body, field_manager=FIELD_MANAGER)
-        self._seen[key] = _Seen(name, namespace, 1, now)
+        self._seen[key] = _Seen(name, namespace, 1, now, written=now)
         return "created"
 
 

@@ -31,6 +31,13 @@ GPU Feature Discovery's ``nvidia.com/gpu.product`` spelling of ``productName`` (
 has no such label, so that a slot template's GPU product reads the same on both kinds of nodes (the actuator turns
 it into a claim selector on DRA nodes, :mod:`~autoscaler.live.kube.dra_claims`).
 
+**Which devices are capacity** (issue 30, :mod:`~autoscaler.live.kube.dra_classes`): a device with a
+``NoSchedule``/``NoExecute`` taint (``devices[].taints``, or a DeviceTaintRule's), or one the DeviceClass slotwise's
+claims name for it does not select (``gpu.nvidia.com`` for whole GPUs and shares, ``mig.nvidia.com`` for MIG
+devices; a selector it cannot evaluate selects none), is :attr:`DraDevice.unusable`: it stays in the node's
+inventory (pods holding it keep their slot), and :func:`hold_unusable` takes what is free of it, so nothing new is
+placed there.
+
 **Which device a pod holds** is exact here (unlike the device plugin's): a pod's ``spec.resourceClaims`` name
 ResourceClaims (``resourceClaimName``), or ``status.resourceClaimStatuses`` does for claims made from a template;
 a claim's ``status.reservedFor`` names the pods using it too. Each allocated claim's
@@ -42,14 +49,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autoscaler.live.kube.dra_classes import (
+    DeviceClassCheck,
+    Taint,
+    blocking,
+    device_class_checks,
+    device_taints,
+    taint_rules,
+)
 from autoscaler.live.kube.fields import metadata
 from autoscaler.live.kube.gpu_nodes import NVIDIA_LABEL_PREFIX, GpuNode
 from sharing.catalog import Catalog
 from sharing.render import GPU_PRODUCT
-from sharing.slots import NodeSpec, Slot
+from sharing.slots import Inventory, NodeSpec, Slot
 
 DRIVER = "gpu.nvidia.com"  # the GPU kubelet plugin's driver name (and its whole-GPU DeviceClass)
 GPU_CLASS = "gpu.nvidia.com"  # DeviceClass: whole GPUs (the chart's deviceclass-gpu.yaml)
@@ -96,6 +111,7 @@ class RawDevice:
     capacity: Mapping[str, float]
     counters: Mapping[str, float]  # consumed counters, all counter sets together
     multiple: bool  # allowMultipleAllocations (consumable capacity, KEP 5075)
+    taints: tuple[Taint, ...] = ()  # devices[].taints (KEP 5055)
 
 
 def _attr_value(v: Any) -> Any:
@@ -126,7 +142,8 @@ def raw_device(dev: Mapping[str, Any]) -> RawDevice:
             if c is not None:
                 counters[str(k)] = counters.get(str(k), 0.0) + c
     return RawDevice(str(dev.get("name") or ""), attrs, cap, counters,
-                     bool(body.get("allowMultipleAllocations") or dev.get("allowMultipleAllocations")))
+                     bool(body.get("allowMultipleAllocations") or dev.get("allowMultipleAllocations")),
+                     device_taints(body))
 
 
 # -- what a DRA node offers ---------------------------------------------------------------------------------
@@ -140,6 +157,9 @@ class DraDevice:
     start: int | None = None
     shareable: bool = False  # allowMultipleAllocations: claims take shares of its consumable capacity
     memory_gib: float | None = None  # its published memory capacity
+    # why no new replica may land on it (a NoSchedule/NoExecute taint, a DeviceClass that does not select it);
+    # empty: usable. Pods that hold it still hold it (:func:`hold_unusable` takes only what is free)
+    unusable: str = ""
 
 
 @dataclass
@@ -213,8 +233,8 @@ def _mig_start(d: RawDevice, rest: str) -> int | None:
     return int(m[2]) if d.counters else int(m[1])
 
 
-def _read_node(node: str, pool: str, devices: Sequence[RawDevice], labels: Mapping[str, str], catalog: Catalog
-               ) -> DraNode | str:
+def _read_node(node: str, pool: str, devices: Sequence[RawDevice], labels: Mapping[str, str], catalog: Catalog,
+               classes: Mapping[str, DeviceClassCheck] | None = None) -> DraNode | str:
     products = sorted({str(d.attributes["productName"]) for d in devices if d.attributes.get("productName")})
     if not products:
         return f"node {node}: DRA devices of {DRIVER} without a productName attribute; left out"
@@ -263,15 +283,15 @@ def _read_node(node: str, pool: str, devices: Sequence[RawDevice], labels: Mappi
     for minor in mig_minors:
         i = index[minor]
         if minor in whole:  # a partitionable GPU may also be taken whole
-            out[whole[minor].name] = _dra_device(whole[minor], i, None, None)
+            out[whole[minor].name] = _dra_device(whole[minor], i, None, None, classes)
         static = [] if minor in dynamic else sorted({(k, s) for _, k, s in migs.get(minor, [])}, key=lambda x: x[1])
         layout[i] = tuple(static)
         for k, _s in static:
             mig_counts[k] = mig_counts.get(k, 0) + 1
         for d, k, s in migs.get(minor, []):
-            out[d.name] = _dra_device(d, index[minor], k, s)
+            out[d.name] = _dra_device(d, index[minor], k, s, classes)
     for minor in plain:
-        out[whole[minor].name] = _dra_device(whole[minor], index[minor], None, None)
+        out[whole[minor].name] = _dra_device(whole[minor], index[minor], None, None, classes)
     count = len(index)
     nv_labels = {k: v for k, v in labels.items() if k.startswith(NVIDIA_LABEL_PREFIX)}
     nv_labels.setdefault(GPU_PRODUCT, gfd_product(products[0]))
@@ -280,35 +300,74 @@ def _read_node(node: str, pool: str, devices: Sequence[RawDevice], labels: Mappi
                    devices=out, dynamic_mig=bool(dynamic), product_name=products[0])
 
 
-def _dra_device(d: RawDevice, index: int, profile: str | None, start: int | None) -> DraDevice:
+def _dra_device(d: RawDevice, index: int, profile: str | None, start: int | None,
+                classes: Mapping[str, DeviceClassCheck] | None = None) -> DraDevice:
     mem = d.capacity.get("memory")
-    return DraDevice(d.name, index, profile, start, d.multiple, None if mem is None else mem / _GIB)
+    return DraDevice(d.name, index, profile, start, d.multiple, None if mem is None else mem / _GIB,
+                     unusable=_unusable(d, MIG_CLASS if profile is not None else GPU_CLASS, classes))
+
+
+def _unusable(d: RawDevice, device_class: str, classes: Mapping[str, DeviceClassCheck] | None) -> str:
+    """Why a claim of slotwise's (class ``device_class``) cannot get this device now; "" when it can.
+    ``classes`` None: DeviceClasses not read (the pure callers that pass none), no class check."""
+    taints = blocking(d.taints)
+    if taints:
+        return f"tainted {', '.join(map(str, taints))}"
+    if classes is None:
+        return ""
+    check = classes.get(device_class)
+    if check is None:
+        return f"no DeviceClass {device_class} (a claim naming it is never allocated)"
+    if check.not_understood is not None:
+        return f"DeviceClass {device_class}'s selector is not understood"
+    if not check.selects(DRIVER, d.attributes):
+        return f"not selected by DeviceClass {device_class}"
+    return ""
 
 
 def read_slices(slices: Iterable[Mapping[str, Any]], catalog: Catalog,
-                node_labels: Mapping[str, Mapping[str, str]] | None = None) -> DraInventory:
+                node_labels: Mapping[str, Mapping[str, str]] | None = None,
+                device_classes: Iterable[Mapping[str, Any]] | None = None,
+                device_taint_rules: Iterable[Mapping[str, Any]] = ()) -> DraInventory:
     """Every node the NVIDIA driver's ResourceSlices name -> its :class:`DraNode` (or a problem line).
 
     ``node_labels``: each node's labels (its ``nvidia.com/*`` ones go into ``NodeSpec.labels`` as on device-plugin
-    nodes)."""
+    nodes). ``device_classes``: the served DeviceClasses; a device the class slotwise's claims name for it
+    (:data:`GPU_CLASS`, :data:`MIG_CLASS`) does not select, or a tainted one, is :attr:`DraDevice.unusable`
+    (:mod:`~autoscaler.live.kube.dra_classes`). None: not read, only taints count. ``device_taint_rules``: the
+    served DeviceTaintRules (alpha), whose taints count as the slices' own."""
     out = DraInventory()
+    classes = None if device_classes is None else device_class_checks(device_classes)
+    rules = taint_rules(device_taint_rules)
+    for name in (GPU_CLASS, MIG_CLASS) if classes is not None else ():
+        check = classes.get(name) if classes is not None else None
+        if check is not None and check.not_understood is not None:
+            out.problems.append(f"DeviceClass {name}: selector {check.not_understood} is not understood (slotwise "
+                                "evaluates && of ==/!= on device.driver and attributes); its devices count as "
+                                "selected by none")
     pools, pool_node, out.incomplete = _current_slices(slices, out.problems)
     per_node: dict[str, list[tuple[str, RawDevice]]] = {}
     for pool, group in pools.items():
         for s in group:
             for dev in (s.get("spec") or {}).get("devices") or ():
                 if isinstance(dev, Mapping):
-                    per_node.setdefault(pool_node[pool], []).append((pool, raw_device(dev)))
+                    raw = raw_device(dev)
+                    ruled = tuple(r.taint for r in rules if r.applies(DRIVER, pool, raw.name, raw.attributes, classes))
+                    if ruled:
+                        raw = replace(raw, taints=raw.taints + ruled)
+                    per_node.setdefault(pool_node[pool], []).append((pool, raw))
     for node in sorted(set(pool_node.values())):
         entries = per_node.get(node, [])
         if not entries:
             continue  # a pool without devices (e.g. only shared counters, or all unhealthy): nothing offered
         pool = sorted({p for p, _ in entries})[0]
-        got = _read_node(node, pool, [d for _, d in entries], (node_labels or {}).get(node, {}), catalog)
+        got = _read_node(node, pool, [d for _, d in entries], (node_labels or {}).get(node, {}), catalog, classes)
         if isinstance(got, str):
             out.problems.append(got)
             continue
         out.nodes[node] = got
+        out.problems.extend(f"node {node}: DRA device {d.name}: {d.unusable}; takes no new replica"
+                            for d in sorted(got.devices.values(), key=lambda d: d.name) if d.unusable)
     out.pool_node = {p: n for p, n in pool_node.items() if n in out.nodes}
     return out
 
@@ -414,3 +473,39 @@ def dra_slot(dn: DraNode, held: Sequence[Held]) -> Slot | str:
     if len(indices) != len(devs):
         return "holds the same GPU twice"
     return Slot.whole(node, indices, gpu)
+
+
+# -- devices no new replica may take ------------------------------------------------------------------------
+UNUSABLE_MODEL = "(dra unusable)"  # the inventory's model for what unusable devices have free: nobody's replicas
+
+
+def hold_unusable(inv: Inventory, dn: DraNode) -> None:
+    """Take what each unusable device of ``dn`` (tainted, or not selected by its DeviceClass) has free, so the
+    packer places nothing there; run after the pods are allocated: a pod that holds such a device keeps it (a
+    NoSchedule taint leaves running pods alone; NoExecute ones are the eviction's business, not a read's)."""
+    for d in sorted(dn.devices.values(), key=lambda d: d.name):
+        slot = _free_part(inv, dn, d) if d.unusable else None
+        if slot is None:
+            continue
+        try:
+            inv.allocate(slot, f"dra-unusable:{dn.spec.name}/{d.name}", UNUSABLE_MODEL)
+        except ValueError:
+            continue  # what it would take is already taken (an overlapping MIG placement): unusable either way
+
+
+def _free_part(inv: Inventory, dn: DraNode, d: DraDevice) -> Slot | None:
+    """The slot that covers what device ``d`` still has free: the whole GPU when idle, the rest of a shared one,
+    its MIG instance when nobody is in it; None when nothing is free (or it is a partitionable GPU's whole-GPU
+    device: the inventory has that GPU in MIG mode, where no whole slot is placed anyway)."""
+    node, gpu = dn.spec.name, dn.gpu
+    state = inv.device(node, d.index)
+    if d.profile is not None:
+        assert d.start is not None
+        return None if state.occupants((d.profile, d.start)) else Slot.mig(node, d.index, gpu, d.profile, d.start)
+    if state.mig_enabled or state.whole_owner is not None:
+        return None
+    if state.idle:
+        return Slot.whole(node, d.index, gpu)
+    room = inv.share_room_gib(state)
+    used = sum(s.compute_fraction for _, s in state.entries)
+    return Slot.share(node, d.index, gpu, room, max(0.0, 1.0 - used)) if room > 0 else None

@@ -43,7 +43,18 @@ class DraActuation:
         if version is None:
             return DraInventory()
         got = await self._custom.list_cluster_custom_object(GROUP, version, "resourceslices")
-        return read_slices(got.get("items") or (), self.catalog, node_labels)
+        return read_slices(got.get("items") or (), self.catalog, node_labels, await self._device_classes(version))
+
+    async def _device_classes(self, version: str) -> list[dict[str, Any]] | None:
+        """The DeviceClasses (which devices slotwise's claims may get); None where the collection is not served
+        (then only device taints count, as in a view built without them)."""
+        try:
+            got = await self._custom.list_cluster_custom_object(GROUP, version, "deviceclasses")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return None
+        return list(got.get("items") or ())
 
     async def ensure_claim_template(self, body: Mapping[str, Any]) -> str:
         """Create the ResourceClaimTemplate; "created", or "exists" (its name is its spec's hash, and the spec is

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoscaler.live.kube.dra import DRIVER, GPU_CLASS, MIG_CLASS, DraInventory
+from autoscaler.live.kube.gpu_nodes import is_gpu_resource
 from autoscaler.live.kube.objects import FIELD_MANAGER, GPU_RESOURCE, MIG_RESOURCE_PREFIX, ManagedModel
 from sharing.render import GPU_PRODUCT
 
@@ -238,6 +239,29 @@ def slot_resources(template_spec: Mapping[str, Any]) -> dict[str, dict[str, str]
     return {"requests": dict(got), "limits": dict(got)}
 
 
+def unread_ask(template_spec: Mapping[str, Any]) -> str | None:
+    """Why :func:`slot_resources` reads nothing from a ResourceClaimTemplate's spec that asks for devices (None
+    when it reads it, or when the spec asks for nothing): what a problem line says, so that a model whose pods
+    claim their GPU through a class slotwise does not plan for (another DeviceClass, several requests, a
+    ``firstAvailable`` list) is said to be read as asking for no GPU, not silently so."""
+    requests = ((template_spec.get("devices") or {}).get("requests")) or []
+    if not requests or slot_resources(template_spec):
+        return None
+    if len(requests) != 1:
+        return f"{len(requests)} device requests (slotwise reads one)"
+    req = requests[0].get("exactly") or requests[0]
+    if req.get("firstAvailable"):
+        return "a firstAvailable list of alternatives"
+    device_class = req.get("deviceClassName")
+    if device_class not in (GPU_CLASS, MIG_CLASS):
+        return f"DeviceClass {device_class!r} (slotwise plans slots of {GPU_CLASS} and {MIG_CLASS} only)"
+    return f"a {MIG_CLASS} request without a profile selector"
+
+
+def _asks_gpu(resources: Mapping[str, Any]) -> bool:
+    return any(is_gpu_resource(k) for part in ("requests", "limits") for k in resources.get(part) or {})
+
+
 def template_claims(pod_spec: Mapping[str, Any]) -> dict[str, str]:
     """A pod spec's claims made from ResourceClaimTemplates: claim name -> template name (v1's
     ``resourceClaimTemplateName``; the 1.26-1.30 alpha's ``source.resourceClaimTemplateName`` too)."""
@@ -251,23 +275,35 @@ def template_claims(pod_spec: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def with_claimed_resources(models: Mapping[str, ManagedModel],
-                           templates: Iterable[Mapping[str, Any]]) -> dict[str, ManagedModel]:
+def with_claimed_resources(models: Mapping[str, ManagedModel], templates: Iterable[Mapping[str, Any]],
+                           problems: list[str] | None = None) -> dict[str, ManagedModel]:
     """The models whose container claims its GPU through a ResourceClaimTemplate, with that template's ask read into
     ``resources`` as device-plugin resources (:func:`slot_resources`): the decision core compares a model's
     template with the slot it plans in those terms, so a DRA model is not re-templated to what it already has.
-    Only models that change are returned."""
+    Only models that change are returned; a claim whose template asks for what slotwise does not read is a line in
+    ``problems`` (:func:`unread_ask`)."""
     by_key = {(str((t.get("metadata") or {}).get("namespace")), str((t.get("metadata") or {}).get("name"))): t
               for t in templates}
     out: dict[str, ManagedModel] = {}
     for key, mm in models.items():
         claimed = [n.get("name") for n in (mm.resources.get("claims") or ()) if isinstance(n, Mapping)]
         asks: dict[str, dict[str, str]] = {}
+        unread: list[str] = []
         for claim in claimed:
             tmpl = by_key.get((mm.namespace, mm.claim_templates.get(str(claim), "")))
-            got = slot_resources(((tmpl or {}).get("spec") or {}).get("spec") or {}) if tmpl else {}
+            spec = ((tmpl or {}).get("spec") or {}).get("spec") or {}
+            got = slot_resources(spec) if tmpl else {}
+            why = unread_ask(spec) if tmpl else None
+            if why is not None:
+                unread.append(f"claim {claim} (ResourceClaimTemplate {mm.namespace}/"
+                              f"{mm.claim_templates.get(str(claim))}) asks for {why}")
             for part, values in got.items():
                 asks.setdefault(part, {}).update(values)
+        if unread and problems is not None and not asks and not _asks_gpu(mm.resources):
+            # said only where it matters: the model then reads as asking for no GPU (a NIC claim beside
+            # nvidia.com/gpu is nobody's business here)
+            problems.append(f"{mm.kind.lower()} {key}: {'; '.join(unread)}: not read as a GPU slot, the model "
+                            "reads as asking for no GPU")
         if asks:
             resources = {k: dict(v) if isinstance(v, Mapping) else v for k, v in mm.resources.items()}
             for part, values in asks.items():

@@ -4,6 +4,11 @@ No I/O and no clock (``now`` is an argument): the informers hand over their cach
 the decision core's :class:`~autoscaler.api.snapshot.ClusterSnapshot` plus what acting on it needs. Anything that
 cannot be understood becomes one line in ``ClusterView.problems`` and affects only the object concerned.
 
+Kept as one module although long: it is one pass over the caches whose steps share its indexes (nodes by name,
+live pods, slots held, nodes out of service), in an order that matters (the inventory is laid out before pods take
+slots, lent GPUs and unusable DRA devices are held after them); the readers of each kind of object already live in
+their own modules (``gpu_nodes``, ``dra``, ``workloads``, ``training``, ``routing``, ``host``).
+
 What is read, and how (the details the tests pin down):
 
 - **Managed models** are Deployments -- and the ``workloads`` of other kinds: StatefulSets, LeaderWorkerSets, Argo
@@ -75,7 +80,15 @@ from typing import Any
 from autoscaler.api.snapshot import ClusterSnapshot, ModelObservation, Replica, TrainingWorkload
 from autoscaler.api.spec import ModelSpec, SpecError, is_managed, parse_annotations
 from autoscaler.live.kube.autoscalers import mark_autoscaled
-from autoscaler.live.kube.dra import DraInventory, DraNode, dra_slot, index_claims, pod_devices, read_slices
+from autoscaler.live.kube.dra import (
+    DraInventory,
+    DraNode,
+    dra_slot,
+    hold_unusable,
+    index_claims,
+    pod_devices,
+    read_slices,
+)
 from autoscaler.live.kube.dra_claims import template_claims, with_claimed_resources
 from autoscaler.live.kube.fields import condition, grace_s, metadata, parse_count, parse_time
 from autoscaler.live.kube.gpu_nodes import GpuNode, find_slot, is_gpu_node, lay_out, out_of_service, read_gpu_node
@@ -132,6 +145,8 @@ def build_view(
     resource_claims: Iterable[dict] = (),
     resource_claim_templates: Iterable[dict] = (),
     endpoint_slices: Iterable[dict] | None = None,
+    device_classes: Iterable[dict] | None = None,
+    device_taint_rules: Iterable[dict] = (),
 ) -> ClusterView:
     """One read of the caches -> the decision core's snapshot, the managed models, GPU node info, problems.
 
@@ -149,12 +164,15 @@ def build_view(
     and which of them pods hold; ``resource_claim_templates``, what a model whose pods claim their GPU asks for.
     ``endpoint_slices`` (issue 18): the controller's activator EndpointSlices; None when the activator is not
     enabled (every ``via_activator`` None), else a model with a Service goes through the activator when its slice
-    is there with endpoints (:mod:`~autoscaler.live.kube.routing`).
+    is there with endpoints (:mod:`~autoscaler.live.kube.routing`). ``device_classes`` (issue 30): the served
+    DeviceClasses; None: not read (only device taints keep devices out, :func:`~autoscaler.live.kube.dra.
+    read_slices`); ``device_taint_rules``, the DeviceTaintRules (alpha) that taint devices beside their slices.
     """
     cat = catalog if catalog is not None else load_catalog()
     problems: list[str] = []
 
-    node_objs, gpu_nodes, down = _read_nodes(nodes, cat, problems, resource_slices)
+    node_objs, gpu_nodes, down = _read_nodes(nodes, cat, problems, resource_slices, device_classes,
+                                             device_taint_rules)
     inventory = Inventory.from_nodes([g.spec for g in gpu_nodes.values()], cat, share_reserve_gib)
     for gn in gpu_nodes.values():
         lay_out(inventory, gn, problems)
@@ -162,7 +180,7 @@ def build_view(
     live = live_pods(pods, now)
     models = _read_models(deployments, live, problems, namespace, workloads)
     models.models.update(mark_autoscaled(models.models, autoscalers, problems))  # an HPA/KEDA scales these
-    models.models.update(with_claimed_resources(models.models, resource_claim_templates))  # DRA: what claims ask
+    models.models.update(with_claimed_resources(models.models, resource_claim_templates, problems))  # DRA: claims
     _count_unavailable(models, down)
     workloads, training_refs = read_training(training, live, cat, problems)
 
@@ -175,6 +193,9 @@ def build_view(
         gn = gpu_nodes.get(name)
         if gn is not None:
             _allocate_lent(inventory, gn, since, lent, problems)
+    for gn in gpu_nodes.values():
+        if isinstance(gn, DraNode):
+            hold_unusable(inventory, gn)  # tainted / unselected devices: what pods do not hold is nobody's
     hold_host(inventory, live, slots, problems)  # what pods without a slot request on the nodes (host.py)
 
     observations = with_routing(_observations(models, slots, down), models.models, endpoint_slices)
@@ -189,6 +210,8 @@ def build_view(
 def _read_nodes(
     nodes: Iterable[Mapping[str, Any]], catalog: Catalog, problems: list[str],
     resource_slices: Iterable[Mapping[str, Any]] = (),
+    device_classes: Iterable[Mapping[str, Any]] | None = None,
+    device_taint_rules: Iterable[Mapping[str, Any]] = (),
 ) -> tuple[dict[str, Mapping[str, Any]], dict[str, GpuNode], dict[str, str]]:
     """Every GPU node by name (each gets a NodeInfo), those that go into the inventory (schedulable, in service,
     with a GPU the catalog knows), and those out of service with why. By name, so the inventory's order does not
@@ -200,7 +223,7 @@ def _read_nodes(
     nodes = sorted(nodes, key=lambda n: str(metadata(n).get("name")))
     slices = list(resource_slices)
     labels = {str(metadata(n).get("name")): metadata(n).get("labels") or {} for n in nodes}
-    dra = read_slices(slices, catalog, labels) if slices else DraInventory()
+    dra = read_slices(slices, catalog, labels, device_classes, device_taint_rules) if slices else DraInventory()
     problems.extend(dra.problems)
     problems.extend(f"node {name}: DRA ResourceSlices name it, but no such Node is listed; left out"
                     for name in sorted(set(dra.nodes) - set(labels)))

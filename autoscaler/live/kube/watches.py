@@ -38,6 +38,7 @@ AUTOSCALERS = "autoscalers"
 RESOURCE_SLICES = "resource_slices"
 RESOURCE_CLAIMS = "resource_claims"
 RESOURCE_CLAIM_TEMPLATES = "resource_claim_templates"
+DEVICE_CLASSES = "device_classes"
 ENDPOINT_SLICES = "endpoint_slices"
 
 
@@ -82,6 +83,8 @@ WATCHES: tuple[Watch, ...] = (
     # cluster-wide whatever the scope, like pods and nodes: the inventory must see every GPU and every claim on one
     Watch("resourceslices", "ResourceSlice", *RESOURCE, "v1", "resourceslices", RESOURCE_SLICES, scoped=False),
     Watch("resourceclaims", "ResourceClaim", *RESOURCE, "v1", "resourceclaims", RESOURCE_CLAIMS, scoped=False),
+    # which devices the classes slotwise's claims name select (issue 30; cluster-scoped objects)
+    Watch("deviceclasses", "DeviceClass", *RESOURCE, "v1", "deviceclasses", DEVICE_CLASSES, scoped=False),
     # what a DRA model's pods ask for (the models' namespaces)
     Watch("resourceclaimtemplates", "ResourceClaimTemplate", *RESOURCE, "v1", "resourceclaimtemplates",
           RESOURCE_CLAIM_TEMPLATES, scoped=True),

@@ -5,6 +5,9 @@ the actuator (:mod:`~autoscaler.live.kube.actuator`) writes through them.
 
 - **Deployment** (``apps/v1``) and **StatefulSet** (``apps/v1``): ``spec.template``, pods by ``spec.selector``, one
   pod per replica. A StatefulSet scale-down removes the highest ordinals, so ``pod-deletion-cost`` is no use there.
+  Its controller keeps the pods of ordinals ``[start, start + spec.replicas)`` (``spec.ordinals.start``, default
+  0) and deletes those above: with a gap below (pods 0, 1, 3, 4 after pod 2 was deleted), ``spec.replicas = 3``
+  removes 3 AND 4. :func:`statefulset_replicas_keeping` is the value that removes only the replicas planned.
 - **LeaderWorkerSet** (``leaderworkerset.x-k8s.io/v1``, kubernetes-sigs/lws): a replica is a *group* of
   ``spec.leaderWorkerTemplate.size`` pods (default 1): the leader, from ``leaderTemplate`` (absent: the worker
   template), and ``size - 1`` workers from ``workerTemplate``. The LWS controller labels every pod
@@ -15,7 +18,9 @@ the actuator (:mod:`~autoscaler.live.kube.actuator`) writes through them.
   pods run by ReplicaSets (so ``pod-deletion-cost`` is honoured). A Rollout with ``spec.workloadRef`` has no template
   of its own: it runs the referenced Deployment's (``kind: Deployment``, same namespace), which the translation
   reads when that Deployment is among the Deployments it is given; the selector is the Rollout's, else the
-  Deployment's. Template writes for such a Rollout would have to go to that Deployment; they are not done here.
+  Deployment's. Argo's own rule for such a Rollout ("To perform an update, the change should be made to the Pod
+  template field of the Deployment", docs/migrating.md) is where the actuator writes its slot template:
+  :func:`template_home`. Other referenced kinds are not written (refused ``no-pod-template``).
 """
 
 from __future__ import annotations
@@ -149,6 +154,48 @@ def workload_ref(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     if not isinstance(ref, Mapping) or not ref.get("name"):
         return None
     return (str(ref.get("kind") or "Deployment"), str(ref["name"]))
+
+
+def template_home(obj: Mapping[str, Any]) -> tuple[WorkloadKind, str] | None:
+    """Where the pod template of a workload without one of its own lives: a Rollout's ``workloadRef`` to a
+    Deployment -> (DEPLOYMENT, its name); None for any other reference (ReplicaSet, PodTemplate: not written)."""
+    ref = workload_ref(obj)
+    if ref is None or ref[0] != DEPLOYMENT.kind:
+        return None
+    return DEPLOYMENT, ref[1]
+
+
+def statefulset_ordinal(pod: str, set_name: str) -> int | None:
+    """The ordinal of a StatefulSet's pod ``<set>-<ordinal>``; None for a name not of that shape."""
+    prefix, sep, ordinal = pod.rpartition("-")
+    return int(ordinal) if sep and prefix == set_name and ordinal.isascii() and ordinal.isdigit() else None
+
+
+def ordinals_start(obj: Mapping[str, Any]) -> int:
+    """``spec.ordinals.start`` (Kubernetes 1.26+; 0 when unset)."""
+    raw = ((obj.get("spec") or {}).get("ordinals") or {}).get("start", 0)
+    try:
+        return max(int(raw), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def statefulset_replicas_keeping(set_name: str, start: int, pods: Sequence[str], keep: int) -> int | None:
+    """The ``spec.replicas`` a StatefulSet scale-down writes so that, of its replicas ``pods`` (pod names, those
+    not already going), exactly the ``keep`` lowest ordinals stay: the controller keeps ordinals
+    ``[start, start + replicas)`` and deletes the others, so that is the lowest ordinal to go, less ``start``.
+    Ordinals missing below it (a gap) are recreated by the controller: more replicas than planned for a while,
+    never fewer. All kept (``keep`` >= the pods): the highest one's end. None when a pod's ordinal is unknown
+    (the caller holds)."""
+    ordinals = [statefulset_ordinal(p, set_name) for p in pods]
+    if any(o is None for o in ordinals):
+        return None
+    known = sorted(o for o in ordinals if o is not None)
+    if not known:
+        return max(keep, 0)
+    if keep >= len(known):
+        return known[-1] + 1 - start
+    return max(known[max(keep, 0)] - start, 0)
 
 
 @dataclass(frozen=True)
