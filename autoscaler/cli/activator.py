@@ -30,7 +30,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exits anyway (default: the hold timeout + 30 s, so every held request gets its full hold)")
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="the event loop: uvloop when installed (auto, the default), else asyncio's")
-    p.add_argument("--port", type=int, default=8012, help="the proxy port")
+    p.add_argument("--port", type=int, default=8012,
+                   help="the proxy's first port: it listens on PORT .. PORT + --port-count - 1, the i-th serving the "
+                        "Service port the controller's slice sends to activator port 8012 + i")
+    p.add_argument("--port-count", type=int, default=None,
+                   help="how many proxy ports (one per Service port fronted; default: the controller's 16)")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="this pod's (projected) ServiceAccount token, sent as the bearer token of the activation "
+                        "reports (re-read as it rotates); the controller checks it with a TokenReview")
     p.add_argument("--admin-port", type=int, default=9090, help="/metrics, /healthz, /readyz")
     p.add_argument("--host", default="0.0.0.0", help="the address both ports listen on")
     p.add_argument("--namespace", "--namespaces", dest="namespaces", action="append", default=[],
@@ -48,11 +55,13 @@ async def serve(args: argparse.Namespace) -> int:
 
     from autoscaler.cli.run import client_configuration
     from autoscaler.live.activator.metrics import ActivatorMetrics
-    from autoscaler.live.activator.notify import Notifier
+    from autoscaler.live.activator.notify import Notifier, TokenFile
     from autoscaler.live.activator.proxy import Activator, admin_app, new_session
     from autoscaler.live.activator.routes import RouteTable
     from autoscaler.live.activator.watch import SliceWatch, slice_version
     from autoscaler.live.kube.discovery import discover
+    from autoscaler.live.kube.objects import ACTIVATOR_PORT
+    from autoscaler.live.kube.routing import ACTIVATOR_PORT_COUNT
 
     if args.in_cluster:
         cfg = Configuration()
@@ -66,7 +75,8 @@ async def serve(args: argparse.Namespace) -> int:
         activator = Activator(table, metrics, session, queue_limit=args.queue_limit,
                               hold_timeout_s=args.hold_timeout_s)
         notifier = Notifier(session, args.pod_name, activator.report, controllers=args.controller,
-                            controller_service=args.controller_service, refused=metrics.reports_refused.inc)
+                            controller_service=args.controller_service, refused=metrics.reports_refused.inc,
+                            token=TokenFile(args.token_file) if args.token_file else None)
         activator.kick = notifier.kick
         watch = SliceWatch(api, table, activator.on_change, version=slice_version(await discover(api)),
                            namespaces=namespaces)
@@ -80,14 +90,20 @@ async def serve(args: argparse.Namespace) -> int:
 
         drain_s = args.drain_timeout_s if args.drain_timeout_s is not None else args.hold_timeout_s + 30.0
         # cleanup() closes the listener, then waits up to shutdown_timeout for the handlers in flight
-        proxy = web.ServerRunner(activator.proxy_server(), shutdown_timeout=drain_s)
+        # one listener per fronted Service port: kube-proxy's destination port is all that says which one a
+        # request came through (the controller's slice maps Service port i to activator port 8012 + i)
+        count = args.port_count if args.port_count is not None else ACTIVATOR_PORT_COUNT
+        proxies = [web.ServerRunner(activator.proxy_server(ACTIVATOR_PORT + i), shutdown_timeout=drain_s)
+                   for i in range(max(1, count))]
         admin = web.AppRunner(admin_app(metrics, ready), access_log=None)
-        await proxy.setup()
+        for i, proxy in enumerate(proxies):
+            await proxy.setup()
+            await web.TCPSite(proxy, args.host, args.port + i, backlog=1024).start()
         await admin.setup()
-        await web.TCPSite(proxy, args.host, args.port, backlog=1024).start()
         await web.TCPSite(admin, args.host, args.admin_port).start()
-        log.info("activator %s: proxy on %s:%d, admin on %s:%d, %s event loop", args.pod_name, args.host, args.port,
-                 args.host, args.admin_port, type(asyncio.get_running_loop()).__module__.split(".")[0])
+        log.info("activator %s: proxy on %s:%d-%d, admin on %s:%d, %s event loop", args.pod_name, args.host,
+                 args.port, args.port + len(proxies) - 1, args.host, args.admin_port,
+                 type(asyncio.get_running_loop()).__module__.split(".")[0])
         print(f"listening on {args.port}", flush=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -105,14 +121,15 @@ async def serve(args: argparse.Namespace) -> int:
             # released by the watch and its model woken by the reports.
             held = sum(len(q) for q in activator.queues.values())
             log.info("SIGTERM: draining (%d held requests), up to %g s", held, drain_s)
-            await proxy.cleanup()
+            await asyncio.gather(*(p.cleanup() for p in proxies))
             log.info("drained; exiting")
         finally:
             stop.cancel()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await proxy.cleanup()
+            for proxy in proxies:
+                await proxy.cleanup()
             await admin.cleanup()
     return 0
 

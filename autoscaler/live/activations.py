@@ -19,14 +19,23 @@ again within a second. A count expires
 metrics window as ``ModelMetrics.held_requests``.
 
 Every replica books reports, the leader alone acts on them; a follower that becomes leader has the counts already.
+
+Who may report (:class:`ReportAuth`): the activator sends its ServiceAccount token (the chart projects one with
+audience ``slotwise.io/activations``) as a bearer token; the controller has the apiserver review it (TokenReview,
+cached briefly) and takes the report only if it is the activator ServiceAccount's, and -- the second check -- its
+pod (a projected token names it) is an activator pod the controller's informer knows (a token not bound to a pod:
+the sender's IP must be an activator pod's). A source IP alone is no credential: a mesh sidecar or SNAT hides the
+activator's, and a pod that gets a dead activator's IP would pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import ipaddress
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,3 +134,199 @@ class ActivationBook:
         for (_, model), h in self._held.items():
             out[model] = out.get(model, 0.0) + h.held
         return out
+
+
+# --- who may report: the activator's ServiceAccount token (TokenReview) ----------------------------------------
+
+ACTIVATION_AUDIENCE = "slotwise.io/activations"  # the audience of the activator's projected token (the chart's)
+REVIEW_TTL_S = 30.0  # a token the apiserver authenticated is trusted this long without asking again
+REFUSED_REVIEW_TTL_S = 5.0  # a refused token is refused this long without asking (a flood costs no TokenReviews)
+REVIEW_TIMEOUT_S = 5.0  # a TokenReview that hangs must not hold the report's handler (the activator retries in 1 s)
+REVIEW_CACHE_MAX = 1024  # tokens remembered at most (the activators have a handful; the rest are strangers)
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"  # in a pod-bound (projected) token's user info
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+
+# The reasons a report is refused (the ``reason`` label of slotwise_activation_reports_refused_total).
+NO_TOKEN, BAD_TOKEN, NOT_THE_ACTIVATOR, NOT_AN_ACTIVATOR_POD, NOT_THE_SENDER, REVIEW_FAILED = (
+    "no-token", "invalid-token", "wrong-service-account", "not-an-activator-pod", "not-the-sender",
+    "review-failed")
+
+
+class Refused(Exception):
+    """A report that is not let in: ``status`` 401 (no or an invalid token), 403 (a valid token, but not the
+    activator's, or of a pod that is not an activator pod) or 503 (the apiserver could not be asked);
+    ``reason`` one of the constants above."""
+
+    def __init__(self, status: int, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.status, self.reason, self.text = status, reason, text
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    """What a TokenReview said of a token: authenticated or not (``error``), as whom, for which audiences, and
+    the pod a pod-bound token was issued to (None: a token not bound to a pod, e.g. a legacy Secret's)."""
+
+    authenticated: bool
+    user: str = ""
+    audiences: tuple[str, ...] = ()
+    pod: str | None = None
+    pod_uid: str | None = None
+    error: str = ""
+
+
+def _ip(address: str) -> str:
+    """One spelling of an address (an IPv4 peer on a dual-stack socket, ``::ffff:a.b.c.d``, is ``a.b.c.d``)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    return str(getattr(ip, "ipv4_mapped", None) or ip)
+
+
+def service_account_user(namespace: str, name: str) -> str:
+    """The username the apiserver gives a ServiceAccount's tokens."""
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None: absent, another scheme, or empty)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def token_review(audience: str | None, token: str) -> dict[str, Any]:
+    """The TokenReview to create for ``token`` (with ``audience``: the apiserver authenticates it only if the
+    token was issued for it -- a token for another audience, e.g. the default one, is not an activation token)."""
+    spec: dict[str, Any] = {"token": token}
+    if audience:
+        spec["audiences"] = [audience]
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+
+
+def reviewed(status: Mapping[str, Any] | None) -> Reviewed:
+    """A TokenReview's ``status`` as :class:`Reviewed` (pure)."""
+    status = status or {}
+    user = status.get("user") or {}
+    extra = user.get("extra") or {}
+
+    def first(key: str) -> str | None:
+        values = extra.get(key) or ()
+        return str(values[0]) if values else None
+
+    return Reviewed(bool(status.get("authenticated")), str(user.get("username") or ""),
+                    tuple(str(a) for a in status.get("audiences") or ()), first(POD_NAME_EXTRA),
+                    first(POD_UID_EXTRA), str(status.get("error") or ""))
+
+
+def judge(r: Reviewed, *, user: str, audience: str | None, pods: Iterable[Mapping[str, Any]],
+          peer: str, peer_ips: Callable[[Mapping[str, Any]], Iterable[str]]) -> Refused | None:
+    """Whether a reviewed token may report (None) or why not (pure). The token must be authenticated, for
+    ``audience`` (when one is asked for), as ``user`` (the activator's ServiceAccount). The second check is the
+    pod: a pod-bound token's pod must be one of the activator ``pods`` (by name, and uid when both say one: a pod
+    recreated under the same name has another); a token not bound to a pod (a legacy Secret's, which every pod of
+    that ServiceAccount shares) is taken only from the IP of an activator pod, the check before tokens."""
+    if not r.authenticated:
+        return Refused(401, BAD_TOKEN, f"activation report refused: invalid token ({r.error or 'not authenticated'})")
+    if audience and audience not in r.audiences:
+        return Refused(401, BAD_TOKEN, f"activation report refused: the token is not for audience {audience}")
+    if r.user != user:
+        return Refused(403, NOT_THE_ACTIVATOR, f"activation report refused: {r.user} is not {user}")
+    pods = list(pods)
+    if r.pod is not None:
+        meta = [p.get("metadata") or {} for p in pods]
+        if not any(m.get("name") == r.pod and (r.pod_uid is None or m.get("uid") in (None, r.pod_uid))
+                   for m in meta):
+            return Refused(403, NOT_AN_ACTIVATOR_POD,
+                           f"activation report refused: the token's pod {r.pod} is not an activator pod")
+        return None
+    if _ip(peer) not in {_ip(ip) for p in pods for ip in peer_ips(p)}:
+        return Refused(403, NOT_AN_ACTIVATOR_POD, f"activation report refused: a token not bound to a pod, from "
+                                                  f"{peer}, which is not an activator pod's IP")
+    return None
+
+
+Review = Callable[[dict[str, Any]], Awaitable[Mapping[str, Any] | None]]  # TokenReview body -> its status
+
+
+class ReportAuth:
+    """Authenticates the activation reports: the bearer token by a TokenReview (``review``: create one, answer its
+    status), cached -- a positive answer ``REVIEW_TTL_S``, a refusal ``REFUSED_REVIEW_TTL_S`` (by the token's hash,
+    never the token) --, then :func:`judge` against the activator ``pods`` the controller's informer holds, every
+    time (a pod gone is refused at once, whatever the cache says). ``refused`` counts refusals by reason."""
+
+    def __init__(self, review: Review, user: str, pods: Callable[[], Iterable[Mapping[str, Any]]], *,
+                 audience: str | None = ACTIVATION_AUDIENCE,
+                 peer_ips: Callable[[Mapping[str, Any]], Iterable[str]] = lambda _p: (),
+                 clock: Callable[[], float] = time.monotonic, on_refused: Callable[[str], None] = lambda _r: None,
+                 ttl_s: float = REVIEW_TTL_S, refused_ttl_s: float = REFUSED_REVIEW_TTL_S) -> None:
+        self.review, self.user, self.pods, self.audience = review, user, pods, audience or None
+        self.peer_ips, self.clock, self.on_refused = peer_ips, clock, on_refused
+        self.ttl_s, self.refused_ttl_s = ttl_s, refused_ttl_s
+        self._cache: dict[str, tuple[float, Reviewed]] = {}
+        self.reviews = 0  # TokenReviews made
+        self.refused: dict[str, int] = {}
+
+    async def check(self, authorization: str | None, peer: str) -> Reviewed:
+        """The reviewed token of a report that may be booked; raises :class:`Refused` (counted) otherwise."""
+        try:
+            token = bearer_token(authorization)
+            if token is None:
+                raise Refused(401, NO_TOKEN, "activation report refused: no bearer token (the activator sends its "
+                                             "ServiceAccount token: --token-file)")
+            r = await self._reviewed(token)
+            refusal = judge(r, user=self.user, audience=self.audience, pods=self.pods(), peer=peer,
+                            peer_ips=self.peer_ips)
+            if refusal is not None:
+                raise refusal
+            return r
+        except Refused as e:
+            self.count(e.reason)
+            raise
+
+    def count(self, reason: str) -> None:
+        """One more report refused for ``reason``."""
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        self.on_refused(reason)
+
+    async def _reviewed(self, token: str) -> Reviewed:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = self.clock()
+        hit = self._cache.get(key)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+        self.reviews += 1
+        try:
+            r = reviewed(await self.review(token_review(self.audience, token)))
+        except Exception as e:  # the apiserver could not answer: refuse now (the activator reports again in 1 s)
+            raise Refused(503, REVIEW_FAILED, f"activation report not checked: TokenReview failed ({e})") from None
+        if len(self._cache) >= REVIEW_CACHE_MAX:
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+            if len(self._cache) >= REVIEW_CACHE_MAX:
+                self._cache.clear()
+        self._cache[key] = (now + (self.ttl_s if r.authenticated else self.refused_ttl_s), r)
+        return r
+
+
+def refused_counter(registry: Any) -> Any:
+    """``slotwise_activation_reports_refused_total{reason}`` in the controller's registry."""
+    from prometheus_client import Counter
+
+    return Counter("slotwise_activation_reports_refused", "Activation reports refused, by reason (no-token, "
+                   "invalid-token: 401; wrong-service-account, not-an-activator-pod, not-the-sender: 403; "
+                   "review-failed: 503).", ["reason"], registry=registry)
+
+
+def kube_token_review(api_client: Any) -> Review:
+    """``review`` for :class:`ReportAuth`: ``POST authentication.k8s.io/v1 tokenreviews`` on ``api_client``."""
+    from kubernetes_asyncio.client import AuthenticationV1Api
+
+    api = AuthenticationV1Api(api_client)
+
+    async def review(body: dict[str, Any]) -> Mapping[str, Any] | None:
+        async with asyncio.timeout(REVIEW_TIMEOUT_S):
+            got = await api.create_token_review(body)
+        return api_client.sanitize_for_serialization(got).get("status")
+
+    return review

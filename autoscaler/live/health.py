@@ -4,9 +4,10 @@
 text exposition format of :class:`~autoscaler.live.exporter.ControllerMetrics`), ``/healthz`` and ``/readyz``
 (200, or 503 with the reason as the body) from an aiohttp app; with an
 :class:`~autoscaler.live.activations.ActivationBook` also ``POST /v1/activations`` (the activators' reports, issue
-18: 202 ``{"leader": bool}``, 400 with the reason for a body that is not the contract's JSON, 403 from an address
-that is not an activator pod's when the controller is told which ones are: the route has no other authentication,
-and it shares the metrics port).
+18: 202 ``{"leader": bool}``, 400 with the reason for a body that is not the contract's JSON; with a
+:class:`~autoscaler.live.activations.ReportAuth` 401/403 for a report without the activator's ServiceAccount token
+(checked by a TokenReview; the route shares the metrics port), else -- without one -- 403 from an address that is
+not an activator pod's when the controller is told which ones are).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from collections.abc import Callable, Collection
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from autoscaler.live.activations import ActivationBook, ActivationError
+from autoscaler.live.activations import (
+    NOT_THE_SENDER,
+    ActivationBook,
+    ActivationError,
+    Refused,
+    ReportAuth,
+    parse_report,
+)
 from autoscaler.live.exporter import ControllerMetrics
 
 
@@ -98,11 +106,27 @@ Allowed = Callable[[], Collection[str]]
 REFUSED_LOG_INTERVAL_S = 60.0  # a peer refused every second is logged once a minute
 
 
-def _activations_route(book: ActivationBook, leading: Callable[[], bool], allowed: Allowed | None) -> Callable:
+def _activations_route(book: ActivationBook, leading: Callable[[], bool], allowed: Allowed | None,
+                       auth: ReportAuth | None = None) -> Callable:
     warned: dict[str, float] = {}
 
+    def warn(peer: str, why: str) -> None:
+        now = time.monotonic()
+        if now - warned.get(peer, -math.inf) >= REFUSED_LOG_INTERVAL_S:
+            warned[peer] = now
+            log.warning("activation report from %s refused: %s (see docs/scale-to-zero.md, Security)", peer, why)
+
     async def activations(request: web.Request) -> web.Response:
-        if allowed is not None:
+        pod: str | None = None  # the pod a pod-bound token names: the report must be that activator's
+        if auth is not None:
+            peer = _address(request.remote)
+            try:
+                pod = (await auth.check(request.headers.get("Authorization"), peer)).pod
+            except Refused as e:
+                warn(peer, e.text)
+                headers = {"WWW-Authenticate": 'Bearer realm="slotwise"'} if e.status == 401 else None
+                return web.Response(status=e.status, text=e.text + "\n", headers=headers)
+        elif allowed is not None:
             peer = _address(request.remote)
             if peer not in {_address(ip) for ip in allowed()}:
                 now = time.monotonic()
@@ -117,6 +141,13 @@ def _activations_route(book: ActivationBook, leading: Callable[[], bool], allowe
         except (ValueError, UnicodeDecodeError) as e:
             return web.Response(status=400, text=f"bad activation report: not JSON ({e})\n")
         try:
+            if pod is not None and parse_report(body)[0] != pod:
+                # one activator's token must not replace another's counts (a report replaces its sender's last)
+                text = f"activation report refused: the token is {pod}'s, the report says another activator"
+                warn(_address(request.remote), text)
+                if auth is not None:  # always, with a pod: only a token review names one
+                    auth.count(NOT_THE_SENDER)
+                return web.Response(status=403, text=text + "\n")
             book.report(body)
         except ActivationError as e:
             return web.Response(status=400, text=f"bad activation report: {e}\n")
@@ -126,8 +157,10 @@ def _activations_route(book: ActivationBook, leading: Callable[[], bool], allowe
 
 
 def build_app(metrics: ControllerMetrics, health: Health, activations: ActivationBook | None = None,
-              leading: Callable[[], bool] = lambda: False, allowed: Allowed | None = None) -> web.Application:
-    """``allowed``: the addresses ``POST /v1/activations`` is taken from (the activator pods' IPs; None: any)."""
+              leading: Callable[[], bool] = lambda: False, allowed: Allowed | None = None,
+              auth: ReportAuth | None = None) -> web.Application:
+    """``auth``: who may ``POST /v1/activations`` (the activator's ServiceAccount token); without it, ``allowed``:
+    the addresses it is taken from (the activator pods' IPs; None: any)."""
     async def serve_metrics(_request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -142,16 +175,17 @@ def build_app(metrics: ControllerMetrics, health: Health, activations: Activatio
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if activations is not None:
-        app.router.add_post("/v1/activations", _activations_route(activations, leading, allowed))
+        app.router.add_post("/v1/activations", _activations_route(activations, leading, allowed, auth))
     return app
 
 
 async def start_http(metrics: ControllerMetrics, health: Health, host: str, port: int,
                      activations: ActivationBook | None = None,
-                     leading: Callable[[], bool] = lambda: False, allowed: Allowed | None = None) -> web.AppRunner:
+                     leading: Callable[[], bool] = lambda: False, allowed: Allowed | None = None,
+                     auth: ReportAuth | None = None) -> web.AppRunner:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free port; read it
     from the runner's ``addresses``). Stop with ``await runner.cleanup()``."""
-    runner = web.AppRunner(build_app(metrics, health, activations, leading, allowed), access_log=None)
+    runner = web.AppRunner(build_app(metrics, health, activations, leading, allowed, auth), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -5,15 +5,21 @@ and nothing else, and the controller's EndpointSlice writes; the rendered settin
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from test_chart import cluster_rules, load_settings, one, render, role_rules, settings_text
+import pytest
+from test_chart import CHART_DIR, cluster_rules, load_settings, one, render, role_rules, settings_text
 
 if TYPE_CHECKING:
     from realparts.helm import Helm
+    from realparts.kube import KubeApiserver
 
-pytest_plugins = ("realparts.helm",)
+pytest_plugins = ("realparts.helm", "realparts.kube")
+TOKEN_REVIEW = ("authentication.k8s.io", "tokenreviews", "create")
+AUDIENCE = "slotwise.io/activations"
 
 ON = ("--set", "activator.enabled=true")
 
@@ -25,7 +31,7 @@ def _activator_docs(docs: list[dict]) -> list[dict]:
 def test_off_by_default(helm: Helm) -> None:
     docs = render(helm)
     assert _activator_docs(docs) == []
-    assert not {r for r in cluster_rules(docs) if r[1] in ("endpointslices", "services")}
+    assert not {r for r in cluster_rules(docs) if r[1] in ("endpointslices", "services", "tokenreviews")}
     assert "activator" not in settings_text(docs)
 
 
@@ -99,3 +105,74 @@ def test_namespaced_mode_grants_the_routing_in_the_model_namespace_only(helm: He
     # without the activator, no routing rules anywhere
     off = render(helm, "--set", "config.namespace=ml")
     assert not {r for r in role_rules(off, "ml", "rel-slotwise-models") if r[1] in ("endpointslices", "services")}
+
+
+def test_the_activator_reports_with_a_projected_token_the_controller_may_review(helm: Helm, tmp_path: Path) -> None:
+    """Issue 30: the reports' bearer token is a projected ServiceAccount token for the controller's audience (bound
+    to the pod, rotated by the kubelet), passed as --token-file; the controller is told whose token to accept and
+    may create TokenReviews -- in the ClusterRole (cluster-scoped) whatever config.namespace, and in a dry run."""
+    docs = render(helm, *ON)
+    pod = one(docs, "Deployment", "rel-slotwise-activator")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    path = c["args"][c["args"].index("--token-file") + 1]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "activation-token"]
+    [source] = volume["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == AUDIENCE
+    assert source["serviceAccountToken"]["expirationSeconds"] <= 3600
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == "activation-token"]
+    assert path == f"{mount['mountPath']}/{source['serviceAccountToken']['path']}" and mount["readOnly"]
+
+    settings_file = tmp_path / "config.yaml"
+    settings_file.write_text(settings_text(docs))
+    settings = load_settings(settings_file)
+    assert settings.activator_service_account == pod["serviceAccountName"] == "rel-slotwise-activator"
+    assert settings.activator_token_audience == AUDIENCE
+
+    for extra in ((), ("--set", "config.namespace=ml"), ("--set", "config.actuator.dry_run=true")):
+        controller = cluster_rules([d for d in render(helm, *ON, *extra) if d["metadata"]["name"] == "rel-slotwise"])
+        assert TOKEN_REVIEW in controller, extra
+    activator = one(docs, "ClusterRole", "rel-slotwise-activator")
+    assert not [r for r in activator["rules"] if "tokenreviews" in r["resources"]]  # the activator reviews nothing
+    assert TOKEN_REVIEW not in cluster_rules(render(helm))  # off: not granted
+
+
+def test_installed_chart_lets_the_controller_review_the_activator_token(helm: Helm, kube_apiserver: KubeApiserver,
+                                                                       tmp_path: Path) -> None:
+    """helm install (activator on) into the real apiserver: the activator Deployment with its projected token is
+    accepted, and the controller's installed ServiceAccount (impersonated) can TokenReview a token of the
+    activator's ServiceAccount for the audience -- as the user the rendered settings name; the activator's
+    ServiceAccount cannot review."""
+    suffix = uuid.uuid4().hex[:6]
+    name, ns = f"act-{suffix}", f"slotwise-act-{suffix}"
+    values = ("--set", f"config.lease_name=slotwise-{suffix}",  # the GPU Operator's ConfigMap in the release ns
+              "--set", f"config.actuator.time_slicing_configmap={ns}/time-slicing-config")
+    helm.run("install", name, str(CHART_DIR), "--namespace", ns, "--create-namespace", *ON, *values,
+             "--timeout", "60s", kubeconfig=kube_apiserver.kubeconfig, timeout=120, check=True)
+    try:
+        asyncio.run(_review_as_the_controller(kube_apiserver, ns, f"{name}-slotwise", f"{name}-slotwise-activator"))
+    finally:
+        helm.run("uninstall", name, "--namespace", ns, kubeconfig=kube_apiserver.kubeconfig, timeout=120)
+
+
+async def _review_as_the_controller(server: KubeApiserver, ns: str, controller_sa: str, activator_sa: str) -> None:
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client import ApiClient
+
+    async with server.api_client() as admin:
+        got = await client.CoreV1Api(admin).create_namespaced_service_account_token(
+            activator_sa, ns, {"spec": {"audiences": [AUDIENCE], "expirationSeconds": 3600}})
+        token = got.status.token
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+              "spec": {"token": token, "audiences": [AUDIENCE]}}
+
+    def as_user(sa: str) -> Any:
+        return ApiClient(configuration=server.client_configuration(), header_name="Impersonate-User",
+                         header_value=f"system:serviceaccount:{ns}:{sa}")
+
+    async with as_user(controller_sa) as api:
+        status = (await client.AuthenticationV1Api(api).create_token_review(review)).status
+    assert status.authenticated and status.user.username == f"system:serviceaccount:{ns}:{activator_sa}"
+    async with as_user(activator_sa) as api:
+        with pytest.raises(client.ApiException) as refused:
+            await client.AuthenticationV1Api(api).create_token_review(review)
+    assert refused.value.status == 403

@@ -180,9 +180,11 @@ def test_schema_covers_exactly_the_controller_settings() -> None:
     # set by the chart itself (http_port <- listenPort; identity = the pod's hostname) or fixed because RBAC is
     # derived from them (training_paths, kueue_workloads_path); metric_names is the `metrics:` mapping
     not_values = {"metric_names", "http_host", "http_port", "identity", "training_paths", "kueue_workloads_path",
-                  # set from `activator:` (enabled, the release namespace, the activator pods' labels); the TTL of a
-                  # held count is the activation contract's, not a knob
-                  "activator_enabled", "activator_namespace", "activator_selector", "activation_ttl_s"}
+                  # set from `activator:` (enabled, the release namespace, the activator pods' labels, its
+                  # ServiceAccount and its projected token's audience); the TTL of a held count is the activation
+                  # contract's, not a knob
+                  "activator_enabled", "activator_namespace", "activator_selector", "activation_ttl_s",
+                  "activator_service_account", "activator_token_audience"}
     # `metrics:` becomes metric_names; `teams:` becomes arbitration.teams; `prometheus_auth:` is PrometheusAuth,
     # a settings field once `slotwise run` reads it (the chart leaves it out of the settings file while unset)
     # `limits:` likewise SpecLimits (left out of the settings file while empty)

@@ -352,7 +352,7 @@ async def test_sigterm_drains_a_held_request_then_exits_0(api: Any, kube_apiserv
     proc = subprocess.Popen(
         [sys.executable, "-m", "autoscaler.cli.main", "activator", "--kubeconfig", str(kube_apiserver.kubeconfig),
          "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin), "--namespace", ns,
-         "--pod-name", "activator-drain", "--hold-timeout-s", "60", "--drain-timeout-s", "30"],
+         "--pod-name", "activator-drain", "--hold-timeout-s", "60", "--drain-timeout-s", "30", "--port-count", "1"],
         stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         async with aiohttp.ClientSession() as c:

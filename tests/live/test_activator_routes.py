@@ -167,3 +167,36 @@ def test_wake_started_is_the_first_arrival_of_the_current_stretch(ops: list[tupl
         if not len(q):
             start = None
         assert q.wake_started == start
+
+
+def test_every_fronted_port_has_its_own_activator_port_and_backends() -> None:
+    """Issue 30: the controller's slice maps Service port i to activator port 8012 + i; a request is forwarded
+    to the backends of the Service port mapped to the activator port it arrived on."""
+    t = RouteTable()
+    two = activator_slice("a", "llm", "m")
+    two["ports"] = [{"name": "http", "protocol": "TCP", "port": 8012},
+                    {"name": "grpc", "protocol": "TCP", "port": 8013}]
+    t.apply("ADDED", two)
+    r = t.apply("ADDED", pod_slice("a", "llm", [("10.0.0.2", True)], [("grpc", 9000), ("http", 8000)]))
+    assert r is not None and r.ports == {8012: "http", 8013: "grpc"}
+    assert r.backends_at(8012) == ("http://10.0.0.2:8000",) == r.backends
+    assert r.backends_at(8013) == ("http://10.0.0.2:9000",)
+    assert r.backends_at(8014) is None  # no Service port there: the proxy answers 404
+
+
+def test_a_dual_stack_service_has_both_families_backends_and_one_port_map() -> None:
+    t = RouteTable()
+    v6 = activator_slice("a", "llm", "m")
+    v6["metadata"] = {**v6["metadata"], "name": "llm-slotwise-activator-ipv6"}
+    v6["addressType"], v6["endpoints"] = "IPv6", [{"addresses": ["fd00::9"], "conditions": {"ready": True}}]
+    t.apply("ADDED", activator_slice("a", "llm", "m"))
+    t.apply("ADDED", v6)
+    t.apply("ADDED", pod_slice("a", "llm", [("10.0.0.2", True)], [("http", 8000)], name="llm-v4"))
+    pods6 = pod_slice("a", "llm", [("fd00::2", True)], [("http", 8000)], name="llm-v6")
+    pods6["addressType"] = "IPv6"
+    r = t.apply("ADDED", pods6)
+    assert r is not None and r.ports == {8012: "http"}
+    assert r.backends_at(8012) == ("http://10.0.0.2:8000", "http://[fd00::2]:8000")
+    # the IPv4 activator slice goes (a Service made IPv6-only): still fronted through the IPv6 one
+    r = t.apply("DELETED", activator_slice("a", "llm", "m"))
+    assert r is not None and t.lookup("a/llm", None) is r and r.ports == {8012: "http"}

@@ -90,10 +90,16 @@ async def test_a_held_request_is_answered_after_the_scale_from_zero(api: client.
     act_labels = {"app.kubernetes.io/name": "slotwise", "app.kubernetes.io/component": "activator"}
     play = ClusterPlay(api, ns, node_prefix=suffix, endpoint_slices=True, ready_after_s=1.0)
     await play.ensure_service_account()
-    await core.create_namespaced_pod(ns, {
+    # its ServiceAccount and the token the kubelet would project (the reports' bearer token, --token-file)
+    await core.create_namespaced_service_account(ns, {"metadata": {"name": "slotwise-activator"}})
+    pod = await core.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "activator-e2e", "labels": act_labels},
-        "spec": {"automountServiceAccountToken": False,
+        "spec": {"automountServiceAccountToken": False, "serviceAccountName": "slotwise-activator",
                  "containers": [{"name": "activator", "image": "registry.invalid/slotwise:test"}]}})
+    token = await core.create_namespaced_service_account_token("slotwise-activator", ns, {"spec": {
+        "audiences": ["slotwise.io/activations"],
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "activator-e2e", "uid": pod.metadata.uid}}})
+    (tmp_path / "token").write_text(token.status.token)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     await core.patch_namespaced_pod_status("activator-e2e", ns, {"status": {
         "phase": "Running", "podIP": "127.0.0.1",
@@ -109,7 +115,8 @@ async def test_a_held_request_is_answered_after_the_scale_from_zero(api: client.
         [sys.executable, "-m", "autoscaler.cli.main", "activator", "--kubeconfig", str(kube_apiserver.kubeconfig),
          "--controller", f"http://127.0.0.1:{ctl_port}", "--host", "127.0.0.1", "--port", str(proxy_port),
          "--admin-port", str(admin_port), "--namespace", ns, "--pod-name", "activator-e2e",
-         "--queue-limit", str(QUEUE_LIMIT), "--hold-timeout-s", "60"],
+         "--queue-limit", str(QUEUE_LIMIT), "--hold-timeout-s", "60", "--token-file", str(tmp_path / "token"),
+         "--port-count", "1"],
         stdout=(tmp_path / "activator.log").open("w"), stderr=subprocess.STDOUT)
     settings = ControllerSettings(
         namespace=ns, lease_namespace=ns, lease_name="slotwise", identity=f"s0-{suffix}", tick_s=TICK_S,

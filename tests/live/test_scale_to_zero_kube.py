@@ -6,8 +6,9 @@ EndpointSlices at discovery.k8s.io/v1beta1).
 - a routing write that fails, or finds no Ready activator pod, blocks the scale to zero of the same model in the
   same tick (never drop traffic); the reconciles of slices in step read nothing and come after the scale writes;
 - ``POST /v1/activations`` on the controller's HTTP port wakes the tick loop at once (well before the tick
-  interval) and the held count reaches the metrics window as ``held_requests``; bad JSON is a 400, a report from
-  an address that is not an activator pod's a 403; reports during a cold start do not storm the tick.
+  interval) and the held count reaches the metrics window as ``held_requests``; bad JSON is a 400, a report
+  without the activator's token a 401 (the token checks: test_activation_auth_kube.py); reports during a cold
+  start do not storm the tick.
 
 The activation book and the slice texts are also checked pure, without the apiserver.
 """
@@ -175,16 +176,29 @@ async def _model(api: ApiClient, ns: str, replicas: int = 1) -> None:
                                                {"name": "metrics", "port": 9000, "targetPort": 9000}]}})
 
 
-async def _activator_pod(api: ApiClient, ns: str, name: str, ip: str) -> None:
+async def _activator_pod(api: ApiClient, ns: str, name: str, ip: str, service_account: str | None = None) -> None:
     core = client.CoreV1Api(api)
+    spec: dict[str, Any] = {"automountServiceAccountToken": False,
+                            "containers": [{"name": "activator", "image": "registry.invalid/slotwise:test"}]}
+    if service_account:
+        await core.create_namespaced_service_account(ns, {"metadata": {"name": service_account}})
+        spec["serviceAccountName"] = service_account
     await core.create_namespaced_pod(ns, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": ACTIVATOR_LABELS},
-        "spec": {"automountServiceAccountToken": False,
-                 "containers": [{"name": "activator", "image": "registry.invalid/slotwise:test"}]}})
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": ACTIVATOR_LABELS}, "spec": spec})
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     await core.patch_namespaced_pod_status(name, ns, {"status": {
         "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": stamp}]}})
+
+
+async def _token(api: ApiClient, ns: str, pod: str) -> str:
+    """The pod's projected-style token (TokenRequest bound to it, the activation audience)."""
+    got = await client.CoreV1Api(api).read_namespaced_pod(pod, ns)
+    req = await client.CoreV1Api(api).create_namespaced_service_account_token(
+        got.spec.service_account_name, ns, {"spec": {"audiences": ["slotwise.io/activations"],
+                                                     "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                                                                        "name": pod, "uid": got.metadata.uid}}})
+    return req.status.token
 
 
 async def _pods(api: ApiClient, ns: str) -> list[dict]:
@@ -192,10 +206,10 @@ async def _pods(api: ApiClient, ns: str) -> list[dict]:
     return [api.sanitize_for_serialization(p) for p in got.items]
 
 
-async def _slice(api: ApiClient, ns: str, version: str) -> dict | None:
+async def _slice(api: ApiClient, ns: str, version: str, family: str = "IPv4") -> dict | None:
     try:
         return await client.CustomObjectsApi(api).get_namespaced_custom_object(
-            "discovery.k8s.io", version, ns, "endpointslices", slice_name("chat"))
+            "discovery.k8s.io", version, ns, "endpointslices", slice_name("chat", family))
     except client.ApiException as e:
         if e.status == 404:
             return None
@@ -253,9 +267,11 @@ async def test_set_routing_writes_the_contract_slice_follows_the_activator_and_d
         assert got["metadata"]["labels"] == {"kubernetes.io/service-name": "chat",
                                              "endpointslice.kubernetes.io/managed-by": "slotwise.io",
                                              "slotwise.io/model": "chat"}
-        # only the Service's first port goes to the activator (one listener cannot tell which port a request came
-        # through); "metrics" is left to the pods' own slice
-        assert [(p["name"], p["port"]) for p in got["ports"]] == [("http", 8012)]
+        # every Service port goes to the activator, each at its own port (the listener a request arrives on says
+        # which Service port it came through)
+        assert [(p["name"], p["port"]) for p in got["ports"]] == [("http", 8012), ("metrics", 8013)]
+        assert got["addressType"] == "IPv4"  # a single-stack Service: no IPv6 slice
+        assert await _slice(api, ns, version, "IPv6") is None
         assert [e["addresses"] for e in got["endpoints"]] == [["10.1.0.1"]]
         await _eventually(lambda: ctl.view().snapshot.models[f"{ns}/chat"].via_activator is True)
 
@@ -405,20 +421,22 @@ async def test_an_activation_report_wakes_the_tick_at_once(api: ApiClient, ns: s
         ticks = ctl.ticks
         url = f"http://127.0.0.1:{port}/v1/activations"
         async with aiohttp.ClientSession() as http:
-            # only the activator pods' IPs may report (the route has no other authentication): none is known yet
-            async with http.post(url, json=_report("activator-a", 2, "chat", ns)) as refused:
-                assert refused.status == 403 and "not an activator pod" in await refused.text()
-            assert ctl.activations.held() == {}
-            await _activator_pod(api, ns, "activator-a", "127.0.0.1")
+            # only the activator's ServiceAccount token is taken (tests/live/test_activation_auth_kube.py): none
+            # sent, even from an activator pod's IP
+            await _activator_pod(api, ns, "activator-a", "127.0.0.1", service_account="slotwise-activator")
             await _eventually(lambda: any((p.get("status") or {}).get("podIP") == "127.0.0.1"
                                           for p in ctl.activator_pods.items()))
-            async with http.post(url, data=b"{not json") as bad:
+            async with http.post(url, json=_report("activator-a", 2, "chat", ns)) as refused:
+                assert refused.status == 401 and "no bearer token" in await refused.text()
+            assert ctl.activations.held() == {}
+            auth = {"Authorization": "Bearer " + await _token(api, ns, "activator-a")}
+            async with http.post(url, data=b"{not json", headers=auth) as bad:
                 assert bad.status == 400 and "not JSON" in await bad.text()
-            async with http.post(url, json={"activator": "x", "models": [{"namespace": ns}]}) as bad:
+            async with http.post(url, json={"activator": "x", "models": [{"namespace": ns}]}, headers=auth) as bad:
                 assert bad.status == 400 and "models[0]" in await bad.text()
             assert ctl.ticks == ticks  # a refused report woke nothing
             sent = time.monotonic()
-            async with http.post(url, json=_report("activator-a", 2, "chat", ns)) as ok:
+            async with http.post(url, json=_report("activator-a", 2, "chat", ns), headers=auth) as ok:
                 assert ok.status == 202
                 assert await ok.json() == {"leader": True}
             await _eventually(lambda: ctl.ticks > ticks, timeout_s=5.0)
@@ -430,3 +448,54 @@ async def test_an_activation_report_wakes_the_tick_at_once(api: ApiClient, ns: s
     finally:
         stop.set()
         await asyncio.wait_for(run, 30.0)
+
+
+# -- pure: issue 30 (every port, both families, who may report) -------------------------------------------------
+
+def test_slice_ports_are_every_tcp_port_each_at_its_own_activator_port() -> None:
+    from autoscaler.live.kube.routing import ACTIVATOR_PORT_COUNT, slice_ports
+
+    svc = {"spec": {"ports": [{"name": "http", "port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"},
+                              {"name": "grpc", "port": 9000, "protocol": "TCP"}]}}
+    assert [(p["name"], p["port"]) for p in slice_ports(svc)] == [("http", 8012), ("grpc", 8013)]
+    many = {"spec": {"ports": [{"name": f"p{i}", "port": 1000 + i} for i in range(40)]}}
+    assert [p["port"] for p in slice_ports(many)] == list(range(8012, 8012 + ACTIVATOR_PORT_COUNT))
+    assert slice_ports(None) == [{"name": "", "protocol": "TCP", "port": 8012}]
+
+
+def test_service_families_and_one_slice_per_family() -> None:
+    from autoscaler.live.kube.routing import ActivatorEndpoint, service_families
+
+    assert service_families({"spec": {"ipFamilies": ["IPv6", "IPv4"]}}) == ("IPv6", "IPv4")
+    assert service_families({"spec": {"clusterIPs": ["fd00::10"]}}) == ("IPv6",)
+    assert service_families({"spec": {"clusterIP": "None"}}) == ("IPv4",)
+    e = ActivatorEndpoint("10.0.0.1", "a", "ns", None, ("10.0.0.1", "fd00::1"))
+    v6 = activator_slice("ns", "chat", "chat", [], [e], family="IPv6")
+    assert (v6["metadata"]["name"], v6["addressType"], v6["endpoints"][0]["addresses"]) == (
+        "chat-slotwise-activator-ipv6", "IPv6", ["fd00::1"])
+    only_v4 = ActivatorEndpoint("10.0.0.2", "b", "ns")
+    assert activator_slice("ns", "chat", "chat", [], [only_v4], family="IPv6")["endpoints"] == []
+    assert via_activator([v6], "ns", "chat") is True
+
+
+def test_judge_takes_the_service_account_and_its_pod_not_an_address() -> None:
+    from autoscaler.live.activations import Reviewed, bearer_token, judge
+
+    pods = [{"metadata": {"name": "act-0", "uid": "u0"}, "status": {"podIP": "10.0.0.5"}}]
+    user = "system:serviceaccount:sw:slotwise-activator"
+
+    def j(r: Reviewed, peer: str = "127.0.0.6") -> Any:
+        got = judge(r, user=user, audience="slotwise.io/activations", pods=pods, peer=peer,
+                    peer_ips=lambda p: [p["status"]["podIP"]])
+        return None if got is None else (got.status, got.reason)
+
+    ok = Reviewed(True, user, ("slotwise.io/activations",), "act-0", "u0")
+    assert j(ok) is None  # from any address (a sidecar, SNAT)
+    assert j(Reviewed(False, error="expired")) == (401, "invalid-token")
+    assert j(dataclasses.replace(ok, audiences=("https://kubernetes.default.svc",))) == (401, "invalid-token")
+    assert j(dataclasses.replace(ok, user="system:serviceaccount:sw:default")) == (403, "wrong-service-account")
+    assert j(dataclasses.replace(ok, pod="act-9")) == (403, "not-an-activator-pod")
+    assert j(dataclasses.replace(ok, pod_uid="u-recreated")) == (403, "not-an-activator-pod")
+    unbound = dataclasses.replace(ok, pod=None, pod_uid=None)  # a legacy Secret's token: the address is checked
+    assert j(unbound) == (403, "not-an-activator-pod") and j(unbound, "::ffff:10.0.0.5") is None
+    assert bearer_token("Bearer abc") == "abc" and bearer_token("Basic abc") is None and bearer_token(None) is None

@@ -37,7 +37,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,9 +306,11 @@ def _start_etcd(etcd: str, workdir: Path) -> tuple[subprocess.Popen, str, Path]:
 
 
 def _start_apiserver(
-    binary: Path, etcd_url: str, workdir: Path, token: str
+    binary: Path, etcd_url: str, workdir: Path, token: str, extra_args: Sequence[str] = ()
 ) -> tuple[subprocess.Popen, str, Path, Path]:
-    """-> (process, url, log, the CA file to trust: the serving cert the apiserver made in its cert dir)."""
+    """-> (process, url, log, the CA file to trust: the serving cert the apiserver made in its cert dir).
+    ``extra_args`` come last: a flag given again there overrides the default above (e.g. a dual-stack
+    ``--service-cluster-ip-range`` with ``--feature-gates=IPv6DualStack=true``, alpha in 1.20)."""
     tokens = workdir / "tokens.csv"
     tokens.write_text(f'{token},admin,admin,"system:masters"\n')
     sa_key, sa_pub = workdir / "sa.key", workdir / "sa.pub"
@@ -336,6 +338,7 @@ def _start_apiserver(
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
+                *extra_args,
             ],
             log,
         )
@@ -360,9 +363,10 @@ def _fast_tmp() -> str | None:
 
 
 @contextmanager
-def running_kube_apiserver(workdir: Path | None = None) -> Iterator[KubeApiserver]:
+def running_kube_apiserver(workdir: Path | None = None, extra_args: Sequence[str] = ()) -> Iterator[KubeApiserver]:
     """Start etcd and kube-apiserver on free loopback ports, wait for ``/readyz``, yield, stop both and remove
-    the temp dir (``workdir`` if given is kept, only its contents are made here)."""
+    the temp dir (``workdir`` if given is kept, only its contents are made here). ``extra_args``: more
+    kube-apiserver flags (last: they override the defaults)."""
     binary, etcd = ensure_apiserver(), ensure_etcd()
     own_dir = workdir is None
     if workdir is None:
@@ -373,7 +377,7 @@ def running_kube_apiserver(workdir: Path | None = None) -> Iterator[KubeApiserve
         etcd_proc, etcd_url, etcd_log = _start_etcd(etcd, workdir)
         procs.append(etcd_proc)
         token = secrets.token_hex(16)
-        api_proc, url, api_log, ca_file = _start_apiserver(binary, etcd_url, workdir, token)
+        api_proc, url, api_log, ca_file = _start_apiserver(binary, etcd_url, workdir, token, extra_args)
         procs.append(api_proc)
         kubeconfig = workdir / "kubeconfig"
         kubeconfig.write_text(_kubeconfig(url, token, ca_file))

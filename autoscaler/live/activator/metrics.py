@@ -19,7 +19,7 @@ class ActivatorMetrics:
         self.timeouts = Counter("slotwise_activator_timeouts", "Held requests answered 504 at the hold timeout.",
                                 registry=r)
         self.reports_refused = Counter("slotwise_activator_reports_refused", "Activation reports a controller "
-                                       "answered with an error (403: this pod's IP is not an activator pod's "
-                                       "to it).", registry=r)
+                                       "answered with an error (401: no or an invalid token; 403: not the "
+                                       "activator's token, or not this pod's).", registry=r)
         self.forwarded = Counter("slotwise_activator_forwarded", "Requests forwarded to a backend.",
                                  ["namespace", "model"], registry=r)

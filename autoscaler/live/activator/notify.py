@@ -5,9 +5,12 @@ reports every ``interval_s``; a model whose last held request just left is repor
 Endpoints: the ``--controller`` URLs, plus every address ``--controller-service HOST:PORT`` resolves to at each
 report (each controller replica gets it: the leader acts, the others keep the counts for when they lead).
 A controller that does not answer delays nothing: each POST has its own short timeout and failures are dropped.
-A controller that answers with an error (``403``: this pod's IP is not one it knows as an activator's, e.g. behind
-a mesh sidecar or SNAT; ``400``: a contract mismatch) is counted (``slotwise_activator_reports_refused``) and
-logged as a warning at most once a minute per controller: a model at zero is woken only by these reports.
+Each report carries this pod's ServiceAccount token as its bearer token (``--token-file``: the chart's projected
+token, audience ``slotwise.io/activations``; :class:`TokenFile` re-reads it as the kubelet rotates it): the
+controller authenticates it with a TokenReview. A controller that answers with an error (``401``: no or an
+invalid token; ``403``: a token that is not the activator's ServiceAccount's, or of a pod that is not an activator
+pod; ``400``: a contract mismatch) is counted (``slotwise_activator_reports_refused``) and logged as a warning at
+most once a minute per controller: a model at zero is woken only by these reports.
 """
 
 from __future__ import annotations
@@ -28,13 +31,39 @@ log = logging.getLogger("slotwise.activator.notify")
 REFUSED_LOG_INTERVAL_S = 60.0  # a controller refusing every report is logged once a minute, not every second
 
 Report = Callable[[], list[dict[str, Any]]]  # the models' entries now (held > 0, and those that just emptied)
+TOKEN_REREAD_S = 30.0  # the kubelet rotates a projected token at 80 % of its life (>= 10 min): re-read well before
+
+
+class TokenFile:
+    """The bearer token in a file (a projected ServiceAccount token), read again every ``reread_s``: the kubelet
+    replaces the file as the token rotates, and an expired token would have every report refused."""
+
+    def __init__(self, path: str, *, reread_s: float = TOKEN_REREAD_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.reread_s = reread_s
+        self.clock = clock
+        self._token: str | None = None
+        self._at = -math.inf
+
+    def __call__(self) -> str | None:
+        now = self.clock()
+        if now - self._at >= self.reread_s:
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    self._token = f.read().strip() or None
+            except OSError as e:  # keep the last token: a rotation in progress must not drop a report
+                log.warning("activation token %s unreadable: %s", self.path, e)
+            self._at = now
+        return self._token
 
 
 class Notifier:
     def __init__(self, session: aiohttp.ClientSession, activator: str, report: Report, *,
                  controllers: Sequence[str] = (), controller_service: str | None = None,
                  interval_s: float = 1.0, timeout_s: float = 1.0, refused: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 token: Callable[[], str | None] | None = None) -> None:
         self.session = session
         self.activator = activator
         self.report = report
@@ -49,6 +78,7 @@ class Notifier:
         self._on_refused = refused  # the metric's inc
         self.clock = clock
         self._warned: dict[str, float] = {}  # controller URL -> when a refusal was last logged
+        self.token = token  # the bearer token of the reports (None: none sent, a controller then answers 401)
 
     def kick(self) -> None:
         self._wake.set()
@@ -72,13 +102,15 @@ class Notifier:
         if not models:
             return False
         body = {"activator": self.activator, "models": models}
+        token = self.token() if self.token is not None else None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         urls = await self.endpoints()
-        await asyncio.gather(*(self._post(u + "/v1/activations", body) for u in urls))
+        await asyncio.gather(*(self._post(u + "/v1/activations", body, headers) for u in urls))
         return True
 
-    async def _post(self, url: str, body: dict[str, Any]) -> None:
+    async def _post(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         try:
-            async with self.session.post(url, json=body, timeout=self.timeout) as resp:
+            async with self.session.post(url, json=body, headers=headers or {}, timeout=self.timeout) as resp:
                 text = await resp.read()
                 self.sent += 1
                 if resp.status >= 400:

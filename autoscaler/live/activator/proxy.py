@@ -2,7 +2,9 @@
 
 The proxy port is aiohttp's low-level server (no router, no middlewares: every request is the same handler).
 A request's model comes from ``X-Slotwise-Model: ns/service``, else its Host (:mod:`routes`); unknown -> 404
-naming what was looked for. No ready backend: the request waits in its model's :class:`~holding.HoldQueue`
+naming what was looked for. Its Service port is the one the controller's slice maps to the activator port it
+arrived on (one server per listener, :meth:`Activator.proxy_server`); a port the Service has not there -> 404.
+No ready backend: the request waits in its model's :class:`~holding.HoldQueue`
 (full -> 503 with Retry-After; past ``hold_timeout_s`` -> 504; a client that disconnects is dropped: the server
 cancels its handler, ``handler_cancellation=True``), the controller hears of the first one at once
 (:class:`~notify.Notifier`). When the EndpointSlice watch brings a ready backend the held requests are released
@@ -18,6 +20,7 @@ it was sent yet), else 502. Nothing per request is logged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -31,6 +34,7 @@ from yarl import URL
 from autoscaler.live.activator.holding import RETRY_AFTER_MIN_S, HoldQueue
 from autoscaler.live.activator.metrics import ActivatorMetrics
 from autoscaler.live.activator.routes import Route, RouteTable
+from autoscaler.live.kube.objects import ACTIVATOR_PORT
 
 MODEL_HEADER = "X-Slotwise-Model"
 HOP_BY_HOP = ("Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "TE",
@@ -114,7 +118,8 @@ class Activator:
                     fut.set_result(self._gone(route))
         elif not len(q):
             return
-        elif route.backends:
+        elif route.backends or any(route.by_port.values()):
+            # a request for a port still without backends is held again by its handler (same deadline)
             for fut, _at in q.drain(self.clock()):
                 if not fut.done():
                     fut.set_result(None)
@@ -180,16 +185,19 @@ class Activator:
 
     # --- the handler ----------------------------------------------------------------------------------------
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest, port: int = ACTIVATOR_PORT) -> web.StreamResponse:
+        """One request that arrived on activator port ``port`` (the slice port kube-proxy sent it to)."""
         headers = request.headers
         header = headers.get(MODEL_HEADER)
         route = self.table.lookup(header, headers.get("Host"))
         if route is None:
             return web.Response(status=404, text=self.table.why_not(header, headers.get("Host")) + "\n")
-        if not route.backends:
+        if route.backends_at(port) is None:
+            return self._no_port(route, port)
+        if not route.backends_at(port):
             # one deadline from the first admit: backends that flap must not restart the hold timeout
             deadline = asyncio.get_running_loop().time() + self.hold_timeout_s
-            while not route.backends:
+            while not route.backends_at(port):
                 answer = await self._hold(route, deadline)
                 if answer is not None:
                     return answer
@@ -197,14 +205,21 @@ class Activator:
                 if now_route is None:
                     return self._gone(route)
                 route = now_route
-        return await self._forward(request, route)
+                if route.backends_at(port) is None:
+                    return self._no_port(route, port)
+        return await self._forward(request, route, port)
 
-    async def _forward(self, request: web.BaseRequest, route: Route) -> web.StreamResponse:
+    @staticmethod
+    def _no_port(route: Route, port: int) -> web.Response:
+        return web.Response(status=404, text=f"{route.key}: no Service port is fronted at activator port {port}\n")
+
+    async def _forward(self, request: web.BaseRequest, route: Route,
+                       port: int = ACTIVATOR_PORT) -> web.StreamResponse:
         out_headers = _strip(request.headers)
         body = _Body(request.content) if request.body_exists else None
         upstream = None
         for attempt in range(2):
-            backends = route.backends
+            backends = route.backends_at(port)
             if not backends:
                 break
             route.rr += 1
@@ -233,8 +248,10 @@ class Activator:
 
     # --- the servers ----------------------------------------------------------------------------------------
 
-    def proxy_server(self) -> web.Server:
-        return web.Server(self.handle, handler_cancellation=True, access_log=None)
+    def proxy_server(self, port: int = ACTIVATOR_PORT) -> web.Server:
+        """The server of one listener, for requests kube-proxy sends to activator port ``port`` (the slice's port:
+        the listener may be bound elsewhere, e.g. in tests)."""
+        return web.Server(functools.partial(self.handle, port=port), handler_cancellation=True, access_log=None)
 
 
 def admin_app(metrics: ActivatorMetrics, ready: Callable[[], tuple[bool, str]]) -> web.Application:

@@ -4,7 +4,12 @@ A Service is *fronted* once the controller's activator slice (``<service>-slotwi
 ``slotwise.io``, ``slotwise.io/model: <workload>``) has been seen for it; it stays routable while it has any
 slice left, so requests kube-proxy still sends here just after the controller removed its slice pass through.
 The Service's other slices list its pods: their ready endpoints (``conditions.ready`` true or unset, as the API
-says to read "unknown") at the port matched by name are the backends.
+says to read "unknown") at the port matched by name are the backends -- of every address family (a dual-stack
+Service has an IPv4 and an IPv6 slice; an IPv6 backend is ``http://[addr]:port``).
+
+Every Service port is fronted: the activator slice maps each Service port (by name) to one activator port (8012 +
+i, :attr:`Route.ports`), and a request is forwarded to the backends of the Service port that maps to the activator
+port it arrived on (:meth:`Route.backends_at`).
 
 Lookups are precomputed dicts (the hot path is one ``dict.get``): by ``ns/service`` and by every Host form
 (``svc.ns``, ``svc.ns.svc``, ``svc.ns.svc.cluster.local``, and a bare ``svc`` when exactly one fronted Service
@@ -17,14 +22,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoscaler.live.kube.objects import MANAGED_BY, MANAGED_BY_LABEL, MODEL_LABEL, SERVICE_NAME_LABEL
+from autoscaler.live.kube.objects import (
+    ACTIVATOR_PORT,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    MODEL_LABEL,
+    SERVICE_NAME_LABEL,
+)
 
 ACTIVATOR_SUFFIX = "-slotwise-activator"
 
 
 @dataclass(eq=False)
 class Route:
-    """One fronted Service: its key ``ns/service``, the workload name, the backend base URLs (``http://ip:port``)."""
+    """One fronted Service: its key ``ns/service``, the workload name, the backend base URLs (``http://ip:port``)
+    of its first port (``backends``) and of every fronted port (``by_port``: Service port name -> URLs), and which
+    activator port serves which Service port (``ports``: activator port -> Service port name)."""
 
     namespace: str
     service: str
@@ -34,10 +47,20 @@ class Route:
     slices: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     rr: int = 0  # round-robin position
     extra: Any = None  # the proxy's per-route state (metric children)
+    ports: dict[int, str] = field(default_factory=dict)
+    by_port: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.service}"
+
+    def backends_at(self, port: int) -> tuple[str, ...] | None:
+        """The backends for a request that arrived on activator port ``port``; None: the Service has no port
+        fronted there (a route without a port map -- its slice not seen yet -- serves its first port at 8012)."""
+        if not self.ports:
+            return self.backends if port == ACTIVATOR_PORT else None
+        name = self.ports.get(port)
+        return None if name is None else self.by_port.get(name, ())
 
 
 def _labels(s: Mapping[str, Any]) -> Mapping[str, str]:
@@ -50,6 +73,17 @@ def is_activator_slice(s: Mapping[str, Any]) -> bool:
 
 def _url(address: str, port: int) -> str:
     return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+def port_map(ours: Iterable[Mapping[str, Any]]) -> dict[int, str]:
+    """Activator port -> Service port name, from the controller's activator slices (one per IP family, the same
+    ports)."""
+    out: dict[int, str] = {}
+    for s in ours:
+        for p in s.get("ports") or ():
+            if p.get("port"):
+                out.setdefault(int(p["port"]), str(p.get("name") or ""))
+    return out
 
 
 def backends(slices: Iterable[Mapping[str, Any]], port_name: str) -> tuple[str, ...]:
@@ -135,14 +169,15 @@ class RouteTable:
             self._add(route)
         elif not slices:
             self._remove(route)
-            route.backends = ()
+            route.backends, route.by_port = (), {}
             return route
-        ours = next((x for x in slices.values() if is_activator_slice(x)), None)
-        if ours is not None:
-            route.model = _labels(ours).get(MODEL_LABEL) or route.model
-            ports = ours.get("ports") or ()
-            route.port_name = (ports[0].get("name") or "") if ports else ""
-        route.backends = backends(slices.values(), route.port_name)
+        ours = [x for x in slices.values() if is_activator_slice(x)]
+        if ours:  # gone (deleted while the pods' slices remain): the last port map stays, requests pass through
+            route.model = _labels(ours[0]).get(MODEL_LABEL) or route.model
+            route.ports = port_map(ours)
+            route.port_name = route.ports[min(route.ports)] if route.ports else ""
+        route.by_port = {name: backends(slices.values(), name) for name in set(route.ports.values())}
+        route.backends = route.by_port.get(route.port_name) or backends(slices.values(), route.port_name)
         return route
 
     def replace(self, slices: Iterable[Mapping[str, Any]]) -> list[Route]:
@@ -158,12 +193,13 @@ class RouteTable:
             prev = old.get(key)
             if prev is not None:  # keep the identity the proxy's held queues and metrics hang on
                 prev.model, prev.backends, prev.port_name, prev.slices = r.model, r.backends, r.port_name, r.slices
+                prev.ports, prev.by_port = r.ports, r.by_port
                 self._remove(r)
                 self._add(prev)
                 fresh[key] = prev
         gone = [r for k, r in old.items() if k not in self.by_key]
         for r in gone:
-            r.backends = ()
+            r.backends, r.by_port = (), {}
         return list(fresh.values()) + gone
 
     def _add(self, route: Route) -> None:

@@ -5,9 +5,12 @@ EndpointSlice of that Service, written by the controller beside the endpointslic
 ``<service>-slotwise-activator``, labelled ``kubernetes.io/service-name: <service>`` (so kube-proxy routes the
 Service's ClusterIP to its endpoints too), ``endpointslice.kubernetes.io/managed-by: slotwise.io`` (so the
 endpointslice controller leaves it alone) and ``slotwise.io/model: <workload name>``; its endpoints are the Ready
-activator pods, its one port the Service's first port (same name) at the activator's port 8012. Deleting it sends the
-traffic straight to the pods again. Why a slice beside the Service's own and not a selector switch:
-docs/scale-to-zero.md.
+activator pods, its ports every TCP port of the Service (same names), the i-th at the activator's port 8012 + i (the
+activator listens on each, so it knows which Service port a request came through). One slice per IP family of the
+Service (``spec.ipFamilies``; a slice has one ``addressType``): ``<service>-slotwise-activator`` for IPv4,
+``<service>-slotwise-activator-ipv6`` for IPv6, each with the activator pods' addresses of that family (their
+``status.podIPs``). Deleting them sends the traffic straight to the pods again. Why a slice beside the Service's
+own and not a selector switch: docs/scale-to-zero.md.
 
 This module builds the slice (:func:`activator_slice`), finds the activator's endpoints in pods
 (:func:`activator_endpoints`), says whether a model goes through the activator now (:func:`via_activator`) and
@@ -34,22 +37,49 @@ from autoscaler.live.kube.objects import (
 )
 
 SLICE_SUFFIX = "-slotwise-activator"
-# Kubernetes names are at most 253 characters (DNS subdomain); a Service name is at most 63, so the suffix fits
+# Kubernetes names are at most 253 characters (DNS subdomain); a Service name is at most 63, so the suffixes fit
+IPV4, IPV6 = "IPv4", "IPv6"  # EndpointSlice addressType = Service ipFamilies values
+FAMILIES = (IPV4, IPV6)
+# The activator listens on ACTIVATOR_PORT .. ACTIVATOR_PORT + ACTIVATOR_PORT_COUNT - 1: the i-th fronted Service
+# port is sent to ACTIVATOR_PORT + i (the contract with `slotwise activator --port-count`). A Service with more TCP
+# ports has the first ACTIVATOR_PORT_COUNT fronted; the rest go to its pods' slices only.
+ACTIVATOR_PORT_COUNT = 16
 
 
-def slice_name(service: str) -> str:
-    """The name of the controller's activator EndpointSlice of ``service``."""
-    return service + SLICE_SUFFIX
+def slice_name(service: str, family: str = IPV4) -> str:
+    """The name of the controller's activator EndpointSlice of ``service`` for one IP family (IPv4 keeps the name
+    of the single-stack slice, so slices written before dual-stack support are the same objects)."""
+    return service + SLICE_SUFFIX + ("-ipv6" if family == IPV6 else "")
+
+
+def address_family(ip: str) -> str:
+    """``IPv6`` for an address with a colon, else ``IPv4`` (pod IPs are always one or the other)."""
+    return IPV6 if ":" in ip else IPV4
 
 
 @dataclass(frozen=True)
 class ActivatorEndpoint:
-    """One Ready activator pod: its IP, pod name and node (the slice's endpoint)."""
+    """One Ready activator pod: its (primary) IP, pod name and node, and all its IPs (one per family on a
+    dual-stack cluster: ``status.podIPs``) -- the slices' endpoint."""
 
     ip: str
     pod: str
     namespace: str
     node: str | None = None
+    ips: tuple[str, ...] = ()
+
+    def address(self, family: str) -> str | None:
+        """The pod's address of ``family`` (None: it has none)."""
+        return next((i for i in (self.ips or (self.ip,)) if address_family(i) == family), None)
+
+
+def pod_ips(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """A pod's IPs: ``status.podIPs`` (dual-stack: one per family), else ``status.podIP``; the primary first."""
+    ips = [str(i.get("ip")) for i in status.get("podIPs") or () if isinstance(i, Mapping) and i.get("ip")]
+    primary = status.get("podIP")
+    if primary and str(primary) not in ips:
+        ips.insert(0, str(primary))
+    return tuple(ips)
 
 
 def activator_endpoints(pods: Iterable[Mapping[str, Any]]) -> tuple[ActivatorEndpoint, ...]:
@@ -64,32 +94,49 @@ def activator_endpoints(pods: Iterable[Mapping[str, Any]]) -> tuple[ActivatorEnd
         if (meta.get("deletionTimestamp") is None and status.get("phase") == "Running" and ip
                 and ready is not None and ready.get("status") == "True"):
             out.append(ActivatorEndpoint(str(ip), str(meta.get("name")), str(meta.get("namespace") or ""),
-                                         (p.get("spec") or {}).get("nodeName")))
+                                         (p.get("spec") or {}).get("nodeName"), pod_ips(status)))
     return tuple(sorted(out, key=lambda e: (e.ip, e.pod)))
 
 
 def slice_ports(service: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The slice's one port: the Service's **first** port (its name and protocol) at the activator's port. A
-    Service not read (None) or without ports: one unnamed TCP port (what a one-port Service matches).
+    """The slice's ports: every TCP port of the Service (its name), the i-th at the activator's port
+    ``ACTIVATOR_PORT + i`` (at most ``ACTIVATOR_PORT_COUNT``). A Service not read (None) or without a TCP port:
+    one unnamed TCP port (what a one-port Service matches).
 
-    Only the first port is fronted: the activator has one listener and cannot tell which Service port a request
-    came through, so it forwards everything it gets to the backends' first port. A multi-port Service's other
-    ports are left to the pods' own slices (at zero they have no endpoints, exactly as without the activator;
-    with pods they go straight there) instead of being sent to the activator and forwarded to the wrong port."""
+    One activator port per Service port because a request forwarded by kube-proxy carries no trace of the Service
+    port it came through but its destination port: the activator tells them apart by the listener that got it and
+    forwards to the backends' port of the same name. Other protocols (UDP, SCTP) are not HTTP: left to the pods'
+    own slices, as are ports beyond the activator's count."""
     ports = [p for p in ((service or {}).get("spec") or {}).get("ports") or [] if isinstance(p, Mapping)]
-    out = [{"name": str(p.get("name") or ""), "protocol": str(p.get("protocol") or "TCP"), "port": ACTIVATOR_PORT}
-           for p in ports[:1]]
+    tcp = [p for p in ports if str(p.get("protocol") or "TCP") == "TCP"][:ACTIVATOR_PORT_COUNT]
+    out = [{"name": str(p.get("name") or ""), "protocol": "TCP", "port": ACTIVATOR_PORT + i}
+           for i, p in enumerate(tcp)]
     return out or [{"name": "", "protocol": "TCP", "port": ACTIVATOR_PORT}]
+
+
+def service_families(service: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The IP families the Service is reachable on: ``spec.ipFamilies`` (dual-stack clusters set it on every
+    Service), else the families of its cluster IPs, else IPv4 (a single-stack cluster before 1.20)."""
+    spec = (service or {}).get("spec") or {}
+    families = [f for f in spec.get("ipFamilies") or () if f in FAMILIES]
+    if not families:
+        ips = [i for i in [*(spec.get("clusterIPs") or ()), spec.get("clusterIP")] if i and i != "None"]
+        families = [address_family(str(i)) for i in ips]
+    return tuple(dict.fromkeys(families)) or (IPV4,)
 
 
 def activator_slice(namespace: str, service: str, model: str, ports: Sequence[Mapping[str, Any]],
                     endpoints: Sequence[ActivatorEndpoint], api_version: str = "discovery.k8s.io/v1",
-                    resource_version: str | None = None) -> dict[str, Any]:
-    """The EndpointSlice that sends ``service``'s traffic to the activator (``model``: the workload's name).
-    ``api_version`` v1beta1 (Kubernetes < 1.21) names the node in ``topology`` instead of ``nodeName``."""
+                    resource_version: str | None = None, family: str = IPV4) -> dict[str, Any]:
+    """The EndpointSlice that sends ``service``'s traffic of one IP ``family`` to the activator (``model``: the
+    workload's name): the activator pods' addresses of that family. ``api_version`` v1beta1 (Kubernetes < 1.21)
+    names the node in ``topology`` instead of ``nodeName``."""
     eps = []
     for e in endpoints:
-        ep: dict[str, Any] = {"addresses": [e.ip], "conditions": {"ready": True},
+        address = e.address(family)
+        if address is None:
+            continue
+        ep: dict[str, Any] = {"addresses": [address], "conditions": {"ready": True},
                               "targetRef": {"kind": "Pod", "namespace": e.namespace, "name": e.pod}}
         if e.node:
             if api_version.endswith("/v1beta1"):
@@ -98,34 +145,36 @@ def activator_slice(namespace: str, service: str, model: str, ports: Sequence[Ma
                 ep["nodeName"] = e.node
         eps.append(ep)
     meta: dict[str, Any] = {
-        "name": slice_name(service), "namespace": namespace,
+        "name": slice_name(service, family), "namespace": namespace,
         "labels": {SERVICE_NAME_LABEL: service, MANAGED_BY_LABEL: MANAGED_BY, MODEL_LABEL: model},
     }
     if resource_version:
         meta["resourceVersion"] = resource_version
-    return {"apiVersion": api_version, "kind": "EndpointSlice", "metadata": meta, "addressType": "IPv4",
+    return {"apiVersion": api_version, "kind": "EndpointSlice", "metadata": meta, "addressType": family,
             "endpoints": eps, "ports": [dict(p) for p in ports]}
 
 
-def _ours(s: Mapping[str, Any], namespace: str, service: str) -> bool:
+def _ours(s: Mapping[str, Any], namespace: str, service: str, families: Sequence[str] = FAMILIES) -> bool:
     meta = metadata(s)
     labels = meta.get("labels") or {}
-    return (meta.get("namespace") == namespace and meta.get("name") == slice_name(service)
+    return (meta.get("namespace") == namespace and meta.get("name") in {slice_name(service, f) for f in families}
             and labels.get(MANAGED_BY_LABEL) == MANAGED_BY)
 
 
-def find_slice(slices: Iterable[Mapping[str, Any]], namespace: str, service: str) -> Mapping[str, Any] | None:
-    """The controller's activator slice of ``namespace/service`` among ``slices``, or None."""
-    return next((s for s in slices if _ours(s, namespace, service)), None)
+def find_slice(slices: Iterable[Mapping[str, Any]], namespace: str, service: str,
+               family: str = IPV4) -> Mapping[str, Any] | None:
+    """The controller's activator slice of ``namespace/service`` for ``family`` among ``slices``, or None."""
+    return next((s for s in slices if _ours(s, namespace, service, (family,))), None)
 
 
 def via_activator(slices: Iterable[Mapping[str, Any]], namespace: str, service: str | None) -> bool | None:
-    """Whether ``service``'s traffic goes through the activator now: its activator slice exists with endpoints.
-    None: the model has no Service (nobody fronts it)."""
+    """Whether ``service``'s traffic goes through the activator now: an activator slice of it (any family) exists
+    with endpoints. None: the model has no Service (nobody fronts it). A dual-stack Service with one family's
+    slice only reads True too: the routing write before a scale to zero writes every family or fails (then the
+    scale to zero is not written)."""
     if service is None:
         return None
-    s = find_slice(slices, namespace, service)
-    return s is not None and bool(s.get("endpoints"))
+    return any(_ours(s, namespace, service) and bool(s.get("endpoints")) for s in slices)
 
 
 def slice_current(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
@@ -142,7 +191,8 @@ def slice_current(current: Mapping[str, Any], desired: Mapping[str, Any]) -> boo
                       for p in s.get("ports") or ())
 
     return (all(labels.get(k) == v for k, v in want.items()) and eps(current) == eps(desired)
-            and ports(current) == ports(desired))
+            and ports(current) == ports(desired)
+            and (current.get("addressType") or IPV4) == (desired.get("addressType") or IPV4))
 
 
 def model_service(meta: Mapping[str, Any]) -> str | None:

@@ -140,6 +140,9 @@ set: no key at all */}}
 {{- $_ := set $cfg "activator_enabled" true }}
 {{- $_ := set $cfg "activator_namespace" .Release.Namespace }}
 {{- $_ := set $cfg "activator_selector" (include "slotwise.activatorSelector" .) }}
+{{- /* who may report: the activator's ServiceAccount (activator.yaml), by its projected token's audience */}}
+{{- $_ := set $cfg "activator_service_account" (printf "%s-activator" (include "slotwise.fullname" .)) }}
+{{- $_ := set $cfg "activator_token_audience" "slotwise.io/activations" }}
 {{- end }}
 {{- $addr := include "slotwise.listenAddress" . }}
 {{- if ne $addr "podIP" }}
