@@ -12,9 +12,9 @@ replica (the most recently added one first, like a Deployment scale-down of its 
 requests but keeps serving its queue. With no routable replica, arrivals wait in a model-level backlog
 and are dispatched in arrival order, at the start of the first tick that has a routable replica, as if
 they had arrived then (their latency still counts from their real arrival). A held request gives up like a client
-at ``request_timeout_s``: at the first tick start past its timeout it leaves the backlog (no longer held, in flight
-or served later; failed, never settled; ``cold_waits`` lists it undispatched with its wait until then, hence a
-cold-start timeout), as in the fluid engine.
+at ``request_timeout_s``: at its timeout it leaves the backlog (no longer held at the end of that tick, never in
+flight or served later; failed, never settled; ``cold_waits`` lists it undispatched with the timeout as its wait,
+hence a cold-start timeout), as in the fluid engine.
 
 Speed (issue 15; :mod:`autoscaler.sim.queueing`): each replica has the speed of its slot, and a request dispatched to
 a replica of speed ``s`` occupies its server ``occupancy / s`` and has latency part ``latency part / s``. When a
@@ -237,7 +237,7 @@ class DesEngine:
             return
         self._waiting[m] = [i for i in self._waiting[m] if float(self._t[i]) >= limit]
         for i in gone:
-            self._gone_at[i] = t0
+            self._gone_at[i] = float(self._t[i]) + self.request_timeout_s  # the client left at its timeout
         self._active = self._active[~np.isin(self._active, np.asarray(gone, dtype=np.int64))]
 
     def _still_held(self, waiting: list[int], t1: float) -> int:
@@ -252,9 +252,9 @@ class DesEngine:
         gone = np.array([self._gone_at.get(int(i), np.nan) for i in ids], dtype=np.float64)
         done = np.isfinite(at)
         t = self._t[ids]
-        # the wait for a replica: until dispatch (the tick boundary it met one at), until it gave up (the first tick
-        # boundary past its timeout), or until now while held
-        dispatch = np.where(done, at, np.where(np.isfinite(gone), gone, now))
+        # the wait for a replica: until dispatch (the tick boundary it met one at), until it gave up (its timeout), or
+        # until now while held (at most its timeout: it gave up at the timeout even before the next tick noticed)
+        dispatch = np.where(done, at, np.where(np.isfinite(gone), gone, np.minimum(now, t + self.request_timeout_s)))
         return ColdWaits(model_index=self._mi[ids], t=t, wait_s=dispatch - t, weight=np.ones(len(ids)),
                          dispatched=done)
 

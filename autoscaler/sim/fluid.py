@@ -6,10 +6,11 @@ wait sketch are one state that every tick moves together (splitting them would p
 Cold-started requests (issue 18): arrivals while a model has no routable replica join its held queue as one cohort
 per tick (expected count, mean arrival time: the tick's middle on rate series); when a replica becomes routable they
 are dispatched at that tick's start, each cohort's wait being that start less its mean arrival time. A cohort gives
-up like its clients at ``request_timeout_s``: at the first tick start past its timeout (from its mean arrival time) it
-leaves the held mass (not dispatched on the wake, so no load later; failed, as every cold-started request settled
-late in its arrival tick is) and ``cold_waits`` lists it undispatched with its wait until then, a cold-start timeout;
-the DES gives up each request the same way (:mod:`autoscaler.sim.des`).
+up like its clients at ``request_timeout_s``: at its timeout (from its mean arrival time), not at a tick boundary, it
+leaves -- its wait is the timeout exactly, and it is out of the held mass at the end of the tick it left in and never
+dispatched on a later wake (so no load later; failed, as every cold-started request settled late in its arrival tick
+is); ``cold_waits`` lists it undispatched, a cold-start timeout. The DES gives up each request the same way
+(:mod:`autoscaler.sim.des`).
 """
 
 from __future__ import annotations
@@ -627,7 +628,7 @@ class FluidEngine:
             if not gone:
                 continue
             self._held_log[i] = [(t, c) for t, c in log if t >= limit]
-            self._cold_gone.extend((i, t, t0 - t, c) for t, c in gone)
+            self._cold_gone.extend((i, t, self.request_timeout_s, c) for t, c in gone)  # (they left at t + timeout)
             self._held[i] = max(0.0, self._held[i] - sum(c for _, c in gone)) if self._held_log[i] else 0.0
 
     def _still_held(self, t1: float) -> np.ndarray:
@@ -641,7 +642,9 @@ class FluidEngine:
         arrival tick, weighted by its expected count."""
         rows = [(i, t, w, c, True) for i, t, w, c in self._cold_done]
         rows += [(i, t, w, c, False) for i, t, w, c in self._cold_gone]
-        rows += [(i, t, now - t, c, False) for i, log in enumerate(self._held_log) for t, c in log]
+        # (still held: waited until now, or gave up at the timeout since the last tick start)
+        rows += [(i, t, min(now - t, self.request_timeout_s), c, False) for i, log in enumerate(self._held_log)
+                 for t, c in log]
         cols = list(zip(*rows, strict=True)) if rows else [(), (), (), (), ()]
         return ColdWaits(model_index=np.asarray(cols[0], dtype=np.int64), t=np.asarray(cols[1], dtype=np.float64),
                          wait_s=np.asarray(cols[2], dtype=np.float64), weight=np.asarray(cols[3], dtype=np.float64),

@@ -343,7 +343,8 @@ def cold_start_card(result: SimResult, counts: Counts) -> dict[str, Any]:
         if w.sum() > EPS:
             out["cold_start_wait_mean_s"] = float(np.dot(w, x) / w.sum())
             out["cold_start_wait_p95_s"] = _weighted_quantile(x, w, 0.95)
-        late = mine & (waits.wait_s > timeout + 1e-9)
+        # (one that gave up waited the timeout exactly; none dispatched waited past it)
+        late = mine & (((waits.wait_s >= timeout - 1e-9) & ~waits.dispatched) | (waits.wait_s > timeout + 1e-9))
         out["cold_start_timeouts"] = min(int(np.rint(waits.weight[late].sum())), out["cold_started_requests"])
         return out
 
