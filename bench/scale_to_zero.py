@@ -10,7 +10,9 @@ Every run is the same sizing policy (``--policy``, slotwise by default) on the s
 - ``hybrid``: ``keep-alive: hybrid`` (Shahrad et al., ATC'20) at each histogram range ``keep-alive-seconds`` of
   ``--ranges`` (the paper's 4 h among them);
 - ``fixed``: ``keep-alive: fixed`` at each ``keep-alive-seconds`` of ``--keep-alives`` (Knative's grace, KEDA's
-  cooldown, Azure's 10 minutes then).
+  cooldown, Azure's 10 minutes then);
+- ``learned event``: the shipped learned keep-alive with another cost of a scale event (the controller's
+  ``ZeroConfig.scale_event_s``, its hysteresis; 0: none) at each of ``--scale-event-s`` (issue 30).
 
 A run is a point (``warm_idle_gpu_hours``, ``cold_started_requests``): the GPU-hours of replicas held while their
 model had no request, and the requests that arrived at zero replicas and waited for a cold start (the scorecard's
@@ -18,22 +20,26 @@ fields, docs/scorecard.md). The targets:
 
 1. the shipped configuration (``learned`` at the default worth) uses at most half the GPU-hours of ``floor-1``;
 2. at equal warm idle GPU-hours, learned has fewer cold-started requests than hybrid: each hybrid point against the
-   learned curve (its points joined piecewise linearly in order of idle GPU-hours, never extrapolated).
+   learned curve (its points joined piecewise linearly in order of idle GPU-hours, never extrapolated);
+3. (issue 30) the shipped configuration makes at most twice the scale events of fixed at its warm idle GPU-hours
+   (the fixed curve, the same piecewise linear reading, at the shipped run's idle GPU-hours).
 
     .venv/bin/python bench/scale_to_zero.py [--trace azure-functions-2019] [--history-hours 2] [--hours 4]
         [--jobs 1] [--worth 30,100,300,1000,3000] [--ranges 600,1800,3600,14400]
-        [--keep-alives 60,300,600,1800,3600] [--json s2z.json] [--plot docs/img/scale_to_zero_curve.png]
+        [--keep-alives 60,300,600,1800,3600] [--scale-event-s 0,150] [--json s2z.json]
+        [--plot docs/img/scale_to_zero_curve.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from itertools import pairwise
 from typing import Any
@@ -42,14 +48,17 @@ from autoscaler.api.spec import ModelSpec
 from autoscaler.benchmarks.frontier.compare import json_safe
 from autoscaler.benchmarks.frontier.sweep import Case, prepare
 from autoscaler.policies import make_policy
+from autoscaler.sim import run as sim_run
 from autoscaler.sim.run import SimConfig, simulate
 from autoscaler.sim.scorecard import scorecard
 from autoscaler.sim.workload import SimWorkload
 from sharing.slots import NodeSpec
 
 MAX_GPU_HOUR_SHARE = 0.5
+MAX_EVENTS_VS_FIXED = 2.0
 Point = tuple[float, float]  # (warm idle GPU-hours, cold-started requests)
-Variant = tuple[str, str, float | None]  # (label, keep-alive policy or "floor-1", knob)
+# (label, keep-alive policy or "floor-1", knob[, the scale event's cost: ZeroConfig.scale_event_s, None: shipped])
+Variant = tuple[str, str, float | None] | tuple[str, str, float | None, float | None]
 
 
 def cold_at(curve: Sequence[Point], idle: float) -> float | None:
@@ -80,8 +89,23 @@ def versus(curve: Sequence[Point], rivals: Sequence[Point]) -> list[dict[str, An
     return out
 
 
+def at_fixed(rows: Sequence[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+    """The fixed keep-alive's curve read at ``run``'s warm idle GPU-hours (piecewise linear, never extrapolated):
+    its scale events and cold-started requests there, and ``run``'s over them (None outside fixed's range)."""
+    fixed = [r for r in rows if r["keep_alive"] == "fixed"]
+    idle = run["warm_idle_gpu_hours"]
+    events = cold_at([(r["warm_idle_gpu_hours"], r["scale_events"]) for r in fixed], idle)
+    cold = cold_at([(r["warm_idle_gpu_hours"], r["cold_started_requests"]) for r in fixed], idle)
+
+    def ratio(x: float, at: float | None) -> float | None:
+        return None if at is None else (x / at if at > 0 else (math.inf if x > 0 else 1.0))
+
+    return {"idle_gpu_hours": idle, "events": events, "cold": cold,
+            "events_ratio": ratio(run["scale_events"], events), "cold_ratio": ratio(run["cold_started_requests"], cold)}
+
+
 def with_keep_alive(spec: ModelSpec, variant: Variant) -> ModelSpec:
-    _, policy, knob = variant
+    _, policy, knob = variant[:3]
     if policy == "floor-1":
         return spec.with_(min_replicas=max(spec.min_replicas, 1))
     changes: dict[str, Any] = {"min_replicas": 0, "keep_alive": policy}
@@ -105,7 +129,9 @@ def _run(variant: Variant) -> dict[str, Any]:
              for m, s in workload.specs.items()}
     policy = make_policy(name)
     run_cfg = dataclasses.replace(cfg, tick_s=min(cfg.tick_s, policy.tick_s))
-    result = simulate(dataclasses.replace(workload, specs=specs), nodes, policy, run_cfg)
+    event_s = variant[3] if len(variant) > 3 else None
+    with _scale_event_cost(event_s):
+        result = simulate(dataclasses.replace(workload, specs=specs), nodes, policy, run_cfg)
     card = scorecard(result)
     return {
         "label": variant[0], "keep_alive": variant[1], "knob": variant[2],
@@ -114,13 +140,36 @@ def _run(variant: Variant) -> dict[str, Any]:
         "cold_start_wait_mean_s": card.get("cold_start_wait_mean_s"),
         "requests": card["requests"], "slo_attainment": card["slo_attainment"],
         "requests_within_latency": card["requests_within_latency"], "scale_events": card["scale_events"],
+        "scale_events_by_reason": card.get("scale_events_by_reason"), "scale_event_s": event_s,
         "sim_wall_s": card["sim_wall_s"],
     }
 
 
-def variants(worth: Sequence[float], ranges: Sequence[float], keep_alives: Sequence[float]) -> list[Variant]:
+@contextlib.contextmanager
+def _scale_event_cost(event_s: float | None) -> Iterator[None]:
+    """The simulator's decision core with ``ZeroConfig.scale_event_s = event_s`` for the run (None: the shipped
+    one). The simulator builds its core as the controller does (``sim_core``); only this setting is changed."""
+    if event_s is None:
+        yield
+        return
+    orig = sim_run.sim_core
+
+    def core(policy: Any, cfg: SimConfig) -> Any:
+        c = orig(policy, cfg)
+        return dataclasses.replace(c, zero=dataclasses.replace(c.zero, scale_event_s=float(event_s)))
+
+    sim_run.sim_core = core
+    try:
+        yield
+    finally:
+        sim_run.sim_core = orig
+
+
+def variants(worth: Sequence[float], ranges: Sequence[float], keep_alives: Sequence[float],
+             event_costs: Sequence[float] = ()) -> list[Variant]:
     out: list[Variant] = [("floor-1", "floor-1", None), ("learned (default)", "learned", None)]
     out += [(f"learned worth {w:g}s", "learned", w) for w in worth]
+    out += [(f"learned event {e:g}s", "learned", None, e) for e in event_costs]
     out += [(f"hybrid range {r:g}s", "hybrid", r) for r in ranges]
     out += [(f"fixed {k:g}s", "fixed", k) for k in keep_alives]
     return out
@@ -165,12 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worth", default="30,100,300,1000,3000")
     ap.add_argument("--ranges", default="600,1800,3600,14400")
     ap.add_argument("--keep-alives", default="60,300,600,1800,3600")
+    ap.add_argument("--scale-event-s", default="", help="learned at the default worth with these scale-event costs")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
     cfg = SimConfig()
     workload, nodes = prepare(Case(args.trace, history_hours=args.history_hours, hours=args.hours), cfg)
-    todo = variants(_floats(args.worth), _floats(args.ranges), _floats(args.keep_alives))
+    todo = variants(_floats(args.worth), _floats(args.ranges), _floats(args.keep_alives), _floats(args.scale_event_s))
     t0 = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(workload, nodes, cfg, args.policy)) as ex:
@@ -185,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     by = {r["label"]: r for r in rows}
     floor, shipped = by["floor-1"], by["learned (default)"]
     share = shipped["gpu_hours"] / floor["gpu_hours"] if floor["gpu_hours"] > 0 else math.nan
-    learned = [(r["warm_idle_gpu_hours"], r["cold_started_requests"]) for r in rows if r["keep_alive"] == "learned"]
+    # (the learned curve: the shipped scale-event cost only, over its worth)
+    learned = [(r["warm_idle_gpu_hours"], r["cold_started_requests"]) for r in rows
+               if r["keep_alive"] == "learned" and r["scale_event_s"] is None]
     hybrid = [(r["warm_idle_gpu_hours"], r["cold_started_requests"]) for r in rows if r["keep_alive"] == "hybrid"]
     fixed = [(r["warm_idle_gpu_hours"], r["cold_started_requests"]) for r in rows if r["keep_alive"] == "fixed"]
     vs_hybrid, vs_fixed = versus(learned, hybrid), versus(learned, fixed)
@@ -211,10 +263,25 @@ def main(argv: list[str] | None = None) -> int:
                   f"cold-started, {at}")
     print(f"target 2: fewer cold-started requests than hybrid at equal idle GPU-hours "
           f"({len(compared)} of {len(vs_hybrid)} hybrid points comparable): {'PASS' if ok2 else 'FAIL'}")
+    churn = at_fixed(rows, shipped)
+    for r in rows:
+        if r["keep_alive"] == "learned" and r is not shipped:
+            c = at_fixed(rows, r)
+            if c["events"] is not None:
+                print(f"  {r['label']} at {c['idle_gpu_hours']:.2f} idle GPU-h: {r['scale_events']} scale events "
+                      f"({c['events_ratio']:.2f}x fixed's {c['events']:.0f}), {r['cold_started_requests']:.0f} "
+                      f"cold-started ({c['cold_ratio']:.2f}x fixed's {c['cold']:.0f})")
+    if churn["events"] is None:
+        print("target 3: scale events of the shipped run vs fixed at its idle GPU-hours: outside fixed's range")
+    else:
+        print(f"target 3: shipped scale events {shipped['scale_events']} vs fixed's {churn['events']:.0f} at "
+              f"{churn['idle_gpu_hours']:.2f} idle GPU-h = {churn['events_ratio']:.2f}x (<= {MAX_EVENTS_VS_FIXED:g}), "
+              f"cold-started {churn['cold_ratio']:.2f}x fixed's: "
+              f"{'PASS' if churn['events_ratio'] <= MAX_EVENTS_VS_FIXED else 'FAIL'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(json_safe({"rows": rows, "gpu_hour_share": share, "vs_hybrid": vs_hybrid, "vs_fixed": vs_fixed,
-                                 "wall_s": wall}), f, indent=1)
+                                 "shipped_vs_fixed": churn, "wall_s": wall}), f, indent=1)
     if args.plot:
         _plot(rows, args.plot)
     return 0

@@ -39,7 +39,7 @@ from autoscaler.api.snapshot import ModelMetrics, ModelObservation
 from autoscaler.api.spec import ModelSpec
 from autoscaler.estimation.idle_times import IdleTimes
 from autoscaler.policies.base import Forecast
-from autoscaler.policies.keepalive import keep_alive
+from autoscaler.policies.keepalive import LEARNED_SCALE_EVENT_S, keep_alive
 
 # The forecast expects "about a request or more" over the lead time at this many expected arrivals (median).
 FORECAST_REQUESTS = 1.0
@@ -53,11 +53,14 @@ ROUTING_WAIT = "waits for the routing through the activator before scaling to ze
 class ZeroConfig:
     """The zero rail's settings (``CoreConfig.zero``). ``half_life_s``: the idle-time histograms' decay;
     ``prior_weight``: how many idle times the fleet's pooled histogram counts for in a model's learned policy (0:
-    no fleet prior); ``fleet_prior``: pool every model's idle times as that prior."""
+    no fleet prior); ``fleet_prior``: pool every model's idle times as that prior; ``scale_event_s``: what one
+    scale event costs the learned keep-alive, in replica-seconds (its hysteresis, ``keepalive.learned_bins``; 0:
+    none)."""
 
     half_life_s: float = 86_400.0
     prior_weight: float = 2.0
     fleet_prior: bool = True
+    scale_event_s: float = LEARNED_SCALE_EVENT_S
 
 
 def held(m: ModelMetrics) -> bool:
@@ -130,7 +133,8 @@ def _apply(obs: ModelObservation, spec: ModelSpec, m: ModelMetrics, desired: int
         # At zero and never seen serving (live, a model at zero has nothing to scrape): no sign of a request
         # soon, so no pre-warm -- the first held request brings it up (rule 1).
         age = NEVER_ACTIVE_AGE_S
-    ka = keep_alive(idle, age, lead_s, spec, prior if cfg.fleet_prior else None, cfg.prior_weight)
+    ka = keep_alive(idle, age, lead_s, spec, prior if cfg.fleet_prior else None, cfg.prior_weight,
+                    cfg.scale_event_s)
     if ka.warm:
         return 1, Reason.KEEP_WARM if current >= 1 else Reason.PRE_WARM, ka.detail
     return 0, Reason.SCALED_TO_ZERO, ka.detail

@@ -8,7 +8,9 @@ to an idle model its sizing policy wants at most one replica for.
 - ``fixed``: warm while the idle age is below ``keep_alive_s`` (Knative's scale-to-zero grace, KEDA's cooldown).
 - ``hybrid``: the hybrid histogram policy of Shahrad et al., "Serverless in the Wild: Characterizing and Optimizing
   the Serverless Workload at a Large Cloud Provider" (USENIX ATC'20), section 4.2.
-- ``learned``: slotwise's, decision-theoretic over the same histogram (:func:`learned`).
+- ``learned``: slotwise's, decision-theoretic over the same histogram (:func:`learned`), with a hysteresis that
+  prices the scale events of going to zero and being pre-warmed again within one idle gap
+  (:data:`LEARNED_SCALE_EVENT_S`, issue 30).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ LEARNED_MIN_WEIGHT = 3.0  # own + prior idle-time weight below which learned fal
 # an idle model stays warm, and a model called every hour is pre-warmed for its next call. keep_alive_s is then
 # only its fallback while too few idle times are known.
 LEARNED_RANGE_S = 4 * 3600.0
+# What one scale event (a replica count change, 1 -> 0 or 0 -> 1) costs learned, in replica-seconds: a cold (not
+# worth it) run of bins between warm ones -- the model would go to zero and be pre-warmed again within one idle
+# gap -- is kept warm when the replica-seconds its zero would save are below the two events it costs (the
+# hysteresis of ``learned_bins``, issue 30). 0: no hysteresis (the bare knapsack).
+LEARNED_SCALE_EVENT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,8 @@ def _cache(idle: IdleTimes) -> dict:
 
 
 def learned_bins(idle: IdleTimes, worth_s: float, prior: IdleTimes | None = None,
-                 prior_weight: float = 2.0) -> np.ndarray | None:
+                 prior_weight: float = 2.0, lead_s: float = 0.0,
+                 scale_event_s: float = LEARNED_SCALE_EVENT_S) -> np.ndarray | None:
     """The bins ``learned`` keeps warm (a boolean mask over ``idle``'s bins), or None when too few idle times are
     known (own plus ``prior_weight`` pseudo-counts of the fleet's pooled histogram ``prior``).
 
@@ -121,12 +129,20 @@ def learned_bins(idle: IdleTimes, worth_s: float, prior: IdleTimes | None = None
     S_k x bin width replica-seconds in expectation and saves p_k x head cold-started requests, so the bins worth it
     at ``worth_s`` replica-seconds per avoided cold-started request are exactly those with hazard h_k = p_k / S_k
     and h_k x head x worth_s >= bin width: a fractional knapsack, optimal for that exchange rate (any other warm set
-    with as few expected cold-started requests costs at least as many warm replica-seconds). Cached per
-    ``idle.version`` (and the prior's count, in steps of ``PRIOR_REFRESH``) and ``worth_s``."""
+    with as few expected cold-started requests costs at least as many warm replica-seconds).
+
+    Then the hysteresis (:func:`_fill_holes`): the knapsack prices each bin alone, but a cold run of bins between
+    warm ones (or between the activity's end and the first warm bin) is where the model goes to zero and is
+    pre-warmed again within one idle gap: two scale events and a restart for the few replica-seconds the run's
+    zero saves. Such a run is kept warm when what its zero saves (the expected replica-seconds at zero: the run less
+    the lead time ``lead_s`` the pre-warm starts ahead, less its cold-started requests at ``worth_s``) is below
+    ``2 x scale_event_s`` at the odds the gap reaches it. Cached per ``idle.version`` (and the prior's count, in
+    steps of ``PRIOR_REFRESH``), ``worth_s``, the lead time (to 10 s) and ``scale_event_s``."""
     cache = _cache(idle)
     # (the prior moves with every idle time of any model: a model's blend is refreshed every PRIOR_REFRESH of them,
     # not every tick -- one fleet idle time barely moves a pooled distribution)
-    key = (worth_s, None if prior is None else prior.n_idle // PRIOR_REFRESH, prior_weight)
+    key = (worth_s, None if prior is None else prior.n_idle // PRIOR_REFRESH, prior_weight,
+           round(lead_s / 10.0) if scale_event_s > 0 else None, scale_event_s)
     hit = cache.get("learned")
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -154,18 +170,48 @@ def learned_bins(idle: IdleTimes, worth_s: float, prior: IdleTimes | None = None
         survive = (np.cumsum(p[::-1])[::-1] + overflow / total)
         with np.errstate(divide="ignore", invalid="ignore"):
             hazard = np.where(survive > 0, p / survive, 0.0)
-        mask = hazard * max(head if head is not None else 1.0, 0.0) * worth_s >= BIN_S
+        h = max(head if head is not None else 1.0, 0.0)
+        mask = hazard * h * worth_s >= BIN_S
+        if scale_event_s > 0 and mask.any():
+            mask = _fill_holes(mask, p, survive, h * worth_s, 10.0 * round(lead_s / 10.0), scale_event_s)
     cache["learned"] = (key, mask)  # (one entry: the prior's version moves as the fleet learns)
     return mask
 
 
+def _fill_holes(mask: np.ndarray, p: np.ndarray, survive: np.ndarray, cold_s: float, lead_s: float,
+                event_s: float) -> np.ndarray:
+    """``mask`` with its cold runs that end in a warm bin kept warm where their zero is not worth two scale events
+    (:func:`learned_bins`). ``p``, ``survive``: the bins' probabilities and survival; ``cold_s``: replica-seconds
+    one cold start of the bin's arrivals is worth (head x worth)."""
+    out = mask.copy()
+    warm = np.flatnonzero(mask)
+    starts = [0] + [int(k) + 1 for k in warm]  # a cold run starts at the gap's start or right after a warm bin
+    for a in starts:
+        if a >= mask.size or mask[a]:
+            continue
+        b = a + int(np.argmax(mask[a:])) if mask[a:].any() else mask.size
+        if b >= mask.size:  # (the last cold run: the model stays at zero until a request comes, as fixed does)
+            continue
+        zero_end = b * BIN_S - lead_s  # the pre-warm starts a lead time before the warm bin
+        if zero_end <= a * BIN_S:  # never at zero in this run (the lead time spans it): warm as it is
+            out[a:b] = True
+            continue
+        lo = np.arange(a, b) * BIN_S
+        at_zero = np.clip(zero_end - lo, 0.0, BIN_S)  # seconds of each bin spent at zero
+        saved = float(np.sum(survive[a:b] * at_zero - p[a:b] * cold_s * at_zero / BIN_S))
+        if saved < 2.0 * event_s * float(survive[a]):
+            out[a:b] = True
+    return out
+
+
 def learned(idle: IdleTimes | None, age: float, lead_s: float, spec: ModelSpec, prior: IdleTimes | None = None,
-            prior_weight: float = 2.0) -> KeepAlive:
+            prior_weight: float = 2.0, scale_event_s: float = LEARNED_SCALE_EVENT_S) -> KeepAlive:
     """slotwise's keep-alive: warm now iff a bin :func:`learned_bins` keeps warm overlaps ``[age, age + lead]``
     (keep-alive and pre-warm in one rule: a replica started now serves a lead time later). Too few idle times, even
     with the fleet prior: the fixed keep-alive ``keep_alive_s``. Beyond the histogram's range nothing is kept warm
     (the zero rail still keeps a model the forecast expects a request for)."""
-    mask = None if idle is None else learned_bins(idle, spec.cold_start_worth_s, prior, prior_weight)
+    mask = None if idle is None else learned_bins(idle, spec.cold_start_worth_s, prior, prior_weight, lead_s,
+                                                  scale_event_s)
     if mask is None:
         ka = fixed(idle, age, lead_s, spec)
         return KeepAlive(ka.warm, f"learned: too few idle times, {ka.detail}")
@@ -176,10 +222,10 @@ def learned(idle: IdleTimes | None, age: float, lead_s: float, spec: ModelSpec, 
 
 
 def keep_alive(idle: IdleTimes | None, age: float, lead_s: float, spec: ModelSpec, prior: IdleTimes | None = None,
-               prior_weight: float = 2.0) -> KeepAlive:
+               prior_weight: float = 2.0, scale_event_s: float = LEARNED_SCALE_EVENT_S) -> KeepAlive:
     """The model's keep-alive policy (``spec.keep_alive``) answered."""
     if spec.keep_alive == "fixed":
         return fixed(idle, age, lead_s, spec)
     if spec.keep_alive == "hybrid":
         return hybrid(idle, age, lead_s, spec)
-    return learned(idle, age, lead_s, spec, prior, prior_weight)
+    return learned(idle, age, lead_s, spec, prior, prior_weight, scale_event_s)

@@ -47,3 +47,35 @@ def test_each_variant_sets_only_its_keep_alive_annotations():
     assert (hybrid.min_replicas, hybrid.keep_alive, hybrid.keep_alive_s) == (0, "hybrid", 14400.0)
     default = s2z.with_keep_alive(spec, ("x", "learned", None))
     assert default.cold_start_worth_s == spec.cold_start_worth_s  # the shipped default untouched
+
+
+def test_at_fixed_reads_the_fixed_curve_at_the_run_s_idle_gpu_hours():
+    rows = [{"keep_alive": "fixed", "warm_idle_gpu_hours": 20.0, "scale_events": 6000, "cold_started_requests": 1800},
+            {"keep_alive": "fixed", "warm_idle_gpu_hours": 40.0, "scale_events": 2000, "cold_started_requests": 600},
+            {"keep_alive": "learned", "warm_idle_gpu_hours": 1.0, "scale_events": 1, "cold_started_requests": 1}]
+    c = s2z.at_fixed(rows, {"warm_idle_gpu_hours": 30.0, "scale_events": 2000, "cold_started_requests": 300})
+    assert c["events"] == pytest.approx(4000.0) and c["events_ratio"] == pytest.approx(0.5)
+    assert c["cold"] == pytest.approx(1200.0) and c["cold_ratio"] == pytest.approx(0.25)
+    out = s2z.at_fixed(rows, {"warm_idle_gpu_hours": 50.0, "scale_events": 1, "cold_started_requests": 1})
+    assert out["events"] is None and out["events_ratio"] is None  # beyond fixed's range: no reading
+
+
+def test_the_scale_event_variants_run_the_shipped_learned_keep_alive():
+    todo = s2z.variants([], [], [300.0], [0.0, 150.0])
+    assert ("learned event 0s", "learned", None, 0.0) in todo and ("learned event 150s", "learned", None, 150.0) in todo
+    spec = parse_mapping("m", {"slo-latency-ms": 500, "service-time-ms": 50})
+    v = s2z.with_keep_alive(spec, todo[-2])
+    assert (v.min_replicas, v.keep_alive, v.cold_start_worth_s) == (0, "learned", spec.cold_start_worth_s)
+
+
+def test_the_scale_event_cost_is_set_for_the_run_only():
+    from autoscaler.decision.zero import ZeroConfig
+    from autoscaler.policies import make_policy
+    from autoscaler.sim import run as sim_run
+
+    policy, cfg = make_policy("slotwise"), sim_run.SimConfig()
+    with s2z._scale_event_cost(150.0):
+        assert sim_run.sim_core(policy, cfg).zero.scale_event_s == 150.0
+    assert sim_run.sim_core(policy, cfg).zero.scale_event_s == ZeroConfig().scale_event_s
+    with s2z._scale_event_cost(None):
+        assert sim_run.sim_core(policy, cfg).zero == ZeroConfig()

@@ -1253,7 +1253,9 @@ async def test_controller_acts_with_the_installed_service_account(
         assert any(line.endswith(f"created {r.gpu_ns}/time-slicing-config") for line in reports[0].applied)
         assert any(line.endswith(f"updated {r.gpu_ns}/time-slicing-config") for line in reports[1].applied)
         events = await core.list_namespaced_event(r.app_ns, field_selector="involvedObject.name=chat")
-        assert any(e.reason == "Unplaceable" and e.count == 2 for e in events.items), \
+        # the shortfall lasted both ticks: its Event was written once, the repeat held (issue 30: bumped at most
+        # every status_refresh_s), so the event-creating permissions were exercised once
+        assert any(e.reason == "Unplaceable" and e.count == 1 for e in events.items), \
             [(e.reason, e.count) for e in events.items]
     finally:
         elector.cancel()

@@ -52,11 +52,26 @@ def test_hybrid_falls_back_to_fixed_when_not_representative() -> None:
 
 def test_learned_keeps_exactly_the_high_hazard_bins() -> None:
     # 50 idle times in bin 0, 50 in bin 4: hazard 0.5 in bin 0, 0 in 1-3, 1.0 in bin 4
+    # (the bare knapsack: no hysteresis)
     it = _hist([50, 0, 0, 0, 50, 0, 0, 0, 0, 0], head=1.0)
-    mask = learned_bins(it, worth_s=100.0)
+    mask = learned_bins(it, worth_s=100.0, scale_event_s=0.0)
     assert mask is not None and mask.tolist() == [False, False, False, False, True] + [False] * 5
-    mask = learned_bins(it, worth_s=120.0)  # 0.5 x 120 >= 60: bin 0 too
+    mask = learned_bins(it, worth_s=120.0, scale_event_s=0.0)  # 0.5 x 120 >= 60: bin 0 too
     assert mask is not None and mask.tolist() == [True, False, False, False, True] + [False] * 5
+
+
+def test_the_hysteresis_keeps_a_cold_run_warm_only_when_its_zero_is_not_worth_two_scale_events() -> None:
+    it = _hist([50, 0, 0, 0, 50, 0, 0, 0, 0, 0], head=1.0)
+    # Bins 0-3 cold, bin 4 warm: at zero from the activity's end to 240 - lead s. Lead 60: 180 s at zero, of which
+    # bins 1-2 only half the gaps reach (survival 0.5): 60 + 30 + 30 - 50 (bin 0's cold starts at worth 100) = 70
+    # replica-seconds saved, against two events of 60 s (at survival 1): kept warm.
+    mask = learned_bins(it, worth_s=100.0, lead_s=60.0, scale_event_s=60.0)
+    assert mask is not None and mask.tolist() == [True] * 5 + [False] * 5
+    # Events worth 30 s each: the 70 s saved are worth two of them; the knapsack's answer stands.
+    mask = learned_bins(it, worth_s=100.0, lead_s=60.0, scale_event_s=30.0)
+    assert mask is not None and mask.tolist() == [False] * 4 + [True] + [False] * 5
+    # The cold run after the last warm bin is never filled (the model waits at zero for the next request).
+    assert not mask[5:].any()
 
 
 def test_learned_pre_warms_a_lead_time_before_a_periodic_arrival() -> None:
@@ -64,11 +79,15 @@ def test_learned_pre_warms_a_lead_time_before_a_periodic_arrival() -> None:
     rate[::30] = 0.3  # a request burst every 300 s: idle times of 290 s (bin 4)
     it = IdleTimes.from_rates(rate, 10.0, end=7200.0, keep_alive_s=600)
     lead = 70.0
-    assert not learned(it, 60.0, lead, SPEC).warm  # just after an execution: to zero
-    assert not learned(it, 160.0, lead, SPEC).warm  # 160 + 70 < 240: too early
-    assert learned(it, 175.0, lead, SPEC).warm  # 175 + 70 reaches bin 4: pre-warm
-    assert learned(it, 290.0, lead, SPEC).warm
-    assert not learned(it, 300.0 + lead, lead, SPEC).warm  # past it
+    bare = {"scale_event_s": 0.0}  # (the knapsack alone; the hysteresis below)
+    assert not learned(it, 60.0, lead, SPEC, **bare).warm  # just after an execution: to zero
+    assert not learned(it, 160.0, lead, SPEC, **bare).warm  # 160 + 70 < 240: too early
+    assert learned(it, 175.0, lead, SPEC, **bare).warm  # 175 + 70 reaches bin 4: pre-warm
+    assert learned(it, 290.0, lead, SPEC, **bare).warm
+    assert not learned(it, 300.0 + lead, lead, SPEC, **bare).warm  # past it
+    # The shipped hysteresis: 170 s at zero a gap are not worth two scale events (2 x 120 s): warm through it.
+    assert learned(it, 60.0, lead, SPEC).warm and learned(it, 160.0, lead, SPEC).warm
+    assert not learned(it, 300.0 + lead, lead, SPEC).warm  # (past the gap it still goes to zero)
 
 
 def test_learned_falls_back_to_fixed_with_too_few_idle_times() -> None:
@@ -84,14 +103,15 @@ def test_learned_borrows_the_fleet_prior() -> None:
     assert mask is not None and mask.tolist() == [False] * 4 + [True] + [False] * 5
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(0, 50), min_size=10, max_size=10), st.floats(0, 50), st.floats(0, 5),
-       st.floats(0, 2000), st.floats(0, 2000))
+       st.floats(0, 2000), st.floats(0, 2000), st.floats(0, 300), st.sampled_from([0.0, 16.0, 60.0, 600.0]))
 def test_a_larger_cold_start_worth_is_never_colder(counts: list[float], overflow: float, head: float,
-                                                  w1: float, w2: float) -> None:
+                                                  w1: float, w2: float, lead: float, event_s: float) -> None:
     it = _hist(counts, overflow, head)
     lo, hi = sorted((w1, w2))
-    a, b = learned_bins(it, lo), learned_bins(it, hi)
+    a = learned_bins(it, lo, lead_s=lead, scale_event_s=event_s)
+    b = learned_bins(it, hi, lead_s=lead, scale_event_s=event_s)
     if a is None:
         assert b is None
         return
@@ -114,3 +134,52 @@ def test_learned_pre_warms_an_hourly_model_beyond_its_fallback_keep_alive() -> N
     assert not learned(it, 600.0, 60.0, SPEC).warm  # well inside the gap: at zero
     assert learned(it, 59 * 60.0 - 60.0, 60.0, SPEC).warm  # a lead time before the call's minute: pre-warmed
     assert not fixed(it, 59 * 60.0, 60.0, SPEC).warm
+
+
+def _toggles(it: IdleTimes, gap_s: float, lead: float, spec: ModelSpec = SPEC, **kw: float) -> int:
+    """Scale events ``learned`` makes over one idle gap of ``gap_s`` decided every 10 s (warm while serving before
+    it; the request that ends it needs one replica)."""
+    warm, events = True, 0
+    for age in np.arange(0.0, gap_s, 10.0):
+        now = learned(it, float(age), lead, spec, **kw).warm
+        events += now != warm
+        warm = now
+    return events + (not warm)  # (at zero when the request comes: its activation is one more event)
+
+
+def test_a_steady_short_gap_pattern_does_not_toggle() -> None:
+    # A request every 180 s (idle times of 170 s, bin 2) and a 70 s lead time. The bare knapsack keeps only bin 2
+    # warm: the model goes to zero at the activity's end and is pre-warmed 50 s later, two scale events in every
+    # gap for 50 replica-seconds. The hysteresis keeps it warm through the gap: no event at all (fixed 300 s's).
+    rate = np.zeros(720)
+    rate[::18] = 0.3
+    it = IdleTimes.from_rates(rate, 10.0, end=7200.0, keep_alive_s=600)
+    lead = 70.0
+    assert _toggles(it, 170.0, lead, scale_event_s=0.0) == 2  # (the old behaviour: down, then pre-warm)
+    assert _toggles(it, 170.0, lead) == 0
+    assert all(learned(it, age, lead, SPEC).warm for age in range(0, 170, 10))
+    # A long gap is still worth its zero: requests every 20 min are pre-warmed, not held (two events a gap).
+    rate = np.zeros(720 * 4)
+    rate[::120] = 0.3
+    it = IdleTimes.from_rates(rate, 10.0, end=4 * 7200.0, keep_alive_s=600)
+    assert _toggles(it, 1190.0, lead) == 2
+    assert not learned(it, 300.0, lead, SPEC).warm
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0, 50), min_size=10, max_size=10), st.floats(0, 50), st.floats(0, 5),
+       st.floats(0, 2000), st.floats(0, 300), st.floats(1, 600))
+def test_the_hysteresis_only_adds_warm_bins_and_never_adds_a_zero(counts: list[float], overflow: float,
+                                                                   head: float, worth: float, lead: float,
+                                                                   event_s: float) -> None:
+    it = _hist(counts, overflow, head)
+    spec = SPEC.with_(cold_start_worth_s=worth)
+    bare = learned_bins(it, worth, lead_s=lead, scale_event_s=0.0)
+    held = learned_bins(it, worth, lead_s=lead, scale_event_s=event_s)
+    if bare is None:
+        assert held is None
+        return
+    assert held is not None and not np.any(bare & ~held)  # never colder than the knapsack
+    for gap in (60.0 * k + 30.0 for k in range(10)):  # every gap makes no more scale events than without it
+        assert (_toggles(it, gap, lead, spec, scale_event_s=event_s)
+                <= _toggles(it, gap, lead, spec, scale_event_s=0.0))
