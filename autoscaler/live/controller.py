@@ -65,17 +65,17 @@ from autoscaler.live.health import Health, start_http
 from autoscaler.live.kube.actuator import ActuationReport, ActuatorConfig, KubeActuator
 from autoscaler.live.kube.discovery import ServedApis, discover
 from autoscaler.live.kube.dra_act import DraActuation
-from autoscaler.live.kube.informer import Informer, frozen_informers
+from autoscaler.live.kube.informer import DEFAULT_FREEZE_AFTER_S, Informer, frozen_informers, liveness
 from autoscaler.live.kube.leader import LeaderElector
 from autoscaler.live.kube.lending import LendingActuator, workloads_path
 from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, ClusterView, ManagedModel
-from autoscaler.live.kube.pods import slim_pod
+from autoscaler.live.kube.pods import PodScope, slim_pod
 from autoscaler.live.kube.routing import pod_ips
 from autoscaler.live.kube.term import LeadershipLost, WriteGate
 from autoscaler.live.kube.translate import build_view
-from autoscaler.live.kube.watches import ENDPOINT_SLICE_WATCH, WATCHES, Watch, by_role, stamped
+from autoscaler.live.kube.watches import ENDPOINT_SLICE_WATCH, RESOURCE_SLICES, WATCHES, Watch, by_role, stamped
 from autoscaler.live.prometheus.client import PrometheusAuth
-from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics
+from autoscaler.live.prometheus.metrics import MetricNames, PrometheusMetrics, serving_pods
 from autoscaler.policies import make_policy
 from sharing.catalog import load_catalog
 from sharing.lending import LendingPolicy
@@ -213,20 +213,28 @@ class Controller:
         *,
         metrics_source: AsyncMetricsPort | None = None,
         clock: Callable[[], float] = time.time,
+        cache_freeze_after_s: float = DEFAULT_FREEZE_AFTER_S,  # no apiserver contact this long: frozen, decisions held
     ) -> None:
         self.api = api_client
         self.settings = settings
         self.clock = clock
         ns, sel = settings.namespace, settings.label_selector
+        self._liveness = live = liveness(cache_freeze_after_s)  # every informer's watch timeout and grace
         self.deployments = Informer(api_client, _collection("/apis/apps/v1", "deployments", ns),
-                                    label_selector=sel, name="deployments")
+                                    label_selector=sel, name="deployments", **live)
         # every pod of the cluster, whatever the models' scope: the GPU inventory must see what other namespaces
-        # hold (read-only; slimmed to the fields the readers use, so no env or volumes are cached)
-        self.pods = Informer(api_client, "/api/v1/pods", name="pods", transform=slim_pod)
-        self.nodes = Informer(api_client, "/api/v1/nodes", name="nodes")
+        # hold (read-only; slimmed to the fields the readers use, so no env or volumes are cached); in namespace
+        # mode only those that can matter (PodScope, against the GPU nodes: listed once the nodes informers synced)
+        self.pod_scope = PodScope(frozenset({ns}) if ns else None, sources=lambda: (
+            self.nodes, *[inf for w, inf in self.watched.items() if w.role == RESOURCE_SLICES]))
+        self.pods = Informer(api_client, "/api/v1/pods", name="pods", transform=slim_pod, keep=self.pod_scope.keep,
+                             after=self.pod_scope.sources if ns else None, **live)
+        self.pod_scope.relist = self.pods.request_relist
+        self.nodes = Informer(api_client, "/api/v1/nodes", name="nodes", **live)
+        self.nodes.subscribe(self.pod_scope.on_node)
         self.training = [
             Informer(api_client, path, label_selector=f"{PREEMPTIBLE_LABEL}=true", name=f"training:{path}",
-                     optional=True)
+                     optional=True, **live)
             for path in (*[p for p in settings.training_paths if p != "/api/v1/pods"],
                          settings.kueue_workloads_path or KUEUE_V1BETA1_WORKLOADS)
         ]
@@ -240,7 +248,7 @@ class Controller:
         if settings.activator_enabled:
             ans = settings.activator_namespace or settings.lease_namespace
             self.activator_pods = Informer(api_client, f"/api/v1/namespaces/{ans}/pods",
-                                           label_selector=settings.activator_selector, name="activator-pods")
+                                           label_selector=settings.activator_selector, name="activator-pods", **live)
         self.activations = ActivationBook(settings.activation_ttl_s)
         # models with an active replica (placed, not draining: Ready or starting) in the last view; a report for one
         # does not wake the tick (a cold start in progress has nothing a tick could do sooner)
@@ -301,8 +309,11 @@ class Controller:
     def _watch_informer(self, w: Watch) -> Informer:
         path = w.path(self.apis, self.settings.namespace)
         labels = self.settings.label_selector if w.selected else w.labels
-        return Informer(self.api, path, label_selector=labels,
-                        name=w.name, optional=w.optional, transform=stamped(w.kind, w.api_version(path)))
+        inf = Informer(self.api, path, label_selector=labels, name=w.name, optional=w.optional,
+                       transform=stamped(w.kind, w.api_version(path)), **self._liveness)
+        if w.role == RESOURCE_SLICES:
+            inf.subscribe(self.pod_scope.on_slice)  # DRA nodes are GPU nodes for which pods are kept
+        return inf
 
     async def discover(self) -> ServedApis:
         """Ask the server which API versions it serves (once, before the informers run) and point every versioned
@@ -347,6 +358,8 @@ class Controller:
             # No metric source: "no data", never "no load" -- every policy holds its replicas.
             stale = dict.fromkeys(specs, STALE_METRICS)
             return MetricsWindow(now=now, step_s=self.settings.metrics_step_s, models=stale)
+        if (expect := getattr(self.prometheus, "expect_pods", None)) is not None:  # a silent pod's target: partial
+            expect(serving_pods(view.snapshot))
         window = await self.prometheus.window(now, specs)
         if self.prometheus.last_error:
             self.exporter.error("prometheus")
@@ -537,9 +550,9 @@ class Controller:
                           on_refused=lambda reason: refused.labels(reason).inc())
 
     def _activator_ips(self) -> Callable[[], set[str]] | None:
-        """Where activation reports are taken from: the IPs of the activator pods the informer knows (any phase: a
-        pod reports as soon as it holds a request). POST /v1/activations has no other authentication and shares
-        the metrics port. None (the activator not enabled): the book only counts, nothing fronts a model."""
+        """The IPs of the activator pods the informer knows (any phase: a pod reports as soon as it holds a
+        request): where reports were taken from before tokens, now only for a server without ``report_auth``
+        (the token check, :meth:`_report_auth`, takes precedence). None: the activator is not enabled."""
         pods = self.activator_pods
         if pods is None:
             return None
@@ -552,7 +565,8 @@ class Controller:
         old = self.training[-1]
         if path == old.path:
             return
-        new = Informer(self.api, path, label_selector=old.label_selector, name=f"training:{path}", optional=True)
+        new = Informer(self.api, path, label_selector=old.label_selector, name=f"training:{path}", optional=True,
+                       **self._liveness)
         self.training[-1] = new
         self.informers[self.informers.index(old)] = new
         log.info("Kueue Workloads watched at %s", path)

@@ -68,8 +68,8 @@ def deployment(name: str, replicas: int) -> dict:
 
 def test_frozen_is_no_contact_for_longer_than_the_watch_timeout_plus_grace() -> None:
     now = [100.0]
-    inf = Informer(None, "/api/v1/pods", watch_timeout_s=60, clock=lambda: now[0], backoff_max_s=30.0)
-    assert inf.freeze_after_s == 60 + 30 + 10  # default grace: the longest backoff and 10 s
+    inf = Informer(None, "/api/v1/pods", watch_timeout_s=50, clock=lambda: now[0], backoff_max_s=30.0)
+    assert inf.freeze_after_s == 50 + 50  # default grace: as long as a watch (issue 30; 15 + 15 s by default)
     assert inf.last_contact is None and inf.last_contact_age() == math.inf and inf.frozen()  # never heard
     inf._replace({}, "7")  # a complete list
     assert inf.last_contact == 100.0 and not inf.frozen()

@@ -17,6 +17,12 @@ instead of the apiserver. It is the informer/reflector pattern of client-go, ove
 * ``transform`` (optional): applied to every listed or watched object before it is cached or handed to
   subscribers, so a cache keeps only what its readers need (the pods informer:
   :func:`~autoscaler.live.kube.pods.slim_pod`);
+* ``keep`` (optional): a predicate on the transformed object; what it refuses is not cached at all (a listed
+  object is skipped, a watched one that stops qualifying leaves the cache as ``DELETED``), for collections where
+  the API has no selector for what matters (the pods informer in namespace mode:
+  :class:`~autoscaler.live.kube.pods.PodScope`). Dropped objects still advance the resourceVersion and are contact.
+  :meth:`Informer.request_relist` ends the watch and lists again (what ``keep`` refused may qualify now);
+  ``after``: informers whose first sync this one waits for before its first list (what ``keep`` reads);
 * ``optional=True`` (a CRD that may not be installed, e.g. Kueue Workloads): a 404 means "synced and empty",
   and the path is probed again every ``backoff_max_s``.
 
@@ -24,10 +30,20 @@ instead of the apiserver. It is the informer/reflector pattern of client-go, ove
 stopped delivering (a partitioned apiserver, a stuck proxy, watches failing over and over): the cache keeps
 serving what it had. :meth:`Informer.last_contact_age` is how long ago the server last confirmed the cache: a
 complete list, any watch event (a ``BOOKMARK`` too), or a watch stream the server ended cleanly. A healthy watch
-makes contact at least every ``watch_timeout_s`` (the server closes it at ``timeoutSeconds`` and it is reopened
-at once), so :meth:`Informer.frozen` -- no contact for longer than ``watch_timeout_s + contact_grace_s`` -- means
-the cache may be missing changes; the controller holds its decisions while any informer is frozen
-(:func:`frozen_informers`). An HTTP error, a dropped or hung connection, or a held watch is no contact.
+makes contact at least every ``watch_timeout_s`` (the server sends a ``BOOKMARK`` shortly before it closes the watch
+at ``timeoutSeconds``, and the clean end is contact too; it is reopened at once), so :meth:`Informer.frozen` -- no
+contact for longer than ``watch_timeout_s + contact_grace_s`` -- means the cache may be missing changes; the
+controller holds its decisions while any informer is frozen (:func:`frozen_informers`). An HTTP error, a dropped or
+hung connection, or a held watch is no contact.
+
+The watches are short on purpose (:data:`DEFAULT_WATCH_TIMEOUT_S`, 15 s, and as much grace: frozen after 30 s
+without contact, :data:`DEFAULT_FREEZE_AFTER_S`): a watch that stays open but delivers nothing (a stuck proxy, a
+half-open connection, an apiserver that stopped feeding it) looks exactly like a quiet collection until the server
+should have ended it, so the watch timeout IS the liveness check -- a BOOKMARK or the clean end within it proves the
+stream alive, on an idle cluster too. Each reopen resumes from the last resourceVersion (the apiserver's watch
+cache answers it without touching etcd; the BOOKMARK just before the end keeps that resourceVersion recent, so
+reopens do not turn into 410s and re-lists). The price is one watch request per informer every 15 s. A stream that
+is silent past the bound is abandoned (its read timeout) and reopened, so a stall ends by itself.
 
 Cancelling :meth:`Informer.run` closes the open response; the cache stays readable afterwards.
 """
@@ -50,6 +66,20 @@ import aiohttp
 from autoscaler.live.kube.objects import object_key
 
 log = logging.getLogger(__name__)
+
+# A healthy watch makes contact at least this often (module docstring, "Freshness"); the grace defaults to as much,
+# so a cache is frozen after DEFAULT_FREEZE_AFTER_S without contact.
+DEFAULT_WATCH_TIMEOUT_S = 15
+DEFAULT_FREEZE_AFTER_S = 2.0 * DEFAULT_WATCH_TIMEOUT_S
+
+
+def liveness(freeze_after_s: float) -> dict[str, Any]:
+    """The informer parameters for a cache frozen after ``freeze_after_s`` without contact: half of it the watch's
+    timeoutSeconds (whole seconds, at least 1), the rest the grace (the controller's ``cache_freeze_after_s``)."""
+    if not (math.isfinite(freeze_after_s) and freeze_after_s >= 1.0):
+        raise ValueError(f"a freeze bound must be at least 1 s, got {freeze_after_s!r}")
+    watch = max(1, int(freeze_after_s / 2))
+    return {"watch_timeout_s": watch, "contact_grace_s": float(freeze_after_s - watch)}
 
 ADDED = "ADDED"
 MODIFIED = "MODIFIED"
@@ -101,6 +131,7 @@ class InformerStats:
     gone: int = 0  # 410s seen (each leads to a re-list)
     not_found: int = 0  # 404s of an optional path
     errors: int = 0  # failures that led to a backoff (HTTP errors, network errors, bad lines, ERROR events)
+    dropped: int = 0  # listed or watched objects ``keep`` refused (not cached)
     last_error: str | None = None
 
 
@@ -110,6 +141,10 @@ class _Gone(Exception):
 
 class _NotFound(Exception):
     """The collection path answered 404 (an optional CRD that is not, or no longer, installed)."""
+
+
+class _Relist(Exception):
+    """A re-list was asked for (:meth:`Informer.request_relist`): the watch is ended, the collection listed."""
 
 
 class HttpError(Exception):
@@ -158,13 +193,15 @@ class Informer:
         optional: bool = False,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
-        watch_timeout_s: int = 60,
+        watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
         rng: random.Random | None = None,
         page_size: int = 500,
         request_timeout_s: float = 60.0,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         contact_grace_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        keep: Callable[[dict[str, Any]], bool] | None = None,
+        after: Callable[[], Iterable[Informer]] | None = None,
     ) -> None:
         self._api = api_client
         self.path = "/" + path.strip("/")
@@ -179,11 +216,17 @@ class Informer:
         # applied to every object (listed or watched) before it is cached or handed to subscribers, so a cache
         # can drop what no reader needs (the pods informer: env, volumes, managedFields; see pods.slim_pod)
         self.transform = transform
+        self.keep = keep  # what is cached at all (module docstring)
+        self._after = after  # informers to wait for before the first list (what keep reads)
+        self._relist_wanted = asyncio.Event()
         # How much longer than a watch's timeoutSeconds a healthy informer may go without contact: the reconnect,
-        # and the backoff after a watch that ended early and empty (at most backoff_max_s), with room to spare.
-        self.contact_grace_s = float(backoff_max_s + 10.0 if contact_grace_s is None else contact_grace_s)
+        # and the pause after a watch that ended early and empty (capped at half the grace, see run()), with room to
+        # spare. As long as a watch by default: frozen after two watch timeouts without contact.
+        self.contact_grace_s = float(self.watch_timeout_s if contact_grace_s is None else contact_grace_s)
         if self.contact_grace_s < 0:
             raise ValueError(f"contact_grace_s must be >= 0, got {contact_grace_s}")
+        if self.watch_timeout_s < 1:
+            raise ValueError(f"watch_timeout_s must be at least 1 s, got {watch_timeout_s}")
         self._clock = clock
         self._last_contact: float | None = None
         self.stats = InformerStats()
@@ -254,8 +297,19 @@ class Informer:
 
     # --- the loop -------------------------------------------------------------------------------------------
 
+    def request_relist(self) -> None:
+        """End the watch and list again (soon, once; requests while a list runs make another): an object ``keep``
+        refused may qualify now, and only a list brings it back."""
+        self._relist_wanted.set()
+
+    async def _wait_after(self) -> None:
+        """Wait for the informers ``keep`` reads to have synced once, so the first list keeps what it should."""
+        for other in self._after() if self._after is not None else ():
+            await other._synced.wait()
+
     async def run(self) -> None:
         """List, then watch, forever (until cancelled), re-listing on 410 and backing off on errors."""
+        await self._wait_after()
         need_list = True
         while True:
             watching = False
@@ -268,13 +322,15 @@ class Informer:
                 events_before = self.stats.events + self.stats.bookmarks
                 started = time.monotonic()
                 watching = True
-                await self._watch()
+                await self._watch_until_relist()
                 self.stats.watch_restarts += 1
                 # A watch the server ends at timeoutSeconds is normal: reopen at once. One that ends at once and
-                # empty (a proxy or apiserver closing on us) must not turn into a hot loop: back off then.
+                # empty (a proxy or apiserver closing on us) must not turn into a hot loop: back off then -- but
+                # within half the grace, or a path that closes watches early yet delivers everything would read as
+                # frozen (its clean end was contact; the next watch must come within the bound).
                 quiet = self.stats.events + self.stats.bookmarks == events_before
                 if quiet and time.monotonic() - started < self.watch_timeout_s / 2:
-                    await asyncio.sleep(self._backoff.next())
+                    await asyncio.sleep(min(self._backoff.next(), max(self.contact_grace_s / 2, 0.05)))
             except _Gone as exc:
                 self.stats.gone += 1
                 self.stats.watch_restarts += int(watching)
@@ -284,6 +340,9 @@ class Informer:
                     # 410 right after a list: something is off (a lagging apiserver behind a load balancer);
                     # re-listing at once could loop, so this one waits like an error does
                     await asyncio.sleep(self._backoff.next())
+            except _Relist:
+                self.stats.watch_restarts += int(watching)
+                need_list = True
             except _NotFound:
                 # the optional collection vanished while watching (CRD deleted): the list turns it into "empty"
                 self.stats.watch_restarts += 1
@@ -341,6 +400,7 @@ class Informer:
 
     async def _list(self) -> bool:
         """One complete paged list, then the cache is replaced. False if an optional path answered 404."""
+        self._relist_wanted.clear()  # a request from now on was not served by this list: it makes another
         fresh: dict[str, dict[str, Any]] = {}
         continue_token: str | None = None
         while True:
@@ -365,6 +425,9 @@ class Informer:
                 item.setdefault("apiVersion", page.get("apiVersion"))
                 if self.transform is not None:
                     item = self.transform(item)
+                if self.keep is not None and not self.keep(item):
+                    self.stats.dropped += 1
+                    continue
                 fresh[object_key(item)] = item
             meta = page.get("metadata") or {}
             continue_token = meta.get("continue") or None
@@ -402,6 +465,22 @@ class Informer:
 
     # --- watch ----------------------------------------------------------------------------------------------
 
+    async def _watch_until_relist(self) -> None:
+        """:meth:`_watch`, ended early (raising :class:`_Relist`) when a re-list is asked for."""
+        if self._relist_wanted.is_set():
+            raise _Relist
+        watch = asyncio.ensure_future(self._watch())
+        wanted = asyncio.ensure_future(self._relist_wanted.wait())
+        try:
+            await asyncio.wait({watch, wanted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wanted.cancel()
+            watch.cancel()  # (a finished one ignores it) the watch's own finally closes its response
+            await asyncio.gather(watch, wanted, return_exceptions=True)
+        if watch.cancelled():
+            raise _Relist
+        watch.result()  # it ended first: as it ended (returned, or raised); a re-list asked meanwhile comes next
+
     async def _watch(self) -> None:
         """One watch stream from the current resourceVersion until the server ends it (returns) or it fails."""
         params = [
@@ -412,11 +491,11 @@ class Informer:
         ]
         if self._resource_version:
             params.append(("resourceVersion", self._resource_version))
-        # no total timeout (the stream is long-lived); a read timeout a little past timeoutSeconds catches a dead
-        # connection that the server can no longer end
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.request_timeout_s, sock_read=self.watch_timeout_s + 30
-        )
+        # no total timeout (the stream is long-lived); a read timeout at the freeze bound catches a dead connection
+        # (or a request held without an answer) that the server can no longer end: past it the cache is frozen
+        # anyway, and reopening is the only way back
+        read_s = max(self.freeze_after_s, self.watch_timeout_s + 1.0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout_s, sock_read=read_s)
         resp = await self._request(params, timeout)
         try:
             if resp.status != 200:
@@ -451,6 +530,13 @@ class Informer:
         if self.transform is not None and kind in (ADDED, MODIFIED, DELETED):
             obj = self.transform(obj)
         rv = _rv(obj)
+        if kind in (ADDED, MODIFIED) and self.keep is not None and not self.keep(obj):
+            # not (or no longer) worth caching: gone for the readers if it was there, else only contact
+            self.stats.dropped += 1
+            if object_key(obj) not in self._cache:
+                self._advance(rv)
+                return
+            kind = DELETED
         if kind == BOOKMARK:
             self.stats.bookmarks += 1
         elif kind in (ADDED, MODIFIED):
@@ -464,12 +550,16 @@ class Informer:
         else:
             log.warning("informer %s: ignoring watch event of type %r", self.name, kind)
             return
+        self._advance(rv)
+        if kind != BOOKMARK:
+            self._notify(kind, obj)
+
+    def _advance(self, rv: str | None) -> None:
+        """A watch event came: the next watch resumes after it, and the server has confirmed the cache."""
         if rv:
             self._resource_version = rv
         self._touch()
         self._backoff.reset()
-        if kind != BOOKMARK:
-            self._notify(kind, obj)
 
     def _notify(self, kind: str, obj: dict[str, Any]) -> None:
         for callback in list(self._subscribers):

@@ -8,17 +8,20 @@ look at (this module, :mod:`~autoscaler.live.kube.translate`, :mod:`~autoscaler.
 :mod:`~autoscaler.live.kube.gpu_nodes`), so a cluster-wide pod cache holds no one's environment variables,
 volumes, command lines or managedFields (less memory, and no secrets passed in env in the controller's heap).
 The lending and MIG actuators read the pods they act on from the server, never from this cache.
+
+:class:`PodScope` is its ``keep`` (issue 30): the informer stays cluster-wide (another namespace's GPUs are never
+free), but a namespaced controller caches -- and reads each tick -- only the pods that can matter to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoscaler.live.kube.fields import metadata, parse_time
-from autoscaler.live.kube.gpu_nodes import pod_gpu_requests
-from autoscaler.live.kube.objects import PREFIX, object_key
+from autoscaler.live.kube.gpu_nodes import is_gpu_node, pod_gpu_requests
+from autoscaler.live.kube.objects import PREEMPTIBLE_LABEL, PREFIX, object_key
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -114,3 +117,88 @@ def live_pods(pods: Iterable[Mapping[str, Any]], now: float) -> list[LivePod]:
         ))
     live.sort(key=lambda p: (p.created, p.key))
     return live
+
+
+@dataclass
+class PodScope:
+    """Which pods the controller's cluster-wide pods informer caches (its ``keep``), so that namespace mode does not
+    hold and read every pod of the cluster each tick. The API has no selector for "requests a GPU" (field selectors
+    on pods cover names, node, phase), so this is decided at the informer's ingest, per listed or watched pod.
+
+    Never a terminal pod (``Succeeded``/``Failed``: nobody's replica, holds nothing; :func:`live_pods` skips them
+    anyway). With ``namespaces`` None (every namespace in scope) every other pod. Else a pod is kept when any of:
+
+    - it is in a namespace in scope (a model's replica, whatever it requests);
+    - it requests GPUs (``nvidia.com/gpu``, ``nvidia.com/mig-*``) or claims DRA devices (``spec.resourceClaims``):
+      the inventory must see every GPU in use, whoever's;
+    - it is a preemptible training pod (``slotwise.io/preemptible=true``: the lend stage's);
+    - it is bound to a GPU node (:func:`~autoscaler.live.kube.gpu_nodes.is_gpu_node`, or named by DRA
+      ResourceSlices): its CPU and memory count against the host capacity slots may use (``host.py``), and the MIG
+      gate and lending see every pod on such a node.
+
+    What is dropped: other namespaces' pods without GPUs on nodes without GPUs, and pending ones (bound later to a
+    GPU node, the binding's event keeps them). The GPU nodes come from the nodes and ResourceSlices informers
+    (:meth:`on_node`, :meth:`on_slice`; the pods informer waits for their first sync); a node that turns into a GPU
+    node later (its device plugin started after the node's first pods were bound) calls ``relist`` once (the pods
+    informer's :meth:`~autoscaler.live.kube.informer.Informer.request_relist`: only a list brings back what was
+    dropped). Nodes leave the set only when deleted (a device plugin restarting does not make a node lose its pods).
+    """
+
+    namespaces: Collection[str] | None
+    relist: Callable[[], None] = lambda: None
+    gpu_nodes: set[str] = field(default_factory=set)  # device-plugin GPU nodes (labels, capacity)
+    dra_nodes: dict[str, set[str]] = field(default_factory=dict)  # node -> the ResourceSlices naming it
+    # the informers the GPU nodes are read from (nodes, ResourceSlices: as discovery placed them); a node joining
+    # before all of them synced once is their first list (the pods informer lists after it), and asks for no relist
+    sources: Callable[[], Iterable[Any]] = tuple
+
+    def nodes_known(self) -> bool:
+        return all(inf.synced for inf in self.sources())
+
+    def keep(self, pod: Mapping[str, Any]) -> bool:
+        status = pod.get("status") or {}
+        if status.get("phase") in _TERMINAL_PHASES:
+            return False
+        if self.namespaces is None:
+            return True
+        meta = metadata(pod)
+        if meta.get("namespace") in self.namespaces:
+            return True
+        spec = pod.get("spec") or {}
+        if spec.get("resourceClaims") or pod_gpu_requests(spec):
+            return True
+        if (meta.get("labels") or {}).get(PREEMPTIBLE_LABEL) == "true":
+            return True
+        node = spec.get("nodeName")
+        return bool(node) and (node in self.gpu_nodes or node in self.dra_nodes)
+
+    def on_node(self, kind: str, node: dict[str, Any]) -> None:
+        """The nodes informer's subscriber: GPU nodes in, deleted nodes out."""
+        name = str(metadata(node).get("name") or "")
+        if kind == "DELETED":
+            self.gpu_nodes.discard(name)
+        elif kind in ("ADDED", "MODIFIED") and name not in self.gpu_nodes and is_gpu_node(node):
+            self._joined(name, self.gpu_nodes.add)
+
+    def on_slice(self, kind: str, slice_obj: dict[str, Any]) -> None:
+        """The ResourceSlices informer's subscriber: the nodes DRA slices name (a DRA GPU node)."""
+        name = str((slice_obj.get("spec") or {}).get("nodeName") or "")
+        key = object_key(slice_obj)
+        if not name:
+            return
+        if kind == "DELETED":
+            slices = self.dra_nodes.get(name, set())
+            slices.discard(key)
+            if not slices:
+                self.dra_nodes.pop(name, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            if name in self.dra_nodes:
+                self.dra_nodes[name].add(key)
+            else:
+                self._joined(name, lambda n: self.dra_nodes.setdefault(n, set()).add(key))
+
+    def _joined(self, name: str, add: Callable[[str], None]) -> None:
+        known = name in self.gpu_nodes or name in self.dra_nodes
+        add(name)
+        if not known and self.namespaces is not None and self.nodes_known():
+            self.relist()  # pods bound to it before it had GPUs were dropped: only a list brings them back

@@ -39,11 +39,16 @@ ticks read the same values for the same steps), oldest first -- the shape the si
   request counter within the window, and those remembered from earlier ticks for as long as they stay in
   service discovery and down (a target down longer than the window is not forgotten). When that query fails
   (and the window's do not) every model is partial: nothing scales down on a health nobody checked
-  (``health_error`` says why). What this cannot see: a target that never answered at all, unless the model's key
-  labels are target labels -- so the rails also hold on the samples themselves (no request rate for the newest
-  step, :meth:`~autoscaler.api.snapshot.ModelMetrics.partial_reason`). Comparing the targets with the ready
-  replicas would catch it too, but assumes one target per replica (a router or a multi-host replica exports for
-  several), so it is not done here.
+  (``health_error`` says why). A target that never answered at all has no series to tie it to its model: it is
+  found by its pod instead. The controller tells which pods serve each model (:meth:`PrometheusMetrics.
+  expect_pods`: the Ready replicas its informers see), and a target down now whose target labels name one of them
+  (``pod_labels``: ``namespace`` and ``pod``, what Kubernetes service discovery relabels onto targets) counts as a
+  target of that model not answering -- unless that pod has a target that did export the model's series (a
+  sidecar's or a second port's target being down is not the model's data missing). Targets are matched by the pod
+  they name, never counted against the replicas, so a router or a multi-host replica exporting for several is no
+  false alarm; a pod that is not scraped at all (no target names it) is not seen. Without pod target labels (static
+  targets) only a model whose key labels are target labels is matched; the rails also hold on the samples
+  themselves (no request rate for the newest step, :meth:`~autoscaler.api.snapshot.ModelMetrics.partial_reason`).
 
 Counting. ``rate`` and the histogram buckets are per-step counts: the reset-aware difference of each raw
 counter series between consecutive grid points, summed per model
@@ -65,14 +70,14 @@ import bisect
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-from autoscaler.api.snapshot import MetricsWindow, ModelMetrics
+from autoscaler.api.snapshot import ClusterSnapshot, MetricsWindow, ModelMetrics
 from autoscaler.api.spec import ModelSpec
 from autoscaler.live.prometheus import promql
 from autoscaler.live.prometheus.client import PrometheusAuth, PrometheusClient, PrometheusError, on_grid
@@ -180,6 +185,7 @@ class PrometheusMetrics:
         timeout_s: float = 10.0,
         session: aiohttp.ClientSession | None = None,
         auth: PrometheusAuth | None = None,
+        pod_labels: tuple[str, str] = ("namespace", "pod"),
     ) -> None:
         if not (math.isfinite(step_s) and step_s >= 0.001):
             raise ValueError(f"step_s must be at least 1 ms, got {step_s!r}")
@@ -197,6 +203,10 @@ class PrometheusMetrics:
         self.health_error: str | None = None  # why the last target-health query failed (every model partial)
         # model key -> its scrape targets (job, instance) last seen: kept while they stay down (module docstring)
         self._targets: dict[str, frozenset[tuple[str, str]]] = {}
+        # the target labels naming a target's pod, and each model's serving pods as (namespace, pod), from the
+        # controller (expect_pods): a down target naming one is that model's even if it never answered
+        self.pod_labels = tuple(pod_labels)
+        self._pods: dict[str, frozenset[tuple[str, str]]] = {}
         self._kv_warned: set[str] = set()  # models whose KV gauge read outside 0..1 (warned once each)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -232,6 +242,12 @@ class PrometheusMetrics:
                 out[f"hist:{hist}"] = promql.step_increments(hist + "_bucket", keys, step, m, ("le",))
         return out
 
+    def expect_pods(self, pods: Mapping[str, Iterable[str]]) -> None:
+        """Which pods serve each model now (model key -> ``"<namespace>/<pod>"`` keys: its Ready replicas, from the
+        cluster), for the next windows' target health: a down target naming one of them is a target of that model
+        not answering, whether or not it ever answered (module docstring)."""
+        self._pods = {key: frozenset(p.partition("/")[::2] for p in keys if "/" in p) for key, keys in pods.items()}
+
     def freshness_query(self) -> str:
         return promql.newest_sample(self.names.requests, self.names.key_labels, self.names.matchers)
 
@@ -239,7 +255,7 @@ class PrometheusMetrics:
         """The one instant query of which targets serve each model and whether they answer (module docstring);
         its lookback is the window's length."""
         n = self.names
-        return promql.target_health(n.requests, n.key_labels, self.points * self.step_s, n.matchers)
+        return promql.target_health(n.requests, n.key_labels, self.points * self.step_s, n.matchers, self.pod_labels)
 
     def _histogram_for(self, slo_metric: str) -> str | None:
         """The histogram a model's SLO reads: TTFT's when asked and exported, else end-to-end's."""
@@ -330,18 +346,25 @@ class PrometheusMetrics:
             return dict.fromkeys(models, (f"scrape-target health unknown ({why})", math.nan))
         self.health_error = None
         seen: dict[str, dict[tuple[str, str], bool]] = {}
+        seen_pods: dict[str, set[tuple[str, str]]] = {}  # model -> the pods of its targets with its series
         down: set[tuple[str, str]] = set()
+        down_by_pod: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (namespace, pod) -> its targets down now
+        ns_label, pod_label = self.pod_labels
         for r in answer:
             try:
                 labels, up = r["metric"], float(r["value"][1]) >= 1.0
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise PrometheusError(f"unreadable target-health answer {r!r}: {exc}", url=self.url) from exc
             target = (labels.get("job", ""), labels.get("instance", ""))
+            pod = (labels.get(ns_label, ""), labels.get(pod_label, ""))
             if not up:
                 down.add(target)
+                if all(pod):
+                    down_by_pod.setdefault(pod, set()).add(target)
             key = self.names.key(labels)
             if key in models:
                 seen.setdefault(key, {})[target] = up
+                seen_pods.setdefault(key, set()).add(pod)
         out: dict[str, tuple[str | None, float]] = {}
         remembered = self._targets
         self._targets = {}
@@ -354,6 +377,12 @@ class PrometheusMetrics:
                     now_known[target] = False
             if now_known:
                 self._targets[key] = frozenset(now_known)
+            # a serving pod none of whose targets exported the model's series, with a target down: that target is
+            # the model's (it never answered, or not within the window). Not remembered: the pods told each tick are
+            # what says whose it is (a pod no longer Ready, or gone, takes it along)
+            for pod in self._pods.get(key, frozenset()) - seen_pods.get(key, set()):
+                for target in down_by_pod.get(pod, ()):
+                    now_known.setdefault(target, False)
             total, answering = len(now_known), sum(now_known.values())
             if answering < total:
                 out[key] = (f"{total - answering} of {total} scrape targets not answering (up == 0)",
@@ -459,4 +488,12 @@ class PrometheusMetrics:
         return min(max(value, 0.0), 1.0)
 
 
-__all__ = ["MetricNames", "PrometheusMetrics", "bucket_count_below", "bucket_quantile", "preset_names"]
+def serving_pods(snapshot: ClusterSnapshot) -> dict[str, list[str]]:
+    """Each model's serving pods as the cluster shows them (its Ready replicas not draining; a group replica: its
+    leader): what :meth:`PrometheusMetrics.expect_pods` is told each tick."""
+    return {key: [r.replica_id for r in obs.replicas if r.ready and not r.draining]
+            for key, obs in snapshot.models.items()}
+
+
+__all__ = ["MetricNames", "PrometheusMetrics", "bucket_count_below", "bucket_quantile", "preset_names",
+           "serving_pods"]

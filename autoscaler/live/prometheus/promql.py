@@ -78,7 +78,8 @@ def newest_sample(counter: str, key_labels: Sequence[str], matchers: str = "") -
     return f"max by ({by}) (timestamp({selector(counter, matchers)}))"
 
 
-def target_health(counter: str, key_labels: Sequence[str], lookback_s: float, matchers: str = "") -> str:
+def target_health(counter: str, key_labels: Sequence[str], lookback_s: float, matchers: str = "",
+                  pod_labels: Sequence[str] = ()) -> str:
     """Which scrape targets serve each model and whether Prometheus scrapes them now, as ONE instant query for all
     models: a row per (model, target) -- ``key_labels`` plus ``job`` and ``instance`` -- whose ``counter`` had a
     sample within ``lookback_s``, valued with the target's ``up`` (1 scraped, 0 not answering), and a row per target
@@ -93,9 +94,13 @@ def target_health(counter: str, key_labels: Sequence[str], lookback_s: float, ma
     duplicate ``up`` series (several Prometheus replicas behind one query endpoint) cannot make the join
     many-to-many; the model ``matchers`` are not put on ``up`` (they may name labels only the model's series
     have). A target that left service discovery has no ``up`` and drops out: it is neither observed nor missing.
+
+    ``pod_labels`` (namespace and pod, as Kubernetes service discovery relabels them onto targets) are kept on
+    every row too: a target down now that never answered is matched to the Ready pod it names (the caller knows
+    each model's pods), and a pod with a row for the model is one that did answer.
     """
     seen = f"count_over_time({selector(counter, matchers)}[{duration(lookback_s)}])"
-    by = ", ".join((*key_labels, "job", "instance"))
+    by = ", ".join(dict.fromkeys((*key_labels, *pod_labels, "job", "instance")))
     up = "max by (job, instance) (up)"
     return (f"(group by ({by}) ({seen}) * on (job, instance) group_left () {up})"
             f" or on (job, instance) (max by ({by}) (up) == 0)")
